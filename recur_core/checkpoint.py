@@ -1,0 +1,176 @@
+"""Checkpoint directories: atomic writes, validated safetensors loads, a stable checkpoint id.
+
+A checkpoint is a directory holding
+    model.safetensors   weights (never a pickle)
+    config.json         ModelConfig
+    tokenizer.json      a `tokenizers` tokenizer
+    meta.json           preset, overrides, step, tokens seen, recipe (r_bar, r_max, k, sigma),
+                        data source, code revision, last eval, checkpoint_id
+    metrics.jsonl       the trainer's log up to this step
+    eval_windows.safetensors / probe_windows.safetensors   token-id windows (validation / training side)
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from .config import ModelConfig
+from .model import LoopedLM
+
+WEIGHTS, CONFIG, TOKENIZER, META = "model.safetensors", "config.json", "tokenizer.json", "meta.json"
+EVAL_WINDOWS, PROBE_WINDOWS, METRICS = "eval_windows.safetensors", "probe_windows.safetensors", "metrics.jsonl"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory is missing, corrupt, or does not match its config."""
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    config: ModelConfig
+    model: LoopedLM
+    meta: dict
+    tokenizer_path: Path
+    checkpoint_id: str = field(default="")
+
+    def tokenizer(self):
+        from tokenizers import Tokenizer
+        return Tokenizer.from_file(str(self.tokenizer_path))
+
+    def windows(self, kind: str = "eval") -> torch.Tensor:
+        """Saved token-id windows (N, seq_len + 1): 'eval' (validation side) or 'probe' (training side)."""
+        name = {"eval": EVAL_WINDOWS, "probe": PROBE_WINDOWS}[kind]
+        return read_safetensors(self.path / name)["ids"]
+
+
+def checkpoint_id(config: ModelConfig, state_dict: dict[str, torch.Tensor]) -> str:
+    """sha256 over the canonical config JSON and every tensor's name, dtype, shape and bytes."""
+    h = hashlib.sha256(config.to_json().encode())
+    for name in sorted(state_dict):
+        t = state_dict[name].detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """Load a safetensors file, with a clear error for pickles, truncation and missing files."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: file not found")
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head[:1] == b"\x80" or head[:2] == b"PK":
+        raise CheckpointError(f"{path}: this is a pickle / torch.save file, not safetensors; "
+                              "refusing to unpickle it (convert it to safetensors first)")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(f"{path}: not a readable safetensors file (truncated or corrupt?): {err}") from err
+
+
+def atomic_write_dir(final: Path, write_fn) -> None:
+    """Call write_fn(tmp_dir), then swap tmp_dir into place: `final` is never half-written.
+
+    The old directory is moved aside before the new one is renamed in and deleted after, so a kill
+    at any moment leaves either the old complete checkpoint, the new one, or (between the two
+    renames) the old one under `<final>.old`, which `recover_interrupted` puts back.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        write_fn(tmp)
+        old = final.with_name(final.name + ".old")
+        if old.exists():
+            shutil.rmtree(old)
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def recover_interrupted(final: Path) -> None:
+    """If a save was killed between its two renames, put the previous checkpoint back."""
+    final, old = Path(final), Path(final).with_name(Path(final).name + ".old")
+    if not final.exists() and old.exists():
+        os.replace(old, final)
+
+
+def write_json(path: Path, obj) -> None:
+    Path(path).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def save_checkpoint(path: Path, model: LoopedLM, meta: dict, tokenizer_json: str,
+                    extra_files: dict[str, bytes | Path] | None = None, extra_tensors: dict | None = None,
+                    after_write: Callable[[Path], None] | None = None) -> str:
+    """Write a complete checkpoint directory atomically; returns its checkpoint id.
+
+    extra_files: name -> bytes or a file to copy; extra_tensors: name -> {key: tensor} safetensors;
+    after_write(tmp_dir) may add more files before the directory is swapped into place.
+    """
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    ckpt_id = checkpoint_id(model.cfg, state)
+
+    def write(tmp: Path):
+        save_file(state, str(tmp / WEIGHTS))
+        (tmp / CONFIG).write_text(model.cfg.to_json() + "\n")
+        (tmp / TOKENIZER).write_text(tokenizer_json)
+        write_json(tmp / META, {**meta, "checkpoint_id": ckpt_id})
+        for name, tensors in (extra_tensors or {}).items():
+            save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp / name))
+        for name, content in (extra_files or {}).items():
+            if isinstance(content, Path):
+                shutil.copyfile(content, tmp / name)
+            else:
+                (tmp / name).write_bytes(content)
+        if after_write is not None:
+            after_write(tmp)
+
+    atomic_write_dir(Path(path), write)
+    return ckpt_id
+
+
+def check_state_dict(model: LoopedLM, state: dict[str, torch.Tensor], where: str) -> None:
+    """Raise CheckpointError naming every missing, unexpected or mis-shaped tensor."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    problems = [f"missing tensor {k} {s}" for k, s in expected.items() if k not in state]
+    problems += [f"unexpected tensor {k}" for k in state if k not in expected]
+    problems += [f"{k}: shape {tuple(state[k].shape)} in weights, {s} in config"
+                 for k, s in expected.items() if k in state and tuple(state[k].shape) != s]
+    if problems:
+        raise CheckpointError(f"{where}: weights do not match config.json: " + "; ".join(problems))
+
+
+def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Checkpoint:
+    """Load and validate a checkpoint directory (weights from safetensors only)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such checkpoint directory")
+    for name in (WEIGHTS, CONFIG, TOKENIZER, META):
+        if not (path / name).is_file():
+            raise CheckpointError(f"{path}: incomplete checkpoint, {name} is missing")
+    try:
+        config = ModelConfig.from_json((path / CONFIG).read_text())
+        meta = json.loads((path / META).read_text())
+    except (ValueError, TypeError) as err:
+        raise CheckpointError(f"{path}: unreadable config.json or meta.json: {err}") from err
+    state = read_safetensors(path / WEIGHTS)
+    model = LoopedLM(config)
+    check_state_dict(model, state, str(path))
+    model.load_state_dict(state)
+    model.to(device).eval()
+    return Checkpoint(path, config, model, meta, path / TOKENIZER, checkpoint_id(config, state))

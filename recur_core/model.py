@@ -1,0 +1,227 @@
+"""A depth-recurrent transformer: prelude -> (adapter + core) x r -> coda -> norm -> tied head.
+
+The pieces are exposed one by one so that analysis and decoding can run the model loop by loop:
+
+    e = model.prelude(ids)                      # (B, T, d)  unique blocks, run once
+    s = model.init_state(B, T, generator)       # (B, T, d)  seeded noise, std sqrt(2/5)
+    for i in range(r):
+        s = model.core_step(s, e, freeze)       # adapter(concat(s, e)) -> weight-tied core blocks
+    logits = model.readout(s)                   # coda blocks -> final RMSNorm -> tied LM head
+
+`forward(ids, loops)` is exactly that composition.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (out * self.weight.float()).to(x.dtype)
+
+
+def rope_tables(head_dim: int, max_len: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables of shape (max_len, head_dim // 2) for rotary position embeddings."""
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (first half, second half) of the head dim. x: (B, H, T, hd); cos/sin: (T, hd/2)."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out.to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Grouped-query causal self-attention with RoPE, through scaled_dot_product_attention."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
+        self.kv_proj = nn.Linear(cfg.d_model, 2 * cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
+
+    def project_qkv(self, x, cos, sin):
+        """q: (B, H, T, hd); k, v: (B, H_kv, T, hd), RoPE applied to q and k."""
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv_proj(x).view(B, T, 2, self.n_kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def attend(self, q, k, v, is_causal: bool = True, attn_mask=None):
+        """Attention output projected back to d_model. q: (B, H, Tq, hd); k, v: (B, H_kv, Tk, hd)."""
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                             enable_gqa=self.n_heads != self.n_kv_heads)
+        B, _, T, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+    def forward(self, x, cos, sin):
+        return self.attend(*self.project_qkv(x, cos, sin))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_up = nn.Linear(cfg.d_model, 2 * cfg.ffn_dim, bias=False)
+        self.down = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    """Pre-norm block (prelude, coda): x += attn(norm(x)); x += mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = SwiGLU(cfg)
+
+    def forward(self, x, cos, sin):
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class SandwichBlock(Block):
+    """Core block with sandwich norm: x = norm(attn(norm(x)) + x); x = norm(mlp(norm(x)) + x).
+
+    The outer norms keep the recurrent state from growing or collapsing over many loops.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.attn_out_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp_out_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+
+    def forward(self, x, cos, sin):
+        x = self.attn_out_norm(self.attn(self.attn_norm(x), cos, sin) + x)
+        return self.mlp_out_norm(self.mlp(self.mlp_norm(x)) + x)
+
+
+class LoopedLM(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.prelude_blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_prelude))
+        self.adapter = nn.Linear(2 * cfg.d_model, cfg.d_model, bias=False)
+        self.core_blocks = nn.ModuleList(SandwichBlock(cfg) for _ in range(cfg.n_core))
+        self.coda_blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_coda))
+        self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_base)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        n_layers = self.cfg.n_prelude + self.cfg.n_core + self.cfg.n_coda
+        for name, p in self.named_parameters():
+            if p.dim() < 2:
+                continue
+            # residual output projections are scaled down by depth (GPT-2 style)
+            scale = 1 / math.sqrt(2 * n_layers) if name.endswith(("o_proj.weight", "down.weight")) else 1.0
+            nn.init.normal_(p, std=0.02 * scale)
+
+    # -- pieces -------------------------------------------------------------------------
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """(V, d) weight of the LM head (the embedding matrix when tied)."""
+        return self.embed.weight if self.lm_head is None else self.lm_head.weight
+
+    def rope(self, seq_len: int, positions: torch.Tensor | None = None):
+        if positions is None:
+            if seq_len > self.cfg.max_seq_len:
+                raise ValueError(f"sequence of {seq_len} tokens exceeds max_seq_len {self.cfg.max_seq_len}")
+            return self.rope_cos[:seq_len], self.rope_sin[:seq_len]
+        return self.rope_cos[positions], self.rope_sin[positions]
+
+    def prelude(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Token ids (B, T) -> prelude output e (B, T, d), re-injected at every loop."""
+        cos, sin = self.rope(ids.shape[1], positions)
+        x = self.embed(ids)
+        for block in self.prelude_blocks:
+            x = block(x, cos, sin)
+        return x
+
+    def init_state(self, batch: int, seq_len: int, generator: torch.Generator | None = None,
+                   device=None, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Initial recurrent state: N(0, state_init_std^2) noise of shape (batch, seq_len, d).
+
+        Noise is drawn for all max_seq_len positions of each row and then sliced, so the state of
+        position t depends only on (generator state, row, t), never on the sequence length:
+        a prefix gets the same noise as the full text, which keeps the model causal.
+        """
+        device = device if device is not None else self.embed.weight.device
+        gen_device = generator.device if generator is not None else torch.device("cpu")
+        noise = torch.randn(batch, self.cfg.max_seq_len, self.cfg.d_model,
+                            generator=generator, device=gen_device)
+        noise = noise[:, positions] if positions is not None else noise[:, :seq_len]
+        return (noise * self.cfg.state_init_std).to(device)
+
+    def core_step(self, state: torch.Tensor, e: torch.Tensor, freeze: torch.Tensor | None = None,
+                  positions: torch.Tensor | None = None) -> torch.Tensor:
+        """One loop: adapter(concat(state, e)) through the core blocks.
+
+        freeze: optional bool (B, T); frozen tokens keep their state bit-for-bit, while the other
+        tokens still attend to them (their keys/values are computed from the frozen state).
+        """
+        cos, sin = self.rope(state.shape[1], positions)
+        x = self.adapter(torch.cat((state, e), dim=-1))
+        for block in self.core_blocks:
+            x = block(x, cos, sin)
+        if freeze is not None:
+            x = torch.where(freeze.unsqueeze(-1), state, x.to(state.dtype))
+        return x
+
+    def coda(self, state: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """State -> coda blocks -> final RMSNorm: the hidden the LM head reads (B, T, d)."""
+        cos, sin = self.rope(state.shape[1], positions)
+        x = state
+        for block in self.coda_blocks:
+            x = block(x, cos, sin)
+        return self.final_norm(x)
+
+    def readout(self, state: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """State -> logits (B, T, V)."""
+        return F.linear(self.coda(state, positions), self.head_weight)
+
+    # -- composition --------------------------------------------------------------------
+    def forward(self, ids: torch.Tensor, loops: int, generator: torch.Generator | None = None,
+                backprop_depth: int | None = None) -> torch.Tensor:
+        """Logits (B, T, V) after `loops` core loops from seeded noise.
+
+        backprop_depth k: truncated backprop through depth, the first loops - k loops run under
+        no_grad and only the last k loops (plus prelude, coda and head) get gradients.
+        """
+        e = self.prelude(ids)
+        state = self.init_state(ids.shape[0], ids.shape[1], generator, device=ids.device)
+        no_grad_loops = 0 if backprop_depth is None else max(loops - backprop_depth, 0)
+        with torch.no_grad():
+            for _ in range(no_grad_loops):
+                state = self.core_step(state, e)
+        for _ in range(loops - no_grad_loops):
+            state = self.core_step(state, e)
+        return self.readout(state)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,212 @@
+"""Documents -> tokens -> fixed windows, with a deterministic validation hold-out.
+
+Sources (all read through `datasets`):
+  * a hub dataset id (streamed), e.g. roneneldan/TinyStories or HuggingFaceFW/fineweb-edu;
+  * local files: .txt, .jsonl/.json (field "text"), .parquet (column "text"), given as paths, globs or
+    folders. A .txt file is split into documents at lines reading `<|endoftext|>`; a file without
+    such lines is split at blank lines.
+Windows hold seq_len + 1 tokens (inputs and shifted targets); documents are joined with EOS.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+EOS = "<|endoftext|>"
+LOCAL_SUFFIXES = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+VAL_PER_MILLE = 5  # documents held out for validation when no validation split is given
+
+
+class DataError(ValueError):
+    pass
+
+
+def local_files(spec: str) -> list[Path] | None:
+    """Expand a path, glob or folder to supported files; None when spec names no local path."""
+    matches = [Path(p) for p in sorted(glob.glob(spec, recursive=True))]
+    if not matches:
+        return None
+    files = []
+    for m in matches:
+        files += sorted(p for p in m.rglob("*") if p.is_file()) if m.is_dir() else [m]
+    files = [f for f in files if f.suffix in LOCAL_SUFFIXES]
+    if not files:
+        raise DataError(f"{spec}: no .txt / .jsonl / .json / .parquet files there")
+    return files
+
+
+def split_txt(text: str) -> list[str]:
+    """Split a text file into documents at `<|endoftext|>` lines, else at blank lines."""
+    parts = re.split(r"^\s*<\|endoftext\|>\s*$", text, flags=re.M)
+    if len(parts) == 1:
+        parts = re.split(r"\n\s*\n", text)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def iter_local_documents(files: list[Path]) -> Iterator[str]:
+    import datasets
+    for f in files:
+        builder = LOCAL_SUFFIXES[f.suffix]
+        kwargs = {"sample_by": "document"} if builder == "text" else {}
+        ds = datasets.load_dataset(builder, data_files=[str(f)], split="train", streaming=True, **kwargs)
+        for row in ds:
+            if "text" not in row:
+                raise DataError(f"{f}: rows have no 'text' field (fields: {sorted(row)})")
+            if builder == "text":
+                yield from split_txt(row["text"])
+            elif row["text"] and row["text"].strip():
+                yield row["text"]
+
+
+def iter_hub_documents(name: str, config: str, split: str) -> Iterator[str]:
+    import datasets
+    ds = datasets.load_dataset(name, config or None, split=split, streaming=True)
+    for row in ds:
+        if row["text"] and row["text"].strip():
+            yield row["text"]
+
+
+def is_heldout(doc: str) -> bool:
+    """Deterministic hold-out by content hash: about VAL_PER_MILLE / 1000 of documents."""
+    return int.from_bytes(hashlib.sha1(doc.encode()).digest()[:4], "little") % 1000 < VAL_PER_MILLE
+
+
+@dataclass
+class DataSpec:
+    """Where training and validation documents come from."""
+    train: str  # local path/glob/folder or hub dataset id
+    val: str = ""  # optional separate validation source; else hold out by hash
+    hub_config: str = ""
+
+    def describe(self) -> str:
+        return self.train + (f" (validation: {self.val})" if self.val else " (validation: hashed hold-out)")
+
+    def _docs(self, source: str, split: str) -> Iterator[str]:
+        files = local_files(source)
+        if files is not None:
+            return iter_local_documents(files)
+        return iter_hub_documents(source, self.hub_config, split)
+
+    def train_docs(self) -> Iterator[str]:
+        docs = self._docs(self.train, "train")
+        return docs if self.val or self._hub_has_validation() else (d for d in docs if not is_heldout(d))
+
+    def val_docs(self) -> Iterator[str]:
+        if self.val:
+            return self._docs(self.val, "validation")
+        if self._hub_has_validation():
+            return self._docs(self.train, "validation")
+        return (d for d in self._docs(self.train, "train") if is_heldout(d))
+
+    def _hub_has_validation(self) -> bool:
+        if local_files(self.train) is not None:
+            return False
+        import datasets
+        return "validation" in datasets.get_dataset_split_names(self.train, self.hub_config or None)
+
+
+def pack_windows(docs: Iterator[str], tokenizer, window_len: int, eos_id: int,
+                 batch_docs: int = 256) -> Iterator[list[int]]:
+    """Join tokenized documents with EOS and cut the stream into windows of window_len tokens."""
+    buf: list[int] = []
+    batch: list[str] = []
+
+    def flush():
+        nonlocal buf
+        for enc in tokenizer.encode_batch(batch, add_special_tokens=False):
+            buf.extend(enc.ids)
+            buf.append(eos_id)
+        batch.clear()
+
+    for doc in docs:
+        batch.append(doc)
+        if len(batch) == batch_docs:
+            flush()
+            while len(buf) >= window_len:
+                yield buf[:window_len]
+                buf = buf[window_len:]
+    flush()
+    while len(buf) >= window_len:
+        yield buf[:window_len]
+        buf = buf[window_len:]
+
+
+def take_windows(windows: Iterator[list[int]], n: int) -> torch.Tensor:
+    rows = [w for _, w in zip(range(n), windows)]
+    if not rows:
+        raise DataError("no complete window: the data is shorter than one window")
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+class ShuffledWindows:
+    """All training windows in memory; epoch e visits them in a permutation seeded by (seed, e).
+
+    The data position is just the number of windows consumed, so resuming is exact.
+    """
+
+    def __init__(self, windows: torch.Tensor, seed: int):
+        self.windows, self.seed, self.position = windows, seed, 0
+        self._perm_epoch, self._perm = -1, None
+
+    def _order(self, epoch: int) -> torch.Tensor:
+        if epoch != self._perm_epoch:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._perm, self._perm_epoch = torch.randperm(len(self.windows), generator=g), epoch
+        return self._perm
+
+    def next_batch(self, n: int) -> torch.Tensor:
+        idx = []
+        for pos in range(self.position, self.position + n):
+            epoch, i = divmod(pos, len(self.windows))
+            idx.append(self._order(epoch)[i])
+        self.position += n
+        return self.windows[torch.stack(idx)]
+
+    @property
+    def epoch(self) -> float:
+        return self.position / len(self.windows)
+
+    def state(self) -> dict:
+        return {"position": self.position}
+
+    def load_state(self, state: dict) -> None:
+        self.position = int(state["position"])
+
+
+class StreamedWindows:
+    """Windows read in order from a (possibly endless) stream; resuming skips the windows consumed."""
+
+    def __init__(self, make_windows):
+        self.make_windows, self.position = make_windows, 0
+        self._it = make_windows()
+
+    def _next(self) -> list[int]:
+        for _ in range(2):
+            try:
+                return next(self._it)
+            except StopIteration:  # end of the stream: start another pass
+                self._it = self.make_windows()
+        raise DataError("the training stream holds no complete window")
+
+    def next_batch(self, n: int) -> torch.Tensor:
+        rows = [self._next() for _ in range(n)]
+        self.position += n
+        return torch.tensor(rows, dtype=torch.int64)
+
+    @property
+    def epoch(self) -> float:
+        return float("nan")
+
+    def state(self) -> dict:
+        return {"position": self.position}
+
+    def load_state(self, state: dict) -> None:
+        self._it, self.position = self.make_windows(), int(state["position"])
+        for _ in range(self.position):
+            self._next()

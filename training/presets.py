@@ -1,0 +1,109 @@
+"""Training presets: the model shape plus the randomized-depth recipe and the optimisation.
+
+The paper gives widths, r_bar, r_max, k and sigma for S0 / S1 (see ../shared/paper.md). Where it is
+silent the choice is ours and is marked "(ours)" below.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+
+from recur_core.config import ModelConfig
+
+SMOLLM2_TOKENIZER = "HuggingFaceTB/SmolLM2-135M"
+
+
+@dataclass
+class TrainConfig:
+    # model shape (vocab_size comes from the tokenizer)
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_dim: int
+    n_prelude: int
+    n_core: int
+    n_coda: int
+    seq_len: int = 256
+    rope_base: float = 10_000.0
+    tie_embeddings: bool = True
+    # the randomized-depth recipe
+    r_bar: float = 4.0
+    r_max: int = 16
+    backprop_depth: int = 4  # k: loops that get gradients
+    sigma: float = 0.5
+    # data
+    dataset: str = "roneneldan/TinyStories"
+    dataset_config: str = ""
+    tokenizer: str = SMOLLM2_TOKENIZER  # tokenizer.json path, hub id, or "bpe:<vocab size>" to train one
+    # optimisation
+    batch_size: int = 32  # windows per rank per step
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 200
+    weight_decay: float = 0.1
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    max_tokens: int = 100_000_000
+    autocast: str = "auto"  # auto | bf16 | fp32
+    seed: int = 0
+    # bookkeeping
+    eval_every: int = 200  # steps
+    eval_windows: int = 32  # windows used by the periodic eval (the final eval uses all 128)
+    ckpt_every: int = 200  # steps
+    log_every: int = 10
+
+    def model_config(self, vocab_size: int) -> ModelConfig:
+        return ModelConfig(vocab_size=vocab_size, d_model=self.d_model, n_heads=self.n_heads,
+                           n_kv_heads=self.n_kv_heads, ffn_dim=self.ffn_dim, n_prelude=self.n_prelude,
+                           n_core=self.n_core, n_coda=self.n_coda, max_seq_len=self.seq_len,
+                           rope_base=self.rope_base, tie_embeddings=self.tie_embeddings)
+
+    def tokens_per_step(self, world_size: int = 1) -> int:
+        return self.batch_size * self.seq_len * world_size
+
+    def eval_depths(self) -> list[int]:
+        """Depths of the periodic validation eval: 1, 2, 4, r_bar, 2 r_bar, r_max."""
+        rb = round(self.r_bar)
+        return sorted({d for d in (1, 2, 4, rb, 2 * rb, self.r_max) if d <= self.r_max})
+
+    def with_overrides(self, overrides: dict[str, str]) -> "TrainConfig":
+        """Apply `--set key=value` strings, parsed with the field's type."""
+        types = {f.name: f.type for f in fields(self)}
+        parsed = {}
+        for key, raw in overrides.items():
+            if key not in types:
+                raise ValueError(f"unknown setting {key!r}; known: {', '.join(sorted(types))}")
+            parsed[key] = parse_value(types[key], raw)
+        return dataclasses.replace(self, **parsed)
+
+
+def parse_value(type_name: str, raw: str):
+    if type_name == "bool":
+        if raw.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(f"expected true/false, got {raw!r}")
+        return raw.lower() in ("true", "1")
+    return {"int": int, "float": float, "str": str}[type_name](raw)
+
+
+PRESETS: dict[str, TrainConfig] = {
+    # S1, the paper's main run: SmolLM2-135M widths; the 2/4/2 block split is Huginn's (ours);
+    # seq_len 1024, lr 1e-3 with 2000 warmup steps and batch 32 x 1024 per rank are ours.
+    "s1": TrainConfig(d_model=576, n_heads=9, n_kv_heads=3, ffn_dim=1536, n_prelude=2, n_core=4, n_coda=2,
+                      seq_len=1024, r_bar=8, r_max=32, backprop_depth=8,
+                      dataset="HuggingFaceFW/fineweb-edu", dataset_config="sample-10BT",
+                      tokenizer=SMOLLM2_TOKENIZER, batch_size=32, lr=1e-3, warmup_steps=2000,
+                      max_tokens=12_900_000_000, eval_every=1000, ckpt_every=1000),
+    # S0, the toy run: paper widths; 2/4/2 split, the SmolLM2 tokenizer and seq_len 512 are ours.
+    "s0": TrainConfig(d_model=384, n_heads=6, n_kv_heads=2, ffn_dim=1024, n_prelude=2, n_core=4, n_coda=2,
+                      seq_len=512, r_bar=4, r_max=16, backprop_depth=4,
+                      dataset="roneneldan/TinyStories", tokenizer=SMOLLM2_TOKENIZER,
+                      batch_size=32, lr=1e-3, warmup_steps=1000, max_tokens=400_000_000,
+                      eval_every=1000, ckpt_every=1000),
+    # demo: sized for about an hour on 2 CPU cores (all choices ours): ~3.7M parameters,
+    # d 256, 4 heads / 2 KV, 1/2/1 blocks, a 2,048-token BPE trained on the corpus.
+    "demo": TrainConfig(d_model=256, n_heads=4, n_kv_heads=2, ffn_dim=768, n_prelude=1, n_core=2, n_coda=1,
+                        seq_len=256, r_bar=4, r_max=16, backprop_depth=4,
+                        dataset="roneneldan/TinyStories", tokenizer="bpe:2048",
+                        batch_size=16, lr=2e-3, warmup_steps=100, max_tokens=6_000_000,
+                        eval_every=100, ckpt_every=100),
+}

@@ -1,0 +1,325 @@
+"""The randomized-depth training loop: sample r per step, truncated backprop, eval, checkpoints.
+
+Run layout under --out DIR:
+    DIR/metrics.jsonl   live log (one JSON object a line: "train" and "eval" events)
+    DIR/latest/         newest checkpoint + optimizer/data/RNG state for --resume
+    DIR/best/           checkpoint with the lowest validation loss at r_bar loops so far
+Both are written atomically, so a run killed at any moment keeps its last complete checkpoint.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from recur_core.checkpoint import (EVAL_WINDOWS, METRICS, PROBE_WINDOWS, load_checkpoint,
+                                   recover_interrupted, save_checkpoint)
+from recur_core.model import LoopedLM
+
+from .data import DataSpec, ShuffledWindows, StreamedWindows, local_files, pack_windows, take_windows
+from .depth_sampler import sample_depth
+from .presets import TrainConfig
+from .state import read_trainer_state, write_trainer_state
+from .tokenizer import eos_id, load_tokenizer
+
+N_SAVED_WINDOWS = 128  # the paper evaluates on 128 validation windows
+EVAL_SEED = 0  # the recurrent-state noise of every eval
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+# -- environment ---------------------------------------------------------------------------
+def setup_distributed() -> tuple[int, int, torch.device]:
+    """(rank, world_size, device); initialises torch.distributed under torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    cuda = torch.cuda.is_available()
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    rank = dist.get_rank() if world > 1 else 0
+    if cuda:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return rank, world, torch.device("cuda", local)
+    return rank, world, torch.device("cpu")
+
+
+def cpu_has_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def autocast_context(device: torch.device, mode: str):
+    """bf16 autocast where it is faster: CUDA with bf16, or a CPU with native bf16 (AVX512-BF16/AMX)."""
+    if mode not in ("auto", "bf16", "fp32"):
+        raise ValueError(f"autocast must be auto, bf16 or fp32, got {mode!r}")
+    use = mode == "bf16" or (mode == "auto" and (
+        torch.cuda.is_bf16_supported() if device.type == "cuda" else cpu_has_bf16()))
+    return torch.autocast(device.type, dtype=torch.bfloat16) if use else nullcontext()
+
+
+def code_revision() -> str:
+    here = Path(__file__).resolve().parent
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True).stdout
+        return rev + ("-dirty" if dirty.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
+    """Linear warmup, then cosine decay to min_lr_ratio * lr at total_steps."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def make_optimizer(model: LoopedLM, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices only (not on norms)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, cfg.beta2), fused=device.type == "cuda")
+
+
+# -- evaluation ----------------------------------------------------------------------------
+@torch.no_grad()
+def evaluate(model: LoopedLM, windows: torch.Tensor, depths: list[int], device: torch.device,
+             amp_mode: str = "auto", batch: int = 16) -> dict[int, float]:
+    """Mean next-token loss (nats/token) on windows at each depth, from one run to max(depths)."""
+    model.eval()
+    totals = {d: 0.0 for d in depths}
+    n_tokens = 0
+    gen = torch.Generator().manual_seed(EVAL_SEED)
+    for start in range(0, len(windows), batch):
+        w = windows[start:start + batch].to(device)
+        inputs, targets = w[:, :-1], w[:, 1:]
+        with autocast_context(device, amp_mode):
+            e = model.prelude(inputs)
+            state = model.init_state(*inputs.shape, generator=gen, device=device)
+            for i in range(1, max(depths) + 1):
+                state = model.core_step(state, e)
+                if i in totals:
+                    logits = model.readout(state).float()
+                    totals[i] += F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum").item()
+        n_tokens += targets.numel()
+    return {d: totals[d] / n_tokens for d in depths}
+
+
+# -- the run -------------------------------------------------------------------------------
+class Trainer:
+    def __init__(self, preset: str, cfg: TrainConfig, overrides: dict, data: DataSpec, out: Path,
+                 resume: bool = False, stop_at_step: int | None = None, progress: bool = True):
+        self.preset, self.cfg, self.overrides, self.data, self.out = preset, cfg, overrides, data, Path(out)
+        self.resume, self.stop_at_step, self.progress = resume, stop_at_step, progress
+        self.rank, self.world, self.device = setup_distributed()
+        self.is_main = self.rank == 0
+        self.step, self.tokens_seen, self.best_eval, self.last_eval = 0, 0, math.inf, {}
+        self.wall_s = 0.0
+        self._stop_requested = False
+
+    # setup ------------------------------------------------------------------------------
+    def _latest(self) -> Path:
+        return self.out / "latest"
+
+    def setup(self) -> None:
+        cfg = self.cfg
+        recover_interrupted(self._latest())
+        recover_interrupted(self.out / "best")
+        if self.resume and not (self._latest() / "trainer_state.json").is_file():
+            raise FileNotFoundError(f"--resume: no resumable checkpoint at {self._latest()}")
+        if not self.resume and (self._latest()).exists():
+            raise FileExistsError(f"{self._latest()} exists: pass --resume to continue that run, "
+                                  "or choose another --out")
+        self.tokenizer = self._tokenizer()
+        eos = eos_id(self.tokenizer)
+        window_len = cfg.seq_len + 1
+        make_train = lambda: pack_windows(self.data.train_docs(), self.tokenizer, window_len, eos)
+        self.eval_windows = take_windows(pack_windows(self.data.val_docs(), self.tokenizer, window_len, eos),
+                                         N_SAVED_WINDOWS)
+        self.probe_windows = take_windows(make_train(), N_SAVED_WINDOWS)
+        if local_files(self.data.train) is not None:
+            self.train_windows = ShuffledWindows(take_windows(make_train(), 2 ** 62), cfg.seed)
+        else:
+            self.train_windows = StreamedWindows(make_train)
+        torch.manual_seed(cfg.seed)
+        self.model = LoopedLM(cfg.model_config(self.tokenizer.get_vocab_size())).to(self.device)
+        self.opt = make_optimizer(self.model, cfg, self.device)
+        if self.resume:
+            self._load_latest()
+        self.ddp = (torch.nn.parallel.DistributedDataParallel(self.model) if self.world > 1 else self.model)
+        self.total_steps = max(1, cfg.max_tokens // cfg.tokens_per_step(self.world))
+
+    def _tokenizer(self):
+        if self.resume:
+            return load_tokenizer(str(self._latest() / "tokenizer.json"))
+        if not self.cfg.tokenizer.startswith("bpe:") or self.world == 1:
+            return load_tokenizer(self.cfg.tokenizer, self.data.train_docs())
+        # multi-process BPE training: rank 0 trains, the others read its file
+        path = self.out / "tokenizer.json"
+        if self.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            load_tokenizer(self.cfg.tokenizer, self.data.train_docs()).save(str(path))
+        dist.barrier()
+        return load_tokenizer(str(path))
+
+    def _load_latest(self) -> None:
+        ckpt = load_checkpoint(self._latest(), device=self.device)
+        if ckpt.config != self.model.cfg:
+            raise ValueError(f"--resume: the checkpoint's model config differs from this run's: "
+                             f"{ckpt.config} vs {self.model.cfg}")
+        self.model.load_state_dict(ckpt.model.state_dict())
+        info = read_trainer_state(self._latest(), self.opt)
+        self.step, self.tokens_seen = info["step"], info["tokens_seen"]
+        self.best_eval, self.last_eval = info["best_eval"], ckpt.meta.get("last_eval", {})
+        self.wall_s = info.get("wall_s", 0.0)
+        self.train_windows.load_state(info["data"])
+        if self.is_main:  # the live log continues from the checkpoint's copy
+            (self.out / METRICS).write_bytes((self._latest() / METRICS).read_bytes())
+
+    # bookkeeping ------------------------------------------------------------------------
+    def log(self, record: dict) -> None:
+        if self.is_main:
+            with open(self.out / METRICS, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def meta(self) -> dict:
+        cfg = self.cfg
+        return {
+            "preset": self.preset, "overrides": self.overrides, "step": self.step,
+            "tokens_seen": self.tokens_seen, "train_config": dataclasses.asdict(cfg),
+            "recipe": {"r_bar": cfg.r_bar, "r_max": cfg.r_max, "k": cfg.backprop_depth, "sigma": cfg.sigma},
+            "data": self.data.describe(), "tokenizer": cfg.tokenizer, "code_revision": code_revision(),
+            "last_eval": {str(d): v for d, v in self.last_eval.items()}, "best_eval_r_bar": self.best_eval,
+            "epochs": self.train_windows.epoch, "wall_seconds": round(self.wall_s, 1),
+            "n_params": self.model.num_params(), "world_size": self.world,
+        }
+
+    def save(self, which: str) -> None:
+        if not self.is_main:
+            return
+        extra_tensors = {EVAL_WINDOWS: {"ids": self.eval_windows}, PROBE_WINDOWS: {"ids": self.probe_windows}}
+        info = {"step": self.step, "tokens_seen": self.tokens_seen, "best_eval": self.best_eval,
+                "data": self.train_windows.state(), "wall_s": self.wall_s}
+        extra_files = {METRICS: self.out / METRICS}
+        state_writer = (lambda d: write_trainer_state(d, self.opt, info)) if which == "latest" else None
+        save_checkpoint(self.out / which, self.model, self.meta(), self.tokenizer.to_str(),
+                        extra_files=extra_files, extra_tensors=extra_tensors, after_write=state_writer)
+
+    def run_eval(self, n_windows: int) -> dict[int, float]:
+        losses = evaluate(self.model, self.eval_windows[:n_windows], self.cfg.eval_depths(), self.device,
+                          self.cfg.autocast)
+        self.model.train()
+        self.last_eval = losses
+        self.log({"event": "eval", "step": self.step, "tokens": self.tokens_seen, "windows": n_windows,
+                  "loss_by_depth": {str(d): round(v, 5) for d, v in losses.items()}})
+        return losses
+
+    # training ---------------------------------------------------------------------------
+    def train_step(self) -> dict:
+        cfg = self.cfg
+        r = sample_depth(self.step, cfg.r_bar, cfg.r_max, cfg.sigma, cfg.seed)
+        lr = lr_at(self.step, cfg, self.total_steps)
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        batch = self.train_windows.next_batch(cfg.batch_size * self.world)[self.rank::self.world].to(self.device)
+        inputs, targets = batch[:, :-1], batch[:, 1:]
+        gen = torch.Generator().manual_seed((cfg.seed * 1_000_003 + self.step) * 64 + self.rank)
+        with autocast_context(self.device, cfg.autocast):
+            logits = self.ddp(inputs, r, gen, backprop_depth=cfg.backprop_depth)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        if not torch.isfinite(loss):
+            raise NonFiniteLoss(f"loss became {loss.item()} at step {self.step} (r = {r})")
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        if not torch.isfinite(grad_norm):
+            raise NonFiniteLoss(f"gradient norm became {grad_norm.item()} at step {self.step} (r = {r})")
+        self.opt.step()
+        return {"loss": loss.item(), "r": r, "lr": lr, "grad_norm": grad_norm.item()}
+
+    def _request_stop(self, signum, frame):
+        self._stop_requested = True
+
+    def train(self) -> None:
+        self.setup()
+        cfg = self.cfg
+        if self.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / METRICS).touch()
+        old_handlers = {s: signal.signal(s, self._request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        self.model.train()
+        bar = tqdm(total=self.total_steps, initial=self.step, disable=not (self.is_main and self.progress),
+                   dynamic_ncols=True, desc=self.preset)
+        try:
+            while self.step < self.total_steps and not self._stop_requested:
+                t0 = time.perf_counter()
+                stats = self.train_step()
+                self.step += 1
+                self.tokens_seen += cfg.tokens_per_step(self.world)
+                dt = time.perf_counter() - t0
+                self.wall_s += dt
+                tok_s = cfg.tokens_per_step(self.world) / dt
+                bar.update(1)
+                bar.set_postfix(loss=f"{stats['loss']:.3f}", r=stats["r"], tok_s=f"{tok_s:,.0f}")
+                if self.step % cfg.log_every == 0 or self.step == 1:
+                    self.log({"event": "train", "step": self.step, "tokens": self.tokens_seen,
+                              **{k: round(v, 6) if isinstance(v, float) else v for k, v in stats.items()},
+                              "tokens_per_s": round(tok_s, 1)})
+                self._periodic()
+                if self.stop_at_step is not None and self.step >= self.stop_at_step:
+                    break
+        except NonFiniteLoss as err:
+            self.log({"event": "nonfinite", "step": self.step, "message": str(err)})
+            raise SystemExit(f"training stopped: {err}. The last good checkpoint is kept at "
+                             f"{self._latest()}; lower the learning rate or resume from there.") from None
+        finally:
+            bar.close()
+            for s, h in old_handlers.items():
+                signal.signal(s, h)
+        self._finish()
+
+    def _periodic(self) -> None:
+        cfg = self.cfg
+        if self.is_main and self.step % cfg.eval_every == 0:
+            loss_rbar = self.run_eval(cfg.eval_windows)[round(cfg.r_bar)]
+            if loss_rbar < self.best_eval:
+                self.best_eval = loss_rbar
+                self.save("best")
+        if self.step % cfg.ckpt_every == 0:
+            self.save("latest")
+        if self.world > 1:
+            dist.barrier()
+
+    def _finish(self) -> None:
+        """Final (or interrupted) save; the final eval uses all saved eval windows."""
+        done = self.step >= self.total_steps
+        if self.is_main and done:
+            self.run_eval(len(self.eval_windows))
+        self.save("latest")
+        if self.is_main and done and not (self.out / "best").exists():
+            self.save("best")
+        if self.world > 1:
+            dist.barrier()
+        if self.is_main:
+            state = "finished" if done else f"stopped at step {self.step}; continue with --resume"
+            print(f"{self.preset}: {state}. Checkpoints in {self.out}/latest and {self.out}/best", file=sys.stderr)

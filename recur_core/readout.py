@@ -1,0 +1,278 @@
+"""Per-token statistics of the readout distribution p = softmax(h @ W^T), without T x V logits.
+
+After every loop i a looped LM has a final-normed hidden h_i (T, d) and shares the LM head W (V, d).
+Analysis wants, per token and loop: log-sum-exp, cross-entropy of a target, entropy, argmax, top-1
+probability and KL(p_i || p_{i-1}). Materialising the (T, V) logits for every loop costs O(T * V)
+memory, so the vocabulary is walked in slices instead and each slice is summarised by a few online
+softmax moments (`ReadoutPartials`) that combine exactly (`combine_partials`).
+
+Backends, all returning `ReadoutStats`:
+  readout_stats_reference  materialises the float32 logits; the ground truth for tests.
+  readout_stats_chunked    vectorised PyTorch over column chunks of W; peak memory O(T * chunk).
+  readout_stats_triton     (recur_core.kernels.readout_triton) fused CUDA kernel, W read once.
+  readout_stats            picks one of these.
+
+Conventions: all statistics are float32 and in nats, whatever the input dtype. A negative target id
+(e.g. -1) means "no target"; ce is NaN there. h may be (T, d) or (B, T, d); outputs follow its
+leading shape.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+import os
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+
+DEFAULT_CHUNK = 4096
+BACKENDS = ("auto", "chunked", "triton", "reference")
+
+
+@dataclass
+class ReadoutStats:
+    """Per-token statistics of p = softmax(h @ W^T); every tensor has h's leading shape (+ (k,)).
+
+    lse        log-sum-exp of the logits.
+    ce         -log p[target] in nats; NaN where target < 0; None without targets.
+    entropy    -sum_v p log p in nats.
+    argmax     int64 id of the largest logit (the lowest id on ties).
+    top1_prob  p[argmax].
+    kl_prev    KL(p_cur || p_prev) = sum_v p_cur (log p_cur - log p_prev) in nats, where p_prev is
+               the distribution of h_prev; None without h_prev.
+    topk_ids, topk_probs  (..., k) ids and probabilities of the k largest logits, descending;
+               None when topk == 0.
+    """
+
+    lse: Tensor
+    ce: Tensor | None
+    entropy: Tensor
+    argmax: Tensor
+    top1_prob: Tensor
+    kl_prev: Tensor | None = None
+    topk_ids: Tensor | None = None
+    topk_probs: Tensor | None = None
+
+    def unflatten(self, lead: torch.Size) -> ReadoutStats:
+        """Reshape every (N, ...) tensor to (*lead, ...)."""
+        def reshape(t):
+            return None if t is None else t.reshape(*lead, *t.shape[1:])
+        return ReadoutStats(**{f.name: reshape(getattr(self, f.name)) for f in fields(self)})
+
+
+def flatten_tokens(fn):
+    """Let a backend written for h (N, d) accept any leading shape: flatten, call, reshape back."""
+    @functools.wraps(fn)
+    def wrapper(h: Tensor, W: Tensor, targets: Tensor | None = None, h_prev: Tensor | None = None,
+                *args, **kwargs) -> ReadoutStats:
+        _check_shapes(h, W, targets, h_prev)
+        d = h.shape[-1]
+        flat_targets = None if targets is None else targets.reshape(-1)
+        flat_prev = None if h_prev is None else h_prev.reshape(-1, d)
+        stats = fn(h.reshape(-1, d), W, flat_targets, flat_prev, *args, **kwargs)
+        return stats.unflatten(h.shape[:-1])
+    return wrapper
+
+
+def _check_shapes(h, W, targets, h_prev):
+    if W.dim() != 2 or h.shape[-1] != W.shape[1]:
+        raise ValueError(f"h {tuple(h.shape)} and W {tuple(W.shape)} do not share the hidden dim")
+    if h_prev is not None and h_prev.shape != h.shape:
+        raise ValueError(f"h_prev {tuple(h_prev.shape)} differs from h {tuple(h.shape)}")
+    if targets is not None and targets.shape != h.shape[:-1]:
+        raise ValueError(f"targets {tuple(targets.shape)} do not match h's leading shape {tuple(h.shape[:-1])}")
+
+
+def _check_topk(topk: int, vocab: int):
+    if not 0 <= topk <= vocab:
+        raise ValueError(f"topk must be in [0, {vocab}], got {topk}")
+
+
+def _nan_where_ignored(ce: Tensor, targets: Tensor) -> Tensor:
+    return ce.masked_fill(targets < 0, math.nan)
+
+
+# --------------------------------------------------------------------------------------------------
+# Reference: materialise the logits.
+
+@flatten_tokens
+def readout_stats_reference(h: Tensor, W: Tensor, targets: Tensor | None = None,
+                            h_prev: Tensor | None = None, topk: int = 0) -> ReadoutStats:
+    """Plain float32 computation on the full (N, V) logits. Obviously correct, O(N * V) memory."""
+    _check_topk(topk, W.shape[0])
+    Wf = W.float()
+    logits = h.float() @ Wf.T
+    logp = torch.log_softmax(logits, dim=-1)
+    p = logp.exp()
+    top1_logp, argmax = logp.max(dim=-1)
+    stats = ReadoutStats(lse=torch.logsumexp(logits, dim=-1), ce=None,
+                         entropy=-(p * logp).sum(-1), argmax=argmax, top1_prob=top1_logp.exp())
+    if targets is not None:
+        ce = -logp.gather(1, targets.clamp(min=0)[:, None]).squeeze(1)
+        stats.ce = _nan_where_ignored(ce, targets)
+    if h_prev is not None:
+        logq = torch.log_softmax(h_prev.float() @ Wf.T, dim=-1)
+        stats.kl_prev = (p * (logp - logq)).sum(-1)  # KL(p_cur || p_prev), nats
+    if topk:
+        top_logp, stats.topk_ids = logp.topk(topk, dim=-1)
+        stats.topk_probs = top_logp.exp()
+    return stats
+
+
+# --------------------------------------------------------------------------------------------------
+# Online-softmax moments of vocabulary slices, shared by the chunked and the Triton backends.
+
+@dataclass
+class ReadoutPartials:
+    """Moments of P vocabulary slices, each tensor (P, N); slices are in ascending id order.
+
+    For slice i and token n, with a the logits of h and b those of h_prev over the slice:
+      m = max a          s = sum e^(a-m)          u = sum e^(a-m) (a-m)
+      arg = global id of the first max of a
+      m_prev = max b     s_prev = sum e^(b-m_prev)
+      k = sum e^(a-m) ((a-m) - (b-m_prev))
+    Keeping u and k relative to the maxima avoids the cancellation of lse - E_p[a] when logits are
+    large (peaked distributions). The *_prev and k fields are None without h_prev.
+    """
+
+    m: Tensor
+    s: Tensor
+    u: Tensor
+    arg: Tensor
+    m_prev: Tensor | None = None
+    s_prev: Tensor | None = None
+    k: Tensor | None = None
+
+
+def combine_partials(parts: ReadoutPartials, target_logit: Tensor | None = None,
+                     targets: Tensor | None = None) -> ReadoutStats:
+    """Merge the slices exactly and turn the moments into statistics.
+
+    Moving slice i's moments from its max m_i to the global max m multiplies them by
+    alpha_i = e^(m_i - m) and shifts the offsets: u_i -> u_i + s_i (m_i - m), likewise for k with
+    both maxima. Then, with S, U, K the merged moments:
+      lse = m + log S,  entropy = log S - U / S,  top1 = 1 / S,
+      KL(p_cur || p_prev) = K / S - log S + log S_prev   (nats).
+    """
+    m, first = parts.m.max(dim=0)  # first slice holding the max -> lowest id on ties
+    shift = parts.m - m
+    alpha = shift.exp()
+    s = (alpha * parts.s).sum(0)
+    u = (alpha * (parts.u + parts.s * shift)).sum(0)
+    log_s = s.log()
+    lse = m + log_s
+    stats = ReadoutStats(lse=lse, ce=None, entropy=log_s - u / s,
+                         argmax=parts.arg.gather(0, first[None]).squeeze(0).long(), top1_prob=s.reciprocal())
+    if target_logit is not None:
+        stats.ce = _nan_where_ignored(lse - target_logit, targets)
+    if parts.k is not None:
+        m_prev = parts.m_prev.amax(dim=0)
+        shift_prev = parts.m_prev - m_prev
+        s_prev = (shift_prev.exp() * parts.s_prev).sum(0)
+        k = (alpha * (parts.k + parts.s * (shift - shift_prev))).sum(0)
+        stats.kl_prev = k / s - log_s + s_prev.log()  # KL(p_cur || p_prev), nats
+    return stats
+
+
+# --------------------------------------------------------------------------------------------------
+# Chunked PyTorch backend (CPU, or CUDA without Triton).
+
+def _chunk_moments(logits: Tensor, n: int, v0: int) -> tuple[Tensor, ...]:
+    """Moments of one column chunk; logits (R, C) float32 holds h's rows, then h_prev's if R > n.
+
+    Consumes `logits` in place: every pass but exp works in the one buffer, which stays in cache.
+    Returns (m, s, u, arg) and, with h_prev, (m_prev, s_prev, k).
+    """
+    a = logits[:n]
+    m, arg = a.max(dim=1)
+    has_prev = logits.shape[0] > n
+    maxes = torch.cat([m, logits[n:].amax(dim=1)]) if has_prev else m
+    logits.sub_(maxes[:, None])  # a - m, b - m_prev: all <= 0
+    e = logits.exp()
+    s = e.sum(dim=1)
+    e_a = e[:n]
+    u = _rowdot(e_a, a)
+    if not has_prev:
+        return m, s, u, arg + v0
+    b = logits[n:].sub_(a)  # (b - m_prev) - (a - m)
+    k = -_rowdot(e_a, b)
+    return m, s[:n], u, arg + v0, maxes[n:], s[n:], k
+
+
+def _rowdot(x: Tensor, y: Tensor) -> Tensor:
+    """sum(x * y, dim=1) as a batched (1, C) @ (C, 1) product: no (R, C) temporary."""
+    return torch.bmm(x[:, None, :], y[:, :, None]).view(-1)
+
+
+def _target_logit(h: Tensor, W: Tensor, targets: Tensor) -> Tensor:
+    """h . W[target] in float32 (ignored targets read row 0; combine_partials masks them)."""
+    return torch.einsum("nd,nd->n", h.float(), W[targets.clamp(min=0)].float())
+
+
+def _merge_topk(vals: list[Tensor], ids: list[Tensor], k: int) -> tuple[Tensor, Tensor]:
+    top_vals, pos = torch.cat(vals, dim=1).topk(k, dim=1)
+    return top_vals, torch.cat(ids, dim=1).gather(1, pos)
+
+
+@flatten_tokens
+def readout_stats_chunked(h: Tensor, W: Tensor, targets: Tensor | None = None,
+                          h_prev: Tensor | None = None, topk: int = 0,
+                          chunk: int = DEFAULT_CHUNK) -> ReadoutStats:
+    """Walk W in chunks of `chunk` rows (vocabulary ids); peak extra memory ~ 2 * R * chunk floats.
+
+    h and h_prev are stacked into one (R = 2N, d) operand, so each W chunk is multiplied once.
+    Each chunk's product is cast to float32 (W chunks of other dtypes are upcast before the
+    product, which keeps bf16 inputs as accurate as the float32 reference). Top-k keeps the k best
+    logits of every chunk and merges them at the end.
+    """
+    V = W.shape[0]
+    _check_topk(topk, V)
+    n = h.shape[0]
+    x = (h if h_prev is None else torch.cat([h, h_prev])).float()
+    moments, top_vals, top_ids = [], [], []
+    for v0 in range(0, V, chunk):
+        logits = x @ W[v0:v0 + chunk].float().T
+        if topk:
+            vals, ids = logits[:n].topk(min(topk, logits.shape[1]), dim=1)
+            top_vals.append(vals)
+            top_ids.append(ids + v0)
+        moments.append(_chunk_moments(logits, n, v0))
+    parts = ReadoutPartials(*(torch.stack(field) for field in zip(*moments)))
+    target_logit = None if targets is None else _target_logit(h, W, targets)
+    stats = combine_partials(parts, target_logit, targets)
+    if topk:
+        vals, stats.topk_ids = _merge_topk(top_vals, top_ids, topk)
+        stats.topk_probs = (vals - stats.lse[:, None]).exp()
+    return stats
+
+
+# --------------------------------------------------------------------------------------------------
+# Dispatch.
+
+def _triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def readout_stats(h: Tensor, W: Tensor, targets: Tensor | None = None, h_prev: Tensor | None = None,
+                  topk: int = 0, backend: str | None = None) -> ReadoutStats:
+    """Readout statistics through the best available backend.
+
+    backend: "auto" (default, overridable by the RECUR_READOUT_BACKEND environment variable) picks
+    the Triton kernel for CUDA tensors when triton is installed and topk == 0 (the kernel has no
+    top-k), else the chunked path. "chunked", "triton" and "reference" force one.
+    """
+    backend = backend or os.environ.get("RECUR_READOUT_BACKEND", "auto")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        backend = "triton" if h.is_cuda and topk == 0 and _triton_available() else "chunked"
+    if backend == "reference":
+        return readout_stats_reference(h, W, targets, h_prev, topk=topk)
+    if backend == "chunked":
+        return readout_stats_chunked(h, W, targets, h_prev, topk=topk)
+    if topk:
+        raise ValueError("the triton backend computes no top-k; use backend='chunked' for topk > 0")
+    from .kernels.readout_triton import readout_stats_triton
+    return readout_stats_triton(h, W, targets, h_prev)

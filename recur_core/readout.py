@@ -130,7 +130,8 @@ class ReadoutPartials:
 
     For slice i and token n, with a the logits of h and b those of h_prev over the slice:
       m = max a          s = sum e^(a-m)          u = sum e^(a-m) (a-m)
-      arg = global id of the first max of a
+      arg = global id of the first max of a (may be -1 for a slice whose max does not beat all
+            earlier slices: such a slice never supplies the argmax)
       m_prev = max b     s_prev = sum e^(b-m_prev)
       k = sum e^(a-m) ((a-m) - (b-m_prev))
     Keeping u and k relative to the maxima avoids the cancellation of lse - E_p[a] when logits are
@@ -179,31 +180,41 @@ def combine_partials(parts: ReadoutPartials, target_logit: Tensor | None = None,
 # --------------------------------------------------------------------------------------------------
 # Chunked PyTorch backend (CPU, or CUDA without Triton).
 
-def _chunk_moments(logits: Tensor, n: int, v0: int) -> tuple[Tensor, ...]:
-    """Moments of one column chunk; logits (R, C) float32 holds h's rows, then h_prev's if R > n.
+def _chunk_moments(logits: Tensor, e: Tensor, n: int, v0: int, best: Tensor) -> tuple[Tensor, ...]:
+    """Moments of one column chunk, computed in place (the buffers stay in cache between passes).
 
-    Consumes `logits` in place: every pass but exp works in the one buffer, which stays in cache.
-    Returns (m, s, u, arg) and, with h_prev, (m_prev, s_prev, k).
+    logits (R, C) float32 holds h's rows, then h_prev's if R > n; e is an (n, C) scratch buffer.
+    best (n,) is the running max of the earlier chunks, updated here (see _improving_argmax).
+    Returns (m, s, u, arg) and, with h_prev, (m_prev, s_prev, k), as in ReadoutPartials.
     """
-    a = logits[:n]
-    m, arg = a.max(dim=1)
-    has_prev = logits.shape[0] > n
-    maxes = torch.cat([m, logits[n:].amax(dim=1)]) if has_prev else m
-    logits.sub_(maxes[:, None])  # a - m, b - m_prev: all <= 0
-    e = logits.exp()
+    a, b = logits[:n], logits[n:]
+    m = a.amax(dim=1)
+    arg = _improving_argmax(a, m, best, v0)
+    a.sub_(m[:, None])  # a - m <= 0
+    torch.exp(a, out=e)
     s = e.sum(dim=1)
-    e_a = e[:n]
-    u = _rowdot(e_a, a)
-    if not has_prev:
-        return m, s, u, arg + v0
-    b = logits[n:].sub_(a)  # (b - m_prev) - (a - m)
-    k = -_rowdot(e_a, b)
-    return m, s[:n], u, arg + v0, maxes[n:], s[n:], k
+    u = torch.mul(e, a, out=a).sum(dim=1)  # sum e^(a-m) (a-m); a is scratch from here on
+    if b.shape[0] == 0:
+        return m, s, u, arg
+    m_prev = b.amax(dim=1)
+    b.sub_(m_prev[:, None])  # b - m_prev
+    k = u - torch.mul(e, b, out=a).sum(dim=1)  # sum e^(a-m) ((a-m) - (b-m_prev))
+    s_prev = b.exp_().sum(dim=1)
+    return m, s, u, arg, m_prev, s_prev, k
 
 
-def _rowdot(x: Tensor, y: Tensor) -> Tensor:
-    """sum(x * y, dim=1) as a batched (1, C) @ (C, 1) product: no (R, C) temporary."""
-    return torch.bmm(x[:, None, :], y[:, :, None]).view(-1)
+def _improving_argmax(a: Tensor, m: Tensor, best: Tensor, v0: int) -> Tensor:
+    """Global argmax ids of the rows whose chunk max m beats all earlier chunks (best), else -1.
+
+    A reduction with indices is several times slower than amax, and after the first chunks few rows
+    still improve. combine_partials reads arg only from the first slice holding a row's max, which
+    is always an improving one (ties with an earlier chunk are not improvements).
+    """
+    arg = torch.full_like(m, -1, dtype=torch.int64)
+    rows = (m > best).nonzero().squeeze(1)
+    arg[rows] = a[rows].argmax(dim=1) + v0
+    torch.maximum(best, m, out=best)
+    return arg
 
 
 def _target_logit(h: Tensor, W: Tensor, targets: Tensor) -> Tensor:
@@ -220,25 +231,30 @@ def _merge_topk(vals: list[Tensor], ids: list[Tensor], k: int) -> tuple[Tensor, 
 def readout_stats_chunked(h: Tensor, W: Tensor, targets: Tensor | None = None,
                           h_prev: Tensor | None = None, topk: int = 0,
                           chunk: int = DEFAULT_CHUNK) -> ReadoutStats:
-    """Walk W in chunks of `chunk` rows (vocabulary ids); peak extra memory ~ 2 * R * chunk floats.
+    """Walk W in chunks of `chunk` rows (vocabulary ids); extra memory ~ (R + N) * chunk floats.
 
-    h and h_prev are stacked into one (R = 2N, d) operand, so each W chunk is multiplied once.
-    Each chunk's product is cast to float32 (W chunks of other dtypes are upcast before the
-    product, which keeps bf16 inputs as accurate as the float32 reference). Top-k keeps the k best
-    logits of every chunk and merges them at the end.
+    h and h_prev are stacked into one (R = 2N, d) operand, so each W chunk is multiplied once, into
+    a reused buffer. W chunks of other dtypes are upcast to float32 before the product, which keeps
+    bf16 inputs as accurate as the float32 reference. Top-k keeps the k best logits of every chunk
+    and merges them at the end.
     """
     V = W.shape[0]
     _check_topk(topk, V)
     n = h.shape[0]
     x = (h if h_prev is None else torch.cat([h, h_prev])).float()
+    chunk = min(chunk, V)
+    logits_buf, e_buf = x.new_empty(x.shape[0] * chunk), x.new_empty(n * chunk)
+    best = x.new_full((n,), -math.inf)
     moments, top_vals, top_ids = [], [], []
     for v0 in range(0, V, chunk):
-        logits = x @ W[v0:v0 + chunk].float().T
+        W_chunk = W[v0:v0 + chunk].float()
+        c = W_chunk.shape[0]
+        logits = torch.mm(x, W_chunk.T, out=logits_buf[:x.shape[0] * c].view(-1, c))
         if topk:
-            vals, ids = logits[:n].topk(min(topk, logits.shape[1]), dim=1)
+            vals, ids = logits[:n].topk(min(topk, c), dim=1)
             top_vals.append(vals)
             top_ids.append(ids + v0)
-        moments.append(_chunk_moments(logits, n, v0))
+        moments.append(_chunk_moments(logits, e_buf[:n * c].view(n, c), n, v0, best))
     parts = ReadoutPartials(*(torch.stack(field) for field in zip(*moments)))
     target_logit = None if targets is None else _target_logit(h, W, targets)
     stats = combine_partials(parts, target_logit, targets)

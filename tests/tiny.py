@@ -37,8 +37,12 @@ TINY_SETTINGS = {"d_model": "32", "n_heads": "2", "n_kv_heads": "1", "ffn_dim": 
                  "eval_every": "20", "ckpt_every": "20", "eval_windows": "8", "log_every": "5"}
 
 
-def make_tiny_checkpoint(root: Path, steps: int = 60, **overrides: str) -> Path:
-    """Train the tiny preset for a few steps with the real trainer; returns the checkpoint dir."""
+def make_tiny_checkpoint(root: Path, steps: int = 60, trainer_kwargs: dict | None = None,
+                         **overrides: str) -> Path:
+    """Train the tiny preset for a few steps with the real trainer; returns the checkpoint dir.
+
+    trainer_kwargs go to Trainer (e.g. stop_at_step, resume); overrides are preset fields.
+    """
     from training.data import DataSpec
     from training.presets import PRESETS
     from training.trainer import Trainer
@@ -48,5 +52,6 @@ def make_tiny_checkpoint(root: Path, steps: int = 60, **overrides: str) -> Path:
     cfg = PRESETS["demo"].with_overrides(settings)
     tokens = steps * cfg.batch_size * cfg.seq_len
     cfg = cfg.with_overrides({"max_tokens": str(tokens)})
-    Trainer("demo", cfg, settings, DataSpec(str(train), str(val)), root / "run", progress=False).train()
+    Trainer("demo", cfg, settings, DataSpec(str(train), str(val)), root / "run", progress=False,
+            **(trainer_kwargs or {})).train()
     return root / "run" / "latest"

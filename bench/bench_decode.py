@@ -1,0 +1,315 @@
+"""Wall-clock speedup of real per-token halting in batch-1 decoding (issue 6).
+
+For each checkpoint:
+  1. Calibrate on --windows eval windows, teacher-forced with the real decoder (KV rule "latest"):
+     A0 at r_bar gives the target loss; A1's eps and the latent rule's delta are the largest
+     (fewest loops) whose teacher-forced loss is at most target + --tolerance nats.
+     A0 at the floor / ceiling of A1's mean loops gives the loss of uniform depth at equal compute.
+  2. Time batch-1 generation of --new-tokens tokens after each of --prompts prompts (the first
+     --prompt-len tokens of the next eval windows), greedy, every policy on the same prompts in
+     the same run, interleaved, --repeats times (the median repeat is reported).
+     tokens/s = decode steps / decode time (the prompt's prefill is timed apart).
+  3. The FLOP proxy of the same runs: multiply-accumulates of prelude, core loops, coda, head and
+     exit checks, with the real exit depths, readouts and context lengths; its ratio to A0 is the
+     speedup the proxy predicts, to hold the realized speedup against.
+  4. Faithfulness: teacher-forced decoding against the masking harness (prefill with the
+     "recompute" rule, which is the harness), the two KV rules, and how far halted tokens' kept
+     logits drift from a full-depth recomputation of the generated text.
+
+The last line of output is one JSON object (the first checkpoint's figures at the top level,
+every checkpoint's under "checkpoints").
+
+    python bench/bench_decode.py                      # checkpoints/demo-r8 and checkpoints/demo
+    python bench/bench_decode.py --ckpt runs/demo/best --prompts 8 --new-tokens 128 --windows 8
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from recur_core import load_checkpoint  # noqa: E402
+from recur_core.decode import (DecodeWeights, generate, generation_drift, logit_drift,  # noqa: E402
+                               teacher_forced)
+from recur_core.policies import ConvergenceExit, LatentDiff, Uniform  # noqa: E402
+
+DEFAULT_CKPTS = ("checkpoints/demo-r8", "checkpoints/demo")
+EPS_GRID = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5, 1e-6)
+DELTA_GRID = (0.3, 0.2, 0.1, 0.05, 0.03, 0.02, 0.01, 5e-3, 2e-3, 1e-3, 1e-4)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ckpt", action="append", help="checkpoint directory (repeatable)")
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--windows", type=int, default=8, help="eval windows for the matched-loss calibration")
+    p.add_argument("--tolerance", type=float, default=0.002, help="nats above A0@r_bar's loss allowed")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--bisect", type=int, default=3, help="bisection steps after the grid")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-loops", type=int, default=None, help="loop cap (default: the recipe's r_max)")
+    p.add_argument("--tf-batch", type=int, default=8, help="windows decoded in lockstep")
+    return p.parse_args(argv)
+
+
+def log(*args):
+    print(*args, flush=True)
+
+
+# -- FLOP proxy ------------------------------------------------------------------------------------
+class CostModel:
+    """Multiply-accumulates of one decode step, by part (weights once per token, plus attention)."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        d, H, Hkv, hd = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.block_weights = d * (H + 2 * Hkv) * hd + H * hd * d + 3 * d * cfg.ffn_dim
+        self.attn_per_key = 2 * H * hd
+        self.head = cfg.vocab_size * d
+
+    def block(self, ctx: int) -> float:
+        return self.block_weights + self.attn_per_key * ctx
+
+    def step(self, ctx: int, loops: int, readouts: int, checks: int, kl_checks: int) -> float:
+        """ctx keys attended; loops core loops; readouts coda + head passes; checks latent-rule
+        evaluations (~3d); kl_checks KL computations (~3V)."""
+        c = self.cfg
+        prelude = c.n_prelude * self.block(ctx) + c.d_model * c.d_model  # + the adapter's e-part, once
+        loop = c.d_model * c.d_model + c.n_core * self.block(ctx)
+        readout = c.n_coda * self.block(ctx) + self.head
+        return prelude + loops * loop + readouts * readout + 3 * c.d_model * checks + 3 * c.vocab_size * kl_checks
+
+
+def run_cost(cost: CostModel, gen, policy) -> float:
+    """FLOP proxy of a generation's decode steps (the first new token comes from the prefill)."""
+    prompt_len = len(gen.prompt_ids)
+    min_loops = getattr(policy, "min_loops", 1)
+    total = 0.0
+    for k, (loops, readouts) in enumerate(zip(gen.decode_exit_loops, gen.step_readouts)):
+        ctx = prompt_len + k + 1
+        consults = max(loops - min_loops + 1, 0) if not isinstance(policy, Uniform) else 0
+        kl = consults if getattr(policy, "needs_readout", False) else 0
+        total += cost.step(ctx, loops, readouts, consults, kl)
+    return total
+
+
+# -- calibration -----------------------------------------------------------------------------------
+class Calibrator:
+    """Teacher-forced losses of policies on the calibration windows (memoised)."""
+
+    def __init__(self, ckpt, windows, cap, seed, batch, weights):
+        self.ckpt, self.windows, self.cap, self.seed, self.batch, self.w = ckpt, windows, cap, seed, batch, weights
+        self.memo = {}
+
+    def evaluate(self, policy, kv_rule="latest", mode=None):
+        # state-based policies: the parallel "prefill" pass equals token-by-token decoding exactly
+        # (tests/test_decode.py); A1's readout context differs, so it is decoded token by token
+        mode = mode or ("decode" if getattr(policy, "needs_readout", False) else "prefill")
+        key = (repr(policy), kv_rule, mode)
+        if key not in self.memo:
+            t = time.perf_counter()
+            tf = teacher_forced(self.ckpt, self.windows, policy, kv_rule, seed=self.seed, max_loops=self.cap,
+                                batch_size=self.batch, mode=mode, weights=self.w)
+            self.memo[key] = tf
+            log(f"    {policy!r:60s} {kv_rule:9s} {mode:7s} loss {tf.loss:.5f}  mean loops {tf.mean_loops:6.3f}"
+                f"  ({time.perf_counter() - t:.1f}s)")
+        return self.memo[key]
+
+    def match(self, make, grid, target, bisect_steps):
+        """Largest threshold on the grid (then bisected, log scale) whose loss <= target.
+        Returns (threshold, result, matched)."""
+        best, fail = None, None
+        for th in grid:  # descending: fewer loops first
+            tf = self.evaluate(make(th))
+            if tf.loss <= target:
+                best = (th, tf)
+                break
+            fail = th
+        if best is None:
+            th = grid[-1]
+            return th, self.evaluate(make(th)), False
+        if fail is not None:
+            lo, hi = best[0], fail
+            for _ in range(bisect_steps):
+                mid = math.sqrt(lo * hi)
+                tf = self.evaluate(make(mid))
+                if tf.loss <= target:
+                    lo, best = mid, (mid, tf)
+                else:
+                    hi = mid
+        return best[0], best[1], True
+
+
+# -- timing ----------------------------------------------------------------------------------------
+def time_policies(ckpt, prompts, policies, new_tokens, repeats, cap, seed, weights):
+    """policies {name: (policy, kv_rule)} -> ({name: generations of the first repeat},
+    {name: tokens/s per repeat}); every prompt runs every policy, in a rotating order."""
+    gens = {name: [] for name in policies}
+    tps = {name: [] for name in policies}
+    for pol, rule in policies.values():  # warm-up
+        generate(ckpt, prompts[0], min(new_tokens, 4), pol, greedy=True, max_loops=cap, weights=weights,
+                 kv_rule=rule, keep_logits=False)
+    names = list(policies)
+    for rep in range(repeats):
+        steps = {name: 0 for name in names}
+        secs = {name: 0.0 for name in names}
+        for i, prompt in enumerate(prompts):
+            k = (rep + i) % len(names)
+            for name in names[k:] + names[:k]:
+                pol, rule = policies[name]
+                g = generate(ckpt, prompt, new_tokens, pol, greedy=True, seed=seed, max_loops=cap,
+                             weights=weights, kv_rule=rule, keep_logits=rep == 0)
+                steps[name] += g.decode_steps
+                secs[name] += g.decode_s
+                if rep == 0:
+                    gens[name].append(g)
+        for name in names:
+            tps[name].append(steps[name] / secs[name])
+    return gens, tps
+
+
+def median_ratio(num, den):
+    return statistics.median(a / b for a, b in zip(num, den))
+
+
+# -- one checkpoint --------------------------------------------------------------------------------
+def bench_checkpoint(path, args) -> dict:
+    ckpt = load_checkpoint(path)
+    cfg, recipe = ckpt.config, ckpt.meta.get("recipe", {})
+    r_bar = int(round(recipe.get("r_bar", 4)))
+    cap = args.max_loops or int(recipe.get("r_max", 4 * r_bar))
+    weights = DecodeWeights(ckpt.model)
+    windows = ckpt.windows("eval")
+    n_cal = min(args.windows, len(windows) - 1)
+    cal_windows = windows[:n_cal]
+    prompt_rows = windows[n_cal:n_cal + args.prompts]
+    if len(prompt_rows) < args.prompts:
+        prompt_rows = windows[:args.prompts]
+    prompt_len = max(1, min(args.prompt_len, cfg.max_seq_len - args.new_tokens, windows.shape[1]))
+    prompts = [row[:prompt_len].tolist() for row in prompt_rows]
+    log(f"\n== {path}  (checkpoint {ckpt.checkpoint_id}, d {cfg.d_model}, core {cfg.n_core} x loops, "
+        f"vocab {cfg.vocab_size}; r_bar {r_bar}, loop cap {cap}; {torch.get_num_threads()} thread(s))")
+    log(f"calibration: {n_cal} eval windows x {windows.shape[1] - 1} tokens, teacher-forced, KV rule 'latest'")
+
+    cal = Calibrator(ckpt, cal_windows, cap, args.seed, args.tf_batch, weights)
+    a0 = cal.evaluate(Uniform(r_bar))
+    target = a0.loss + args.tolerance
+    log(f"  target: A0@{r_bar} loss {a0.loss:.5f} + {args.tolerance} = {target:.5f}")
+    eps, a1, a1_ok = cal.match(lambda th: ConvergenceExit(th, r_max=cap), EPS_GRID, target, args.bisect)
+    delta, lat, lat_ok = cal.match(lambda th: LatentDiff(th, r_max=cap), DELTA_GRID, target, args.bisect)
+    lo, hi = max(1, math.floor(a1.mean_loops)), max(1, math.ceil(a1.mean_loops))
+    a0_lo, a0_hi = cal.evaluate(Uniform(lo)), cal.evaluate(Uniform(hi))
+    frac = a1.mean_loops - lo
+    loss_a0_at_m = a0_lo.loss + frac * (a0_hi.loss - a0_lo.loss) if hi > lo else a0_lo.loss
+    m_round = max(1, int(round(a1.mean_loops)))
+
+    log("faithfulness (same windows):")
+    p_a1, p_lat = ConvergenceExit(eps, r_max=cap), LatentDiff(delta, r_max=cap)
+    harness_a1 = cal.evaluate(p_a1, "recompute", "prefill")
+    harness_lat = cal.evaluate(p_lat, "recompute", "prefill")
+    rec_a1 = cal.evaluate(p_a1, "recompute", "decode")
+    rec_lat = harness_lat  # state-based: decode with "recompute" is the harness exactly
+
+    policies = {f"A0@{r_bar}": Uniform(r_bar), f"A1 eps={eps:.3g}": p_a1,
+                f"latent delta={delta:.3g}": p_lat, f"A0@{m_round} (A1's mean)": Uniform(m_round)}
+    names = list(policies)
+    timed = {name: (pol, "latest") for name, pol in policies.items()}
+    timed["latent, 'recompute'"] = (p_lat, "recompute")
+    log(f"timing: {len(prompts)} prompts x {prompt_len} tokens, {args.new_tokens} new tokens, greedy, batch 1, "
+        f"{args.repeats} interleaved repeats")
+    gens, tps = time_policies(ckpt, prompts, timed, args.new_tokens, args.repeats, cap, args.seed, weights)
+    cost = CostModel(cfg)
+    base_cost = sum(run_cost(cost, g, policies[names[0]]) for g in gens[names[0]])
+    rows = {}
+    for name in names:
+        pol = policies[name]
+        gl = gens[name]
+        rows[name] = dict(
+            tokens_per_s=statistics.median(tps[name]),
+            decode_s=sum(g.decode_s for g in gl),
+            prefill_s=sum(g.prefill_s for g in gl),
+            mean_loops=float(np.mean([x for g in gl for x in g.decode_exit_loops])),
+            readouts_per_token=sum(g.readouts for g in gl) / max(1, sum(g.decode_steps for g in gl)),
+            flop_proxy_speedup=base_cost / sum(run_cost(cost, g, pol) for g in gl),
+            realized_speedup=median_ratio(tps[name], tps[names[0]]),
+        )
+    drift = {}
+    for name in names[1:3]:
+        d = [generation_drift(ckpt, g, cap, seed=args.seed) for g in gens[name]]
+        drift[name] = dict(kl_mean=float(np.mean([x.kl_mean for x in d])), kl_max=max(x.kl_max for x in d),
+                           argmax_agree=float(np.mean([x.argmax_agree for x in d])))
+
+    # -- report -----------------------------------------------------------------------------------
+    losses = {names[0]: a0.loss, names[1]: a1.loss, names[2]: lat.loss,
+              names[3]: cal.evaluate(Uniform(m_round)).loss}
+    cal_loops = {names[0]: a0.mean_loops, names[1]: a1.mean_loops, names[2]: lat.mean_loops,
+                 names[3]: float(m_round)}
+    log(f"\n{'policy':28s} {'tf loss':>8s} {'tf loops':>8s} {'dec loops':>9s} {'ro/tok':>6s} {'tok/s':>8s} "
+        f"{'wall s':>7s} {'FLOP-proxy x':>12s} {'realized x':>10s}")
+    for name in names:
+        r = rows[name]
+        log(f"{name:28s} {losses[name]:8.5f} {cal_loops[name]:8.3f} {r['mean_loops']:9.3f} "
+            f"{r['readouts_per_token']:6.2f} {r['tokens_per_s']:8.1f} {r['decode_s']:7.2f} "
+            f"{r['flop_proxy_speedup']:12.3f} {r['realized_speedup']:10.3f}")
+    log(f"A1 matched: {a1_ok} (eps {eps:.3g}); latent matched: {lat_ok} (delta {delta:.3g}); "
+        f"A0 at A1's mean loops {a1.mean_loops:.3f}: loss {loss_a0_at_m:.5f} (interpolated between "
+        f"A0@{lo} {a0_lo.loss:.5f} and A0@{hi} {a0_hi.loss:.5f}); A1 - that = {a1.loss - loss_a0_at_m:+.5f} nats")
+    log(f"harness (prefill, 'recompute'): A1 loss {harness_a1.loss:.5f} loops {harness_a1.mean_loops:.3f}; "
+        f"latent loss {harness_lat.loss:.5f} loops {harness_lat.mean_loops:.3f}")
+    log(f"teacher-forced decode - harness: A1 'latest' {a1.loss - harness_a1.loss:+.5f}, "
+        f"A1 'recompute' {rec_a1.loss - harness_a1.loss:+.5f}, latent 'latest' {lat.loss - harness_lat.loss:+.5f}, "
+        f"latent 'recompute' {rec_lat.loss - harness_lat.loss:+.5f} nats")
+    rec_rate = statistics.median(tps["latent, 'recompute'"])
+    log(f"KV rules, latent policy: 'recompute' {rec_rate:.1f} tok/s (loss {rec_lat.loss:.5f}) vs 'latest' "
+        f"{rows[names[2]]['tokens_per_s']:.1f} tok/s (loss {lat.loss:.5f})")
+    for name, d in drift.items():
+        log(f"drift of halted tokens' kept logits vs depth {cap} ({name}): mean KL {d['kl_mean']:.2e}, "
+            f"max KL {d['kl_max']:.2e}, argmax unchanged {100 * d['argmax_agree']:.1f}%")
+    a1_row, lat_row = rows[names[1]], rows[names[2]]
+    return dict(
+        checkpoint=str(path), r_bar=r_bar, loop_cap=cap, threads=torch.get_num_threads(),
+        calibration_windows=n_cal, prompts=len(prompts), prompt_len=prompt_len, new_tokens=args.new_tokens,
+        loss_a0=a0.loss, loss_a1=a1.loss, loss_latent=lat.loss, eps_a1=eps, delta_latent=delta,
+        matched_a1=a1_ok, matched_latent=lat_ok,
+        mean_loops_a1=a1.mean_loops, mean_loops_latent=lat.mean_loops,
+        mean_loops_a1_decode=a1_row["mean_loops"], mean_loops_latent_decode=lat_row["mean_loops"],
+        realized_speedup=a1_row["realized_speedup"], flop_proxy_speedup=a1_row["flop_proxy_speedup"],
+        realized_speedup_latent=lat_row["realized_speedup"], flop_proxy_speedup_latent=lat_row["flop_proxy_speedup"],
+        readouts_per_token_a1=a1_row["readouts_per_token"],
+        tokens_per_s={n: rows[n]["tokens_per_s"] for n in names},
+        wall_s={n: rows[n]["decode_s"] for n in names},
+        loss_a0_at_mean_loops_a1=loss_a0_at_m, mean_loops_a0_equal_compute=m_round,
+        realized_speedup_a0_equal_compute=rows[names[3]]["realized_speedup"],
+        loss_harness_a1=harness_a1.loss, loss_harness_latent=harness_lat.loss,
+        loss_a1_recompute=rec_a1.loss, loss_latent_recompute=rec_lat.loss,
+        tokens_per_s_latent_recompute=rec_rate, drift=drift,
+    )
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    paths = args.ckpt or [p for p in DEFAULT_CKPTS if (ROOT / p).is_dir() or Path(p).is_dir()]
+    if not paths:
+        sys.exit(f"no checkpoint: pass --ckpt (defaults {', '.join(DEFAULT_CKPTS)} do not exist)")
+    results = [bench_checkpoint(p, args) for p in paths]
+    out = dict(results[0])
+    out["checkpoints"] = {r["checkpoint"]: r for r in results}
+    print(json.dumps(out, default=float))
+
+
+if __name__ == "__main__":
+    main()

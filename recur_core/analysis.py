@@ -1,0 +1,343 @@
+"""The paper's measurements, from traces: elasticity, convergence, depth allocation, token classes.
+
+Everything here works on a uniform-depth `Trace` (recur_core.trace) and returns plain numbers,
+numpy arrays, lists and dicts ready for JSON (`report.json`, the app). Uncertainty comes from one
+`Bootstrap` over windows (recur_core.stats), shared by all statistics of a report, so differences
+between policies are paired.
+
+Conventions:
+  loss        mean next-token cross-entropy in nats over scored tokens (those with a target).
+  mean_loops  mean exit depth over the same tokens (the FLOP proxy of the paper).
+  fast path   a policy's tokens are scored at their exit loop of the uniform run (instant).
+  exact path  the masking harness (recur_core.harness): frozen tokens stay in the context.
+"""
+from __future__ import annotations
+
+import math
+import unicodedata
+from dataclasses import dataclass
+
+import numpy as np
+
+from .harness import run_exact
+from .policies import ConvergenceExit, LinearRouter, Policy, Uniform
+from .stats import Bootstrap, Estimate
+from .trace import Trace, trace
+
+MOVING_KL = 1e-3  # a token is "still moving" at loop i while KL(p_i || p_{i-1}) > this (the paper's)
+EPS_GRID = (0.0, 1e-7, 3e-7, 1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0,
+            3.0, 10.0, math.inf)
+TAU_GRID = (0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99,
+            math.inf)
+TOKEN_CLASSES = ("whitespace", "numeral", "punctuation", "word", "other")
+
+
+# -- scoring a policy ---------------------------------------------------------------------------
+@dataclass
+class WindowSums:
+    """Per-window sums (n_windows,) of a policy's outcome: what the bootstrap resamples."""
+
+    loss: np.ndarray  # summed cross-entropy of scored tokens
+    loops: np.ndarray  # summed exit depth of scored tokens
+    converged: np.ndarray  # scored tokens whose rule held before the cap
+    tokens: np.ndarray  # scored tokens
+
+    @classmethod
+    def of(cls, ce: np.ndarray, depth: np.ndarray, converged: np.ndarray, has_target: np.ndarray) -> WindowSums:
+        scored = has_target & ~np.isnan(ce)
+        return cls(np.where(scored, ce, 0.0).sum(1, dtype=np.float64), np.where(scored, depth, 0).sum(1),
+                   (scored & converged).sum(1), scored.sum(1))
+
+
+def fast_sums(tr: Trace, policy: Policy) -> WindowSums:
+    """Score a policy from the uniform trace: each token's ce at its exit loop."""
+    exits = policy.exits(tr)
+    ce = np.take_along_axis(tr.ce, exits.depth[..., None] - 1, axis=-1)[..., 0]
+    return WindowSums.of(ce, exits.depth, exits.converged, tr.has_target)
+
+
+@dataclass
+class Curve:
+    """A policy family swept over its threshold, as bootstrap replicates.
+
+    loss, mean_loops: (1 + n_boot, P) replicate values (row 0 = the data); frac_converged (P,).
+    """
+
+    name: str
+    threshold_name: str
+    thresholds: list[float]
+    loss: np.ndarray
+    mean_loops: np.ndarray
+    frac_converged: np.ndarray
+
+    def points(self, boot: Bootstrap) -> list[dict]:
+        """JSON-ready points: threshold, mean_loops (+ CI), loss with ci_low / ci_high."""
+        loss, loops = boot.summarise(self.loss), boot.summarise(self.mean_loops)
+        return [{"threshold_name": self.threshold_name, "threshold": t,
+                 "mean_loops": float(loops.value[p]), "mean_loops_ci_low": float(loops.ci_low[p]),
+                 "mean_loops_ci_high": float(loops.ci_high[p]), "loss": float(loss.value[p]),
+                 "ci_low": float(loss.ci_low[p]), "ci_high": float(loss.ci_high[p]),
+                 "frac_converged": float(self.frac_converged[p])}
+                for p, t in enumerate(self.thresholds)]
+
+
+def sweep(name: str, policies: list[Policy], scores: list[WindowSums], boot: Bootstrap) -> Curve:
+    """A Curve from already-scored policies (fast or exact)."""
+    tokens = np.stack([s.tokens for s in scores], axis=1).astype(np.float64)
+    loss = boot.ratio(np.stack([s.loss for s in scores], axis=1), tokens)
+    loops = boot.ratio(np.stack([s.loops for s in scores], axis=1).astype(np.float64), tokens)
+    frac = np.array([s.converged.sum() / max(s.tokens.sum(), 1) for s in scores])
+    return Curve(name, policies[0].threshold_name, [p.threshold for p in policies], loss, loops, frac)
+
+
+def fast_curve(tr: Trace, name: str, policies: list[Policy], boot: Bootstrap) -> Curve:
+    return sweep(name, policies, [fast_sums(tr, p) for p in policies], boot)
+
+
+# -- curve algebra (vectorised over bootstrap replicates) ------------------------------------------
+def _sorted_rows(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    order = np.argsort(x, axis=1, kind="stable")
+    return np.take_along_axis(x, order, 1), np.take_along_axis(y, order, 1)
+
+
+def interp_rows(x_query: float, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Per row, y linearly interpolated at x_query along the points (x, y) sorted by x; NaN outside
+    a row's range. x, y: (R, P) -> (R,)."""
+    x, y = _sorted_rows(x, y)
+    R, P = x.shape
+    if P == 1:
+        return np.where(x[:, 0] == x_query, y[:, 0], np.nan)
+    j = np.clip((x <= x_query).sum(1), 1, P - 1)[:, None]
+    x0, x1 = np.take_along_axis(x, j - 1, 1)[:, 0], np.take_along_axis(x, j, 1)[:, 0]
+    y0, y1 = np.take_along_axis(y, j - 1, 1)[:, 0], np.take_along_axis(y, j, 1)[:, 0]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        t = np.where(x1 > x0, (x_query - x0) / (x1 - x0), 1.0)
+    inside = (x_query >= x[:, 0]) & (x_query <= x[:, -1])
+    return np.where(inside, y0 + t * (y1 - y0), np.nan)
+
+
+def loops_to_reach(target_loss: np.ndarray, loops: np.ndarray, loss: np.ndarray) -> np.ndarray:
+    """Per row, the fewest mean loops at which the curve's loss first falls to target_loss, walking
+    the points in order of mean loops and interpolating linearly in loss between the last point
+    above the target and the first at or below it; NaN if never reached. (R,), (R, P) -> (R,)."""
+    loops, loss = _sorted_rows(loops, loss)
+    reached = loss <= target_loss[:, None]
+    j = reached.argmax(1)[:, None]
+    jp = np.maximum(j - 1, 0)
+    x0, x1 = np.take_along_axis(loops, jp, 1)[:, 0], np.take_along_axis(loops, j, 1)[:, 0]
+    y0, y1 = np.take_along_axis(loss, jp, 1)[:, 0], np.take_along_axis(loss, j, 1)[:, 0]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        t = np.where(y0 > y1, (y0 - target_loss) / (y0 - y1), 1.0)
+    return np.where(reached.any(1), x0 + t * (x1 - x0), np.nan)
+
+
+def a0_loss_at(a0: Curve, depth: int) -> np.ndarray:
+    """A0's (R,) replicate losses at uniform depth `depth`."""
+    return a0.loss[:, a0.thresholds.index(depth)]
+
+
+def matched_depth_table(a0: Curve, others: list[Curve], boot: Bootstrap) -> list[dict]:
+    """Table 4: at each A0 depth r, every other policy's loss at mean loops = r and its difference
+    from A0 (paired over the same bootstrap replicates); NaN where a curve does not reach r."""
+    rows = []
+    for r in a0.thresholds:
+        base = a0_loss_at(a0, r)
+        row = {"depth": int(r), "A0": boot.summarise(base).to_dict()}
+        for curve in others:
+            at_r = interp_rows(float(r), curve.mean_loops, curve.loss)
+            row[curve.name] = boot.summarise(at_r).to_dict()
+            row[f"{curve.name}_minus_A0"] = boot.summarise(at_r - base).to_dict()
+        rows.append(row)
+    return rows
+
+
+def loops_to_match(curve: Curve, a0: Curve, depth: int, boot: Bootstrap) -> dict:
+    """Mean loops the curve needs to reach A0's loss at `depth` (e.g. r_bar), with CI."""
+    target = a0_loss_at(a0, depth)
+    out = boot.summarise(loops_to_reach(target, curve.mean_loops, curve.loss)).to_dict()
+    return {**out, "a0_depth": int(depth), "a0_loss": float(target[0])}
+
+
+# -- the paper's measurements ---------------------------------------------------------------------
+def elasticity(tr: Trace, boot: Bootstrap) -> dict:
+    """Loss at uniform depth 1 .. max_loops (Table 2 / Fig. 1)."""
+    curve = fast_curve(tr, "A0", [Uniform(r) for r in range(1, tr.max_loops + 1)], boot)
+    est = boot.summarise(curve.loss)
+    return {"loops": list(range(1, tr.max_loops + 1)), "loss": est.value.tolist(),
+            "loss_ci_low": est.ci_low.tolist(), "loss_ci_high": est.ci_high.tolist()}
+
+
+def settle_loop(kl_prev: np.ndarray, threshold: float = MOVING_KL) -> np.ndarray:
+    """Per token (..., L) -> (...): the first loop from which KL(p_i || p_{i-1}) stays <= threshold
+    through the last loop; max_loops + 1 for a token still moving at the last loop."""
+    L = kl_prev.shape[-1]
+    moving = kl_prev > threshold
+    last_moving = np.where(moving.any(-1), L - 1 - moving[..., ::-1].argmax(-1), -1)  # 0-based
+    return last_moving + 2
+
+
+def weighted_median_rows(hist: np.ndarray) -> np.ndarray:
+    """Median value of each row of a histogram (R, V) over values 1..V (lower median)."""
+    cum = np.cumsum(hist, axis=1)
+    return (cum < cum[:, -1:] / 2).sum(1) + 1.0
+
+
+def convergence(tr: Trace, boot: Bootstrap, threshold: float = MOVING_KL) -> dict:
+    """Table 3 / Fig. 2, over all tokens: mean kl_prev, fraction moving (kl_prev > threshold),
+    mean relative state change, per loop; and the median loop from which tokens stay still."""
+    n = np.full(tr.n_windows, tr.seq_len, dtype=np.float64)[:, None]
+    out = {"loops": list(range(1, tr.max_loops + 1)), "moving_threshold": threshold}
+    per_loop = {"mean_kl_prev": tr.kl_prev.sum(1, dtype=np.float64),
+                "frac_moving": (tr.kl_prev > threshold).sum(1).astype(np.float64),
+                "mean_state_change": tr.state_change.sum(1, dtype=np.float64)}
+    for name, sums in per_loop.items():
+        est = boot.summarise(boot.ratio(sums, np.broadcast_to(n, sums.shape)))
+        out.update({name: est.value.tolist(), f"{name}_ci_low": est.ci_low.tolist(),
+                    f"{name}_ci_high": est.ci_high.tolist()})
+    settle = settle_loop(tr.kl_prev, threshold)
+    hist = np.stack([np.bincount(w, minlength=tr.max_loops + 2)[1:] for w in settle]).astype(np.float64)
+    median = boot.summarise(weighted_median_rows(boot.weights @ hist))
+    out.update({"median_convergence_loop": median.value, "median_convergence_loop_ci_low": median.ci_low,
+                "median_convergence_loop_ci_high": median.ci_high,
+                "frac_never_settled": float((settle > tr.max_loops).mean())})
+    return out
+
+
+# -- allocation -------------------------------------------------------------------------------------
+def policy_families(r_max: int, eps_grid=EPS_GRID, tau_grid=TAU_GRID, probes: dict | None = None,
+                    min_loops: int = 1) -> dict[str, list[Policy]]:
+    """A0 at r = 1..r_max, A1 over eps_grid, and A2 over tau_grid for each probe label kind."""
+    families = {"A0": [Uniform(r) for r in range(1, r_max + 1)],
+                "A1": [ConvergenceExit(eps, min_loops, r_max) for eps in eps_grid]}
+    for kind, probe in (probes or {}).items():
+        families[f"A2_{kind}"] = [LinearRouter(probe, tau, min_loops, r_max) for tau in tau_grid]
+    return families
+
+
+def allocation(tr: Trace, boot: Bootstrap, r_max: int, r_bar: int, *, eps_grid=EPS_GRID, tau_grid=TAU_GRID,
+               probes: dict | None = None, min_loops: int = 1) -> dict:
+    """Fast-path allocation curves, the matched-depth table and loops to match A0 at r_bar.
+
+    Returns {"curves": {name: Curve}, "report": JSON-ready dict}; probes: {label kind: Probe},
+    whose chances the trace must hold (trace(..., probes=...)).
+    """
+    families = policy_families(min(r_max, tr.max_loops), eps_grid, tau_grid, probes, min_loops)
+    curves = {name: fast_curve(tr, name, policies, boot) for name, policies in families.items()}
+    a0, others = curves["A0"], [c for name, c in curves.items() if name != "A0"]
+    report = {name: c.points(boot) for name, c in curves.items()}
+    report["matched_depth"] = matched_depth_table(a0, others, boot)
+    for c in others:
+        report[f"{c.name.lower()}_loops_to_match_a0_rbar"] = loops_to_match(c, a0, r_bar, boot)
+    return {"curves": curves, "report": report}
+
+
+def operating_threshold(curve: Curve, target_loss: float, default: float) -> float:
+    """The cheapest swept threshold whose (point-estimate) loss is at most target_loss."""
+    ok = [(curve.mean_loops[0, p], t) for p, t in enumerate(curve.thresholds) if curve.loss[0, p] <= target_loss]
+    return min(ok)[1] if ok else default
+
+
+# -- token classes ----------------------------------------------------------------------------------
+def classify_text(text: str) -> str:
+    """Token class of a decoded token's text; surrounding whitespace is ignored except for
+    "whitespace" itself. Rules, in order:
+      other        empty text (special tokens) or a partial UTF-8 byte (U+FFFD in the text)
+      whitespace   only whitespace characters
+      numeral      only decimal digits (Unicode category Nd)
+      punctuation  only punctuation or symbols (Unicode categories P* and S*)
+      word         contains at least one letter (Unicode category L*)
+      other        anything else (e.g. digits mixed with punctuation)
+    """
+    if not text or "\ufffd" in text:
+        return "other"
+    core = text.strip()
+    if not core:
+        return "whitespace"
+    cats = [unicodedata.category(c) for c in core]
+    if all(c == "Nd" for c in cats):
+        return "numeral"
+    if all(c[0] in "PS" for c in cats):
+        return "punctuation"
+    if any(c[0] == "L" for c in cats):
+        return "word"
+    return "other"
+
+
+def vocab_classes(tokenizer, vocab_size: int) -> np.ndarray:
+    """(vocab_size,) index into TOKEN_CLASSES of each token id, from its decoded text."""
+    index = {name: i for i, name in enumerate(TOKEN_CLASSES)}
+    return np.array([index[classify_text(tokenizer.decode([i]))] for i in range(vocab_size)])
+
+
+def token_classes(tr: Trace, classes_of_vocab: np.ndarray, policy: Policy, boot: Bootstrap) -> dict:
+    """Mean exit depth per class of the token at each position (the token whose state loops),
+    over scored tokens, with CIs (Fig. 4)."""
+    exits = policy.exits(tr)
+    cls = classes_of_vocab[tr.ids]
+    out = {"policy": repr(policy)}
+    for i, name in enumerate(TOKEN_CLASSES):
+        member = (cls == i) & tr.has_target
+        sums = np.where(member, exits.depth, 0).sum(1).astype(np.float64)
+        counts = member.sum(1).astype(np.float64)
+        est = boot.summarise(boot.ratio(sums, counts))
+        out[name] = {"mean_exit_depth": est.value, "ci_low": est.ci_low, "ci_high": est.ci_high,
+                     "n_tokens": int(counts.sum())}
+    return out
+
+
+# -- exact path and the fast/exact gap ----------------------------------------------------------------
+def exact_sums(ckpt_or_model, ids, policy: Policy, max_loops: int, seed: int = 0, progress=None) -> WindowSums:
+    result = run_exact(ckpt_or_model, ids, policy, max_loops, seed, progress=progress)
+    return WindowSums.of(result.ce, result.exit_depth, result.converged, result.has_target)
+
+
+def fast_vs_exact(ckpt_or_model, ids, tr: Trace, policies: list[Policy], boot: Bootstrap, progress=None) -> list[dict]:
+    """Both paths for each policy on the same windows (tr must be their trace), with the paired
+    gap exact - fast in loss and mean loops."""
+    rows = []
+    for policy in policies:
+        fast, exact = fast_sums(tr, policy), exact_sums(ckpt_or_model, ids, policy, tr.max_loops, tr.seed, progress)
+        f_loss, e_loss = boot.ratio(fast.loss, fast.tokens), boot.ratio(exact.loss, exact.tokens)
+        f_loops, e_loops = (boot.ratio(s.loops.astype(np.float64), s.tokens) for s in (fast, exact))
+        rows.append({"policy": repr(policy), "threshold_name": policy.threshold_name,
+                     "threshold": policy.threshold,
+                     "fast": {"loss": boot.summarise(f_loss).to_dict(), "mean_loops": boot.summarise(f_loops).to_dict()},
+                     "exact": {"loss": boot.summarise(e_loss).to_dict(), "mean_loops": boot.summarise(e_loops).to_dict()},
+                     "gap_loss": boot.summarise(e_loss - f_loss).to_dict(),
+                     "gap_mean_loops": boot.summarise(e_loops - f_loops).to_dict()})
+    return rows
+
+
+# -- one-call evaluation for the app ------------------------------------------------------------------
+def evaluate_policies(ckpt, ids, *, max_loops: int, seed: int = 0, r_max: int | None = None,
+                      r_bar: int | None = None, eps_grid=EPS_GRID, tau_grid=TAU_GRID, probes: dict | None = None,
+                      n_boot: int = 1000, cache=True, progress=None) -> dict:
+    """A0 / A1 / A2 (fast path) on windows (N, T + 1) or a pasted text (T,), with bootstrap CIs
+    over windows (a single text is one window: its intervals collapse to the point).
+
+    r_max, r_bar default to the checkpoint's recipe. Returns allocation()'s dict plus "trace".
+    """
+    recipe = ckpt.meta.get("recipe", {})
+    r_max = min(r_max or int(recipe.get("r_max", max_loops)), max_loops)
+    r_bar = min(r_bar or round(recipe.get("r_bar", r_max)), r_max)
+    tr = trace(ckpt, ids, max_loops, seed, probes=list((probes or {}).values()), cache=cache, progress=progress)
+    boot = Bootstrap(tr.n_windows, n_boot, seed)
+    return {**allocation(tr, boot, r_max, r_bar, eps_grid=eps_grid, tau_grid=tau_grid, probes=probes),
+            "trace": tr}
+
+
+def json_safe(obj):
+    """A copy of obj that strict JSON accepts: numpy values become Python ones, NaN becomes None
+    and +-inf the strings "inf" / "-inf" (JSON has neither)."""
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, np.ndarray)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        x = float(obj)
+        return None if math.isnan(x) else ("inf" if x > 0 else "-inf") if math.isinf(x) else x
+    return obj

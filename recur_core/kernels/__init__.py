@@ -1,0 +1,1 @@
+"""Triton kernels; each has a plain PyTorch reference in the module it accelerates."""

@@ -1,0 +1,218 @@
+"""Depth-allocation policies: when does a token stop looping?
+
+Every policy is one class with two faces that share the same rule:
+
+  halt(loop, signals)  the online rule, for the exact masking harness and for decoding. Called after
+                       loop `loop` (1-based) with that loop's per-token `LoopSignals`; returns a bool
+                       (B, T) tensor, True = freeze this token now (its exit depth is `loop`).
+  exits(trace)         the fast path: the exit loop of every token read off a cached uniform-depth
+                       `Trace` (the first loop at which the rule holds), without running the model.
+
+Common options: `min_loops` (the rule is not consulted before this loop) and `r_max` (every token
+halts at r_max at the latest; None = the number of loops available, i.e. the trace's max_loops or
+the harness's loop budget). A token that never meets its rule exits at that cap and is reported as
+not converged.
+
+  Uniform(r)               A0: every token gets exactly r loops.
+  ConvergenceExit(eps)     A1: halt once kl_prev = KL(p_i || p_{i-1}) < eps.
+  LinearRouter(probe, tau) A2: halt once the probe's predicted chance of change is below tau.
+  LatentDiff(delta)        Huginn's latent rule: halt once ||s_i - s_{i-1}|| / ||s_i|| < delta.
+
+`needs_readout` says whether the rule needs kl_prev, i.e. the coda and LM head at every loop; only
+A1 does (A2's probe reads the core state directly).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from .trace import Trace
+
+
+@dataclass
+class LoopSignals:
+    """Per-token signals after loop i, each of leading shape (B, T).
+
+    state         (B, T, d) core state s_i.
+    state_change  ||s_i - s_{i-1}|| / ||s_i|| (at loop 1, s_0 is the initial noise state).
+    kl_prev       KL(p_i || p_{i-1}) in nats (at loop 1, p_0 is the readout of the noise state);
+                  None when the caller skipped the readout (policies with needs_readout False).
+                  NaN never halts.
+    """
+
+    state: torch.Tensor
+    state_change: torch.Tensor
+    kl_prev: torch.Tensor | None = None
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.state_change.shape
+
+
+@dataclass
+class Exits:
+    """Fast-path result: `depth` (N, T) int exit loop in 1..cap; `converged` (N, T) bool, False
+    where the rule never held and the token was stopped by the cap."""
+
+    depth: np.ndarray
+    converged: np.ndarray
+
+
+class RouterProbe(Protocol):
+    """What LinearRouter needs from a probe (recur_core.probe.Probe implements it)."""
+
+    probe_id: str
+
+    def chance(self, state: torch.Tensor, loop: int) -> torch.Tensor: ...
+
+
+class Policy:
+    """Base class: subclasses define `_rule_online` and `_rule_trace`; min_loops / r_max live here."""
+
+    needs_readout: bool = False
+    threshold_name: str = ""
+
+    def __init__(self, min_loops: int = 1, r_max: int | None = None):
+        if min_loops < 1:
+            raise ValueError(f"min_loops must be >= 1, got {min_loops}")
+        if r_max is not None and r_max < min_loops:
+            raise ValueError(f"r_max {r_max} is below min_loops {min_loops}")
+        self.min_loops, self.r_max = min_loops, r_max
+
+    @property
+    def threshold(self) -> float:
+        return getattr(self, self.threshold_name)
+
+    def cap(self, available_loops: int) -> int:
+        """The loop at which every token halts, given how many loops can be run."""
+        if self.min_loops > available_loops:
+            raise ValueError(f"{self}: min_loops {self.min_loops} exceeds the {available_loops} loops available")
+        return available_loops if self.r_max is None else min(self.r_max, available_loops)
+
+    # -- online -------------------------------------------------------------------------
+    def halt(self, loop: int, signals: LoopSignals) -> torch.Tensor:
+        """True where a token should freeze after `loop` (1-based): the rule holds, or loop has
+        reached r_max. Callers also stop every token at their own loop budget."""
+        if self.r_max is not None and loop >= self.r_max:
+            return torch.ones(signals.shape, dtype=torch.bool, device=signals.state_change.device)
+        return self.rule_met(loop, signals)
+
+    def rule_met(self, loop: int, signals: LoopSignals) -> torch.Tensor:
+        """True where the policy's own rule holds after `loop` (never before min_loops); unlike
+        halt, r_max does not force it, so it tells a converged token from a capped one."""
+        if loop < self.min_loops:
+            return torch.zeros(signals.shape, dtype=torch.bool, device=signals.state_change.device)
+        return self._rule_online(loop, signals)
+
+    def _rule_online(self, loop: int, signals: LoopSignals) -> torch.Tensor:
+        raise NotImplementedError
+
+    # -- fast path ----------------------------------------------------------------------
+    def exits(self, trace: Trace) -> Exits:
+        """Exit loop of every token of a uniform-depth trace: the first loop >= min_loops where
+        the rule holds, else the cap (min(r_max, trace.max_loops))."""
+        cap = self.cap(trace.max_loops)
+        rule = np.array(self._rule_trace(trace)[..., :cap], dtype=bool)  # (N, T, cap)
+        rule[..., :self.min_loops - 1] = False
+        converged = rule.any(axis=-1)
+        depth = np.where(converged, rule.argmax(axis=-1) + 1, cap)
+        return Exits(depth.astype(np.int64), converged)
+
+    def exit_depth(self, trace: Trace) -> np.ndarray:
+        return self.exits(trace).depth
+
+    def _rule_trace(self, trace: Trace) -> np.ndarray:
+        """(N, T, max_loops) bool: the rule holds at loop i (index i - 1)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.threshold_name}={self.threshold}, "
+                f"min_loops={self.min_loops}, r_max={self.r_max})")
+
+
+class Uniform(Policy):
+    """A0: every token runs exactly r loops."""
+
+    threshold_name = "r"
+
+    def __init__(self, r: int):
+        super().__init__(min_loops=r, r_max=r)
+        self.r = r
+
+    def _rule_online(self, loop, signals):
+        return torch.ones(signals.shape, dtype=torch.bool, device=signals.state_change.device)
+
+    def _rule_trace(self, trace):
+        return np.broadcast_to(np.arange(1, trace.max_loops + 1) >= self.r, trace.kl_prev.shape)
+
+    def __repr__(self) -> str:
+        return f"Uniform(r={self.r})"
+
+
+class ConvergenceExit(Policy):
+    """A1: freeze a token after the first loop whose KL(p_i || p_{i-1}) is below eps.
+    eps = 0 never halts (KL >= 0); eps = inf halts at min_loops."""
+
+    needs_readout = True
+    threshold_name = "eps"
+
+    def __init__(self, eps: float, min_loops: int = 1, r_max: int | None = None):
+        super().__init__(min_loops, r_max)
+        self.eps = eps
+
+    def _rule_online(self, loop, signals):
+        if signals.kl_prev is None:
+            raise ValueError("ConvergenceExit needs kl_prev: run the readout every loop")
+        return signals.kl_prev < self.eps
+
+    def _rule_trace(self, trace):
+        return trace.kl_prev < self.eps
+
+
+class LatentDiff(Policy):
+    """Huginn's latent-difference exit: halt once ||s_i - s_{i-1}|| / ||s_i|| < delta."""
+
+    threshold_name = "delta"
+
+    def __init__(self, delta: float, min_loops: int = 1, r_max: int | None = None):
+        super().__init__(min_loops, r_max)
+        self.delta = delta
+
+    def _rule_online(self, loop, signals):
+        return signals.state_change < self.delta
+
+    def _rule_trace(self, trace):
+        return trace.state_change < self.delta
+
+
+class LinearRouter(Policy):
+    """A2: a linear probe on the core state (plus the loop index) predicts the chance that the
+    output still changes after this loop; halt once that chance is below tau.
+
+    The fast path reads the probe's chances from `trace.router_chance[probe.probe_id]`, which
+    `trace(..., probes=[probe])` records.
+    """
+
+    threshold_name = "tau"
+
+    def __init__(self, probe: RouterProbe, tau: float, min_loops: int = 1, r_max: int | None = None):
+        super().__init__(min_loops, r_max)
+        self.probe, self.tau = probe, tau
+
+    def _rule_online(self, loop, signals):
+        return self.probe.chance(signals.state, loop) < self.tau
+
+    def _rule_trace(self, trace):
+        chance = trace.router_chance.get(self.probe.probe_id)
+        if chance is None:
+            raise KeyError(f"the trace holds no chances of probe {self.probe.probe_id}; "
+                           "trace it with probes=[probe]")
+        return chance < self.tau
+
+    def __repr__(self) -> str:
+        return (f"LinearRouter(probe={self.probe.probe_id}, tau={self.tau}, min_loops={self.min_loops}, "
+                f"r_max={self.r_max})")

@@ -1,0 +1,300 @@
+"""Loop-by-loop traces: what the model outputs after every loop, per token.
+
+`trace(ckpt, ids, max_loops, seed)` runs the model at uniform depth max_loops and records, per token
+and loop i = 1..max_loops, the statistics of p_i = softmax(head(coda(s_i))):
+
+  kl_prev       KL(p_i || p_{i-1}) in nats (this direction: expectation under the newer p_i).
+  state_change  ||s_i - s_{i-1}|| / ||s_i|| of the core state (L2 over the model dim).
+  ce            -log p_i[next token] in nats; NaN where there is no next token.
+  entropy       entropy of p_i in nats.
+  argmax        the most likely next token id; top1_prob its probability.
+  topk_ids / topk_probs   the k most likely tokens (the logit lens), descending.
+
+Loop 1 convention: s_0 is the initial noise state and p_0 = head(coda(s_0)), the readout of that
+noise. Loop 1's kl_prev and state_change are measured against them, so every entry is finite and a
+policy may halt at loop 1 (A1 with eps = inf does).
+
+Inputs: `ids` of shape (N, T + 1) are windows, as saved in checkpoints: the model reads w[:, :-1]
+and is scored against w[:, 1:]. A 1-D `ids` of length T is one text (e.g. pasted): the model reads
+all T tokens and the last one has no target (ce NaN there).
+
+Noise: window n (its row index in `ids`) starts from noise drawn by a generator seeded with
+noise_seed(seed, n), so a window's trace does not depend on how windows are batched, and the exact
+harness (recur_core.harness) can reproduce the same noise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .cache import TraceCache, trace_key
+from .checkpoint import Checkpoint, checkpoint_id
+from .model import LoopedLM
+from .readout import readout_stats
+
+TRACE_FORMAT_VERSION = 1
+LOOP_FIELDS = ("kl_prev", "state_change", "ce", "entropy", "argmax", "top1_prob")
+TOPK_FIELDS = ("topk_ids", "topk_probs")
+NO_TARGET = -1
+
+
+@dataclass
+class Trace:
+    """Per-token, per-loop statistics of a uniform run; loop i is index i - 1 of the last axis.
+
+    ids, targets (N, T) int64 (targets NO_TARGET where none); LOOP_FIELDS (N, T, L);
+    topk_ids / topk_probs (N, T, L, k); router_chance maps a probe id to its (N, T, L) predicted
+    chance that the output changes after each loop (see recur_core.probe).
+    """
+
+    ids: np.ndarray
+    targets: np.ndarray
+    kl_prev: np.ndarray
+    state_change: np.ndarray
+    ce: np.ndarray
+    entropy: np.ndarray
+    argmax: np.ndarray
+    top1_prob: np.ndarray
+    topk_ids: np.ndarray
+    topk_probs: np.ndarray
+    max_loops: int
+    seed: int
+    checkpoint_id: str
+    router_chance: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def n_windows(self) -> int:
+        return self.ids.shape[0]
+
+    @property
+    def seq_len(self) -> int:
+        return self.ids.shape[1]
+
+    @property
+    def topk(self) -> int:
+        return self.topk_ids.shape[-1]
+
+    @property
+    def has_target(self) -> np.ndarray:
+        return self.targets != NO_TARGET
+
+    def subset(self, windows) -> Trace:
+        """The trace of some windows (rows); scalars and probes' chances follow."""
+        arrays = {f.name: getattr(self, f.name)[windows] for f in fields(self)
+                  if isinstance(getattr(self, f.name), np.ndarray)}
+        chance = {k: v[windows] for k, v in self.router_chance.items()}
+        return Trace(**arrays, max_loops=self.max_loops, seed=self.seed, checkpoint_id=self.checkpoint_id,
+                     router_chance=chance)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """All arrays by name (router chances as 'router_chance/<probe id>'), for the cache."""
+        out = {name: getattr(self, name) for name in ("ids", "targets", *LOOP_FIELDS, *TOPK_FIELDS)}
+        out.update({f"router_chance/{k}": v for k, v in self.router_chance.items()})
+        return out
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per window x token x loop (loop 1-based), with the top-k as top{j}_id / top{j}_prob."""
+        N, T, L = self.kl_prev.shape
+        window, position, loop = np.meshgrid(np.arange(N), np.arange(T), np.arange(1, L + 1), indexing="ij")
+        cols = {"window": window.ravel(), "position": position.ravel(), "loop": loop.ravel(),
+                "token_id": np.repeat(self.ids.ravel(), L), "target": np.repeat(self.targets.ravel(), L)}
+        cols.update({name: getattr(self, name).ravel() for name in LOOP_FIELDS})
+        for j in range(self.topk):
+            cols[f"top{j + 1}_id"] = self.topk_ids[..., j].ravel()
+            cols[f"top{j + 1}_prob"] = self.topk_probs[..., j].ravel()
+        cols.update({f"router_chance_{k}": v.ravel() for k, v in self.router_chance.items()})
+        return pd.DataFrame(cols)
+
+    def to_parquet(self, path: str | Path) -> None:
+        self.to_frame().to_parquet(path, index=False)
+
+    def to_csv(self, path: str | Path) -> None:
+        self.to_frame().to_csv(path, index=False)
+
+
+# -- inputs and noise ---------------------------------------------------------------------------
+def split_inputs(ids) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets), each (N, T) int64: windows (N, T + 1) or one text (T,) (see module doc)."""
+    ids = torch.as_tensor(np.asarray(ids), dtype=torch.long)
+    if ids.dim() == 2:
+        if ids.shape[1] < 2:
+            raise ValueError("windows need at least 2 tokens (inputs plus a target)")
+        return ids[:, :-1], ids[:, 1:]
+    if ids.dim() == 1:
+        if len(ids) < 1:
+            raise ValueError("empty text")
+        targets = torch.cat([ids[1:], torch.tensor([NO_TARGET])])
+        return ids[None], targets[None]
+    raise ValueError(f"ids must be (N, T + 1) windows or a (T,) text, got shape {tuple(ids.shape)}")
+
+
+def noise_seed(seed: int, window: int) -> int:
+    """Seed of window `window`'s noise generator: distinct per (seed, window), batching-independent."""
+    return (seed * 1_000_003 + window) % (2 ** 63)
+
+
+def window_noise(model: LoopedLM, windows: range, seq_len: int, seed: int) -> torch.Tensor:
+    """Initial states (len(windows), seq_len, d) on the model's device, one generator per window."""
+    rows = [model.init_state(1, seq_len, torch.Generator().manual_seed(noise_seed(seed, n)))
+            for n in windows]
+    return torch.cat(rows)
+
+
+# -- one loop's measurements ------------------------------------------------------------------
+def relative_change(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """||new - old|| / ||new|| per token (L2 over the model dim), float32."""
+    new, old = new.float(), old.float()
+    return (new - old).norm(dim=-1) / new.norm(dim=-1).clamp_min(1e-30)
+
+
+def loop_readout(model: LoopedLM, state: torch.Tensor, h_prev: torch.Tensor, targets: torch.Tensor | None,
+                 topk: int = 0):
+    """(hidden, ReadoutStats) of a state; kl_prev = KL(p_cur || p_prev) in nats with p_prev the
+    distribution of h_prev, clamped at 0 (it is >= 0; float rounding can dip below)."""
+    h = model.coda(state)
+    stats = readout_stats(h, model.head_weight, targets, h_prev, topk=topk)
+    stats.kl_prev = stats.kl_prev.clamp_min(0.0)
+    return h, stats
+
+
+def trace_batch(model: LoopedLM, inputs: torch.Tensor, targets: torch.Tensor, noise: torch.Tensor,
+                max_loops: int, topk: int = 0, probes: Sequence = (),
+                on_state: Callable[[int, torch.Tensor], None] | None = None) -> dict[str, torch.Tensor]:
+    """Run one batch to max_loops; returns {field: (B, T, L) or (B, T, L, k)} tensors on the CPU.
+
+    on_state(loop, state) is called after every loop (the probe harvest records states with it).
+    """
+    targets = targets.to(inputs.device)
+    e = model.prelude(inputs)
+    state = noise.to(inputs.device)
+    h_prev = model.coda(state)  # p_0: the readout of the initial noise state
+    per_loop: dict[str, list[torch.Tensor]] = {name: [] for name in (*LOOP_FIELDS, *TOPK_FIELDS)}
+    chances: dict[str, list[torch.Tensor]] = {p.probe_id: [] for p in probes}
+    for loop in range(1, max_loops + 1):
+        new = model.core_step(state, e)
+        per_loop["state_change"].append(relative_change(new, state).cpu())
+        h_prev, stats = loop_readout(model, new, h_prev, targets, topk)
+        for name in ("kl_prev", "ce", "entropy", "argmax", "top1_prob"):
+            per_loop[name].append(getattr(stats, name).cpu())
+        per_loop["topk_ids"].append(_or_empty(stats.topk_ids, stats.argmax.shape, torch.long))
+        per_loop["topk_probs"].append(_or_empty(stats.topk_probs, stats.argmax.shape, torch.float32))
+        for p in probes:
+            chances[p.probe_id].append(p.chance(new, loop).float().cpu())
+        if on_state is not None:
+            on_state(loop, new)
+        state = new
+    out = {name: torch.stack(vals, dim=2) for name, vals in per_loop.items()}
+    out.update({f"router_chance/{k}": torch.stack(v, dim=2) for k, v in chances.items()})
+    return out
+
+
+def _or_empty(topk_field: torch.Tensor | None, lead: torch.Size, dtype) -> torch.Tensor:
+    """A top-k field on the CPU, or a (B, T, 0) placeholder when topk == 0."""
+    return topk_field.cpu() if topk_field is not None else torch.empty((*lead, 0), dtype=dtype)
+
+
+# -- the trace ----------------------------------------------------------------------------------
+def resolve_model(ckpt_or_model: Checkpoint | LoopedLM) -> tuple[LoopedLM, str]:
+    """(model, checkpoint id); a bare model's id is hashed from its config and weights."""
+    if isinstance(ckpt_or_model, Checkpoint):
+        return ckpt_or_model.model, ckpt_or_model.checkpoint_id
+    model = ckpt_or_model
+    return model, checkpoint_id(model.cfg, model.state_dict())
+
+
+def resolve_cache(cache) -> TraceCache | None:
+    """cache: True (the default folder), False / None (no caching), a folder, or a TraceCache."""
+    if cache is True:
+        return TraceCache()
+    if cache is False or cache is None:
+        return None
+    return cache if isinstance(cache, TraceCache) else TraceCache(cache)
+
+
+def progress_bar(progress, total: int, desc: str):
+    """A callable(n_done) over `total` steps from `progress`: True (a tqdm bar), a callable
+    (done, total) -> None, or None / False (silent). Returns (update, close)."""
+    if progress is True:
+        from tqdm import tqdm
+        bar = tqdm(total=total, desc=desc, dynamic_ncols=True)
+        return bar.update, bar.close
+    if callable(progress):
+        done = [0]
+
+        def update(n):
+            done[0] += n
+            progress(done[0], total)
+        return update, lambda: None
+    return (lambda n: None), (lambda: None)
+
+
+def trace(ckpt_or_model: Checkpoint | LoopedLM, ids, max_loops: int, seed: int = 0, *, topk: int = 5,
+          probes: Sequence = (), device: str | torch.device | None = None, batch_size: int = 16,
+          progress=None, cache=True) -> Trace:
+    """Trace windows (N, T + 1) or one text (T,) at uniform depth max_loops (see the module doc).
+
+    probes: A2 router probes whose per-loop chances to record (for LinearRouter's fast path).
+    device: where to run; the model is moved there if it is elsewhere (None: the model's device).
+    cache: True (default folder), False/None, a folder or a TraceCache; the key covers the
+    checkpoint id, ids, max_loops, seed, topk, probe ids and TRACE_FORMAT_VERSION.
+    Same inputs give an identical trace.
+    """
+    model, ckpt_id = resolve_model(ckpt_or_model)
+    if device is not None:
+        model.to(device)
+    ids_np = np.asarray(ids.cpu() if torch.is_tensor(ids) else ids, dtype=np.int64)
+    inputs, targets = split_inputs(ids_np)
+    store = resolve_cache(cache)
+    probe_ids = tuple(p.probe_id for p in probes)
+    key = trace_key(ckpt_id, ids_np, max_loops, seed, topk, TRACE_FORMAT_VERSION, probe_ids)
+    shapes = expected_shapes(inputs.shape, max_loops, topk, probe_ids)
+    if store is not None:
+        hit = store.load(store.trace_path(ckpt_id, key), key, shapes)
+        if hit is not None:
+            return _from_arrays(hit[0], max_loops, seed, ckpt_id)
+    arrays = _compute(model, inputs, targets, max_loops, seed, topk, probes, batch_size, progress)
+    if store is not None:
+        store.save(store.trace_path(ckpt_id, key), key, arrays,
+                   {"max_loops": max_loops, "seed": seed, "topk": topk, "checkpoint_id": ckpt_id,
+                    "format_version": TRACE_FORMAT_VERSION})
+    return _from_arrays(arrays, max_loops, seed, ckpt_id)
+
+
+def expected_shapes(input_shape, max_loops: int, topk: int, probe_ids: Sequence[str]) -> dict[str, tuple]:
+    N, T = input_shape
+    shapes = {"ids": (N, T), "targets": (N, T), **{name: (N, T, max_loops) for name in LOOP_FIELDS},
+              **{name: (N, T, max_loops, topk) for name in TOPK_FIELDS}}
+    shapes.update({f"router_chance/{k}": (N, T, max_loops) for k in probe_ids})
+    return shapes
+
+
+@torch.inference_mode()
+def _compute(model, inputs, targets, max_loops, seed, topk, probes, batch_size, progress) -> dict:
+    device = next(model.parameters()).device
+    N, T = inputs.shape
+    update, close = progress_bar(progress, N, "trace")
+    parts = []
+    try:
+        for start in range(0, N, batch_size):
+            rows = range(start, min(start + batch_size, N))
+            noise = window_noise(model, rows, T, seed)
+            parts.append(trace_batch(model, inputs[start:rows.stop].to(device), targets[start:rows.stop],
+                                     noise, max_loops, topk, probes))
+            update(len(rows))
+    finally:
+        close()
+    arrays = {name: torch.cat([p[name] for p in parts]).numpy() for name in parts[0]}
+    arrays["ids"], arrays["targets"] = inputs.numpy(), targets.numpy()
+    return arrays
+
+
+def _from_arrays(arrays: dict[str, np.ndarray], max_loops: int, seed: int, ckpt_id: str) -> Trace:
+    prefix = "router_chance/"
+    chance = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+    plain = {k: v for k, v in arrays.items() if not k.startswith(prefix)}
+    return Trace(**plain, max_loops=max_loops, seed=seed, checkpoint_id=ckpt_id, router_chance=chance)

@@ -1,0 +1,294 @@
+"""Decoding with real per-token halting (recur_core.decode) on the tiny checkpoint."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from recur_core import load_checkpoint
+from recur_core.decode import (KV_RULES, Decoder, DecodeWeights, full_depth_logits, generate, generation_drift,
+                               sample_next, teacher_forced)
+from recur_core.policies import ConvergenceExit, LatentDiff, LoopSignals, Uniform
+from recur_core.trace import noise_seed
+
+ROOT = Path(__file__).resolve().parents[1]
+TOL = 2e-5  # float32 reordering (fused q/k/v, rope as a matmul, split adapter)
+SEED = 3
+
+
+@pytest.fixture(scope="module")
+def ckpt(tiny_ckpt):
+    return load_checkpoint(tiny_ckpt)
+
+
+@pytest.fixture(scope="module")
+def windows(ckpt):
+    return ckpt.windows("eval")[:4]
+
+
+def window_noise(model, n_rows, seq_len, seed=SEED):
+    return torch.cat([model.init_state(1, seq_len, torch.Generator().manual_seed(noise_seed(seed, n)))
+                      for n in range(n_rows)])
+
+
+def forward_ce(model, windows, loops, seed=SEED):
+    logits = torch.stack([full_depth_logits(model, w[:-1], loops, seed, row=n) for n, w in enumerate(windows)])
+    return torch.nn.functional.cross_entropy(logits.transpose(1, 2), windows[:, 1:], reduction="none"), logits
+
+
+def relative_change(new, old):
+    return (new - old).norm(dim=-1) / new.norm(dim=-1)
+
+
+@torch.inference_mode()
+def mixed_delta(model, windows, loop=1, seed=SEED):
+    """A LatentDiff threshold among the middle half of the state changes at `loop`: part of the
+    tokens halt there, the rest later (so exits are mixed whatever the tiny model learned). It sits
+    in the widest gap between neighbouring values, so float reordering cannot flip an exit."""
+    ids = windows[:, :-1]
+    e, s = model.prelude(ids), window_noise(model, len(ids), ids.shape[1], seed)
+    for _ in range(loop):
+        s, old = model.core_step(s, e), s
+    v = relative_change(s, old).flatten().sort().values
+    lo, hi = len(v) // 4, 3 * len(v) // 4
+    i = lo + int((v[lo + 1:hi + 1] - v[lo:hi]).argmax())
+    return float((v[i] + v[i + 1]) / 2)
+
+
+@torch.inference_mode()
+def masking_harness(model, windows, policy, max_loops, seed=SEED):
+    """The masking harness, straight from the model: every token steps every loop, halted tokens
+    are frozen with core_step(freeze=...); logits are read out from the final (exit) states."""
+    ids = windows[:, :-1]
+    e, s = model.prelude(ids), window_noise(model, len(ids), ids.shape[1], seed)
+    halted = torch.zeros(ids.shape, dtype=torch.bool)
+    exits = torch.zeros(ids.shape, dtype=torch.long)
+    for loop in range(1, max_loops + 1):
+        new = model.core_step(s, e, freeze=halted)
+        stop = policy.halt(loop, LoopSignals(new, relative_change(new, s))) & ~halted
+        if loop == max_loops:
+            stop = ~halted
+        exits[stop] = loop
+        halted |= stop
+        s = new
+        if halted.all():
+            break
+    return model.readout(s), exits
+
+
+@torch.inference_mode()
+def latest_rule_reference(model, windows, policy, max_loops, seed=SEED):
+    """Huginn's rule built from the model's own attention pieces: at every loop and core layer a
+    halted token's keys/values are the ones it wrote at its exit loop (its latest)."""
+    ids = windows[:, :-1]
+    T = ids.shape[1]
+    cos, sin = model.rope(T)
+    e, s = model.prelude(ids), window_noise(model, len(ids), T, seed)
+    halted = torch.zeros(ids.shape, dtype=torch.bool)
+    exits = torch.zeros(ids.shape, dtype=torch.long)
+    latest = [None] * len(model.core_blocks)
+    for loop in range(1, max_loops + 1):
+        x = model.adapter(torch.cat((s, e), dim=-1))
+        for l, block in enumerate(model.core_blocks):
+            q, k, v = block.attn.project_qkv(block.attn_norm(x), cos, sin)
+            if latest[l] is not None:
+                m = halted[:, None, :, None]
+                k, v = torch.where(m, latest[l][0], k), torch.where(m, latest[l][1], v)
+            latest[l] = (k, v)
+            x = block.attn_out_norm(block.attn.attend(q, k, v, is_causal=True) + x)
+            x = block.mlp_out_norm(block.mlp(block.mlp_norm(x)) + x)
+        new = torch.where(halted[..., None], s, x)
+        stop = policy.halt(loop, LoopSignals(new, relative_change(new, s))) & ~halted
+        if loop == max_loops:
+            stop = ~halted
+        exits[stop] = loop
+        halted |= stop
+        s = new
+        if halted.all():
+            break
+    return model.readout(s), exits
+
+
+# -- exits disabled ------------------------------------------------------------------------------
+@pytest.mark.parametrize("kv_rule", KV_RULES)
+def test_exits_disabled_generate_equals_forward(ckpt, windows, kv_rule):
+    loops = 5
+    gen = generate(ckpt, windows[0, :10], 12, None, max_loops=loops, kv_rule=kv_rule, greedy=True, seed=SEED)
+    assert gen.exit_loops == [loops] * 12 and gen.mean_loops == loops
+    seq = gen.prompt_ids + gen.ids[:-1]
+    ref = full_depth_logits(ckpt, seq, loops, seed=SEED)[len(gen.prompt_ids) - 1:]
+    torch.testing.assert_close(gen.logits, ref, atol=TOL, rtol=0)
+    assert gen.ids == [int(r.argmax()) for r in ref]  # greedy followed the forward's argmax
+
+
+@pytest.mark.parametrize("loops", [1, 3])
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+def test_a0_decode_equals_forward(ckpt, windows, loops, mode):
+    ce_ref, logits_ref = forward_ce(ckpt.model, windows, loops)
+    for kv_rule in KV_RULES:
+        tf = teacher_forced(ckpt, windows, Uniform(loops), kv_rule, seed=SEED, mode=mode, batch_size=3,
+                            keep_logits=True)
+        assert (tf.exit_loop == loops).all()
+        torch.testing.assert_close(tf.logits, logits_ref, atol=TOL, rtol=0)
+        torch.testing.assert_close(tf.ce, ce_ref, atol=TOL, rtol=0)
+
+
+def test_a0_generate_equals_forward_with_readout_policy_never_halting(ckpt, windows):
+    """A1 with eps 0 never halts: every token runs the cap, its logits are the forward's."""
+    gen = generate(ckpt, windows[1, :8], 6, ConvergenceExit(0.0), max_loops=4, greedy=True, seed=SEED)
+    assert gen.exit_loops == [4] * 6
+    ref = full_depth_logits(ckpt, gen.prompt_ids + gen.ids[:-1], 4, seed=SEED)[len(gen.prompt_ids) - 1:]
+    torch.testing.assert_close(gen.logits, ref, atol=TOL, rtol=0)
+    assert gen.step_readouts == [5] * 5  # loop 0 (the noise state) and loops 1..4
+
+
+# -- the KV rules with exits ----------------------------------------------------------------------
+@pytest.mark.parametrize("loop", [1, 2])
+def test_recompute_rule_is_the_masking_harness(ckpt, windows, loop):
+    policy = LatentDiff(mixed_delta(ckpt.model, windows, loop))
+    ref_logits, ref_exits = masking_harness(ckpt.model, windows, policy, max_loops=6)
+    assert 0 < (ref_exits == loop).float().mean() < 1  # the exits are mixed
+    for mode in ("decode", "prefill"):
+        tf = teacher_forced(ckpt, windows, policy, "recompute", seed=SEED, max_loops=6, mode=mode,
+                            batch_size=3, keep_logits=True)
+        assert torch.equal(tf.exit_loop, ref_exits)
+        torch.testing.assert_close(tf.logits, ref_logits, atol=TOL, rtol=0)
+
+
+def test_latest_rule_is_huginns_rule_and_differs_from_the_harness(ckpt, windows):
+    policy = LatentDiff(mixed_delta(ckpt.model, windows, 1))
+    ref_logits, ref_exits = latest_rule_reference(ckpt.model, windows, policy, max_loops=6)
+    harness_logits, _ = masking_harness(ckpt.model, windows, policy, max_loops=6)
+    for mode in ("decode", "prefill"):
+        tf = teacher_forced(ckpt, windows, policy, "latest", seed=SEED, max_loops=6, mode=mode,
+                            batch_size=3, keep_logits=True)
+        assert torch.equal(tf.exit_loop, ref_exits)
+        torch.testing.assert_close(tf.logits, ref_logits, atol=TOL, rtol=0)
+    assert not torch.allclose(tf.logits, harness_logits, atol=1e-6, rtol=0)  # "latest" is not the harness
+
+
+@pytest.mark.parametrize("kv_rule", KV_RULES)
+def test_cache_entries_of_halted_tokens(ckpt, windows, kv_rule):
+    """What a later loop reads for a halted token: under "latest" its exit loop's entry, copied; under
+    "recompute" the entry its frozen state writes at that loop (not the exit loop's)."""
+    model, cap = ckpt.model, 6
+    policy = LatentDiff(mixed_delta(model, windows, 1))
+    ids = windows[:, :-1]
+    dec = Decoder(model, policy, batch=len(ids), max_loops=cap, kv_rule=kv_rule,
+                  noise=window_noise(model, len(ids), model.cfg.max_seq_len))
+    for t in range(ids.shape[1]):
+        dec.step(ids[:, t], t)
+    T = ids.shape[1]
+    core = dec.cache.core[..., :T, :]  # (2, loops, n_core, B, Hkv, T, hd)
+    exits = dec.cache.exit_loop[:, :T]
+    at_exit, later = core[:, 0], core[:, 1]  # loop 1 entries and loop 2 entries
+    halted_at_1 = (exits == 1)[None, None, :, None, :, None].expand_as(at_exit)
+    assert halted_at_1.any()
+    same = (later == at_exit)[halted_at_1]
+    if kv_rule == "latest":
+        assert same.all()
+        assert dec.cache.filled[:T].tolist() == [cap] * T
+    else:
+        assert not same.all()
+        assert (dec.cache.filled[:T] >= 2).all()  # loop 2 was filled for every position a later token needed
+
+
+def test_lockstep_rows_equal_decoding_each_window_alone(ckpt, windows):
+    policy = ConvergenceExit(1e-4, r_max=6)
+    for kv_rule in KV_RULES:
+        together = teacher_forced(ckpt, windows, policy, kv_rule, seed=SEED, batch_size=4, keep_logits=True)
+        for n in range(len(windows)):
+            alone = teacher_forced(ckpt, windows[n:n + 1], policy, kv_rule, seed=SEED, first_window=n,
+                                   keep_logits=True)
+            assert torch.equal(alone.exit_loop[0], together.exit_loop[n])
+            torch.testing.assert_close(alone.logits[0], together.logits[n], atol=TOL, rtol=0)
+
+
+def test_generate_matches_teacher_forced_decoding(ckpt, windows):
+    """generate's kept logits and exits are what teacher_forced decoding gives the same text."""
+    policy = LatentDiff(mixed_delta(ckpt.model, windows, 2), r_max=6)
+    gen = generate(ckpt, windows[0, :12], 10, policy, greedy=True, seed=SEED)
+    seq = torch.tensor([gen.prompt_ids + gen.ids])
+    tf = teacher_forced(ckpt, seq, policy, "latest", seed=SEED, keep_logits=True, first_window=0)
+    # noise: generate uses row 0's generator, like window 0
+    P = len(gen.prompt_ids)
+    assert tf.exit_loop[0, P - 1:].tolist() == gen.exit_loops
+    torch.testing.assert_close(tf.logits[0, P - 1:], gen.logits, atol=TOL, rtol=0)
+
+
+def test_halting_skips_compute_and_counts_readouts(ckpt, windows):
+    a1 = generate(ckpt, windows[2, :8], 10, ConvergenceExit(1e-2, min_loops=2), max_loops=8, greedy=True)
+    for loops, readouts in zip(a1.decode_exit_loops, a1.step_readouts):
+        assert 2 <= loops <= 8 and readouts == loops  # loops 1 .. exit (min_loops 2 reads out from loop 1)
+    lat = generate(ckpt, windows[2, :8], 10, LatentDiff(1.0), max_loops=8, greedy=True)
+    assert lat.step_readouts == [1] * 9  # one readout of the exit state per token
+
+
+def test_drift_is_zero_without_exits(ckpt, windows):
+    gen = generate(ckpt, windows[3, :8], 8, Uniform(4), greedy=True, seed=SEED)
+    d = generation_drift(ckpt, gen, 4, seed=SEED, halted_only=False)
+    assert d.kl_mean < 1e-6 and d.argmax_agree == 1.0
+
+
+# -- sampling -------------------------------------------------------------------------------------
+def test_seeded_sampling_repeats(ckpt, windows):
+    kw = dict(temperature=0.9, top_k=50, top_p=0.95, max_loops=4)
+    a = generate(ckpt, windows[0, :8], 16, LatentDiff(0.05), seed=11, **kw)
+    b = generate(ckpt, windows[0, :8], 16, LatentDiff(0.05), seed=11, **kw)
+    assert a.ids == b.ids and a.exit_loops == b.exit_loops
+    torch.testing.assert_close(a.logits, b.logits, atol=0, rtol=0)
+    others = [generate(ckpt, windows[0, :8], 16, LatentDiff(0.05), seed=s, **kw).ids for s in (12, 13, 14)]
+    assert any(o != a.ids for o in others)
+
+
+def test_sampling_filters():
+    logits = torch.tensor([1.0, 3.0, 2.0, -1.0])
+    g = torch.Generator().manual_seed(0)
+    assert sample_next(logits, g, greedy=True) == 1
+    assert sample_next(logits, g, temperature=0) == 1
+    assert all(sample_next(logits, g, top_k=1) == 1 for _ in range(20))
+    assert all(sample_next(logits, g, top_p=1e-3) == 1 for _ in range(20))
+    assert {sample_next(logits, g, top_k=2) for _ in range(200)} == {1, 2}
+    # p = (.089, .657, .242, .012): the smallest set reaching 0.85 is {1, 2}, reaching 0.9 adds 0
+    assert {sample_next(logits, g, top_p=0.85) for _ in range(300)} == {1, 2}
+    assert {sample_next(logits, g, top_p=0.9) for _ in range(500)} == {0, 1, 2}
+
+
+def test_text_prompt_and_pieces(ckpt):
+    gen = generate(ckpt, "Lily saw", 6, Uniform(2), greedy=True)
+    assert gen.text == "".join(gen.pieces) and len(gen.pieces) == len(gen.ids) == 6
+    tok = ckpt.tokenizer()
+    assert tok.decode(gen.prompt_ids + gen.ids).endswith(gen.text)
+
+
+def test_prepared_weights_are_reusable(ckpt, windows):
+    w = DecodeWeights(ckpt.model)
+    a = generate(ckpt, windows[0, :8], 6, Uniform(3), greedy=True, weights=w)
+    b = generate(ckpt, windows[0, :8], 6, Uniform(3), greedy=True)
+    assert a.ids == b.ids
+
+
+def test_too_long_raises(ckpt):
+    with pytest.raises(ValueError, match="max_seq_len"):
+        generate(ckpt, [1] * 20, ckpt.config.max_seq_len, Uniform(2))
+
+
+# -- the benchmark --------------------------------------------------------------------------------
+def test_bench_decode_runs_on_tiny(tiny_ckpt):
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_decode.py"), "--ckpt", str(tiny_ckpt),
+                          "--prompts", "2", "--new-tokens", "8", "--windows", "4", "--repeats", "1"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    result = json.loads(lines[-1])
+    for key in ("realized_speedup", "flop_proxy_speedup", "mean_loops_a1", "loss_a0", "loss_a1",
+                "realized_speedup_latent", "flop_proxy_speedup_latent", "mean_loops_latent", "loss_latent",
+                "loss_a0_at_mean_loops_a1", "tokens_per_s", "wall_s", "drift"):
+        assert key in result, key
+    text = out.stdout
+    for figure in ("tok/s", "FLOP-proxy", "realized", "mean loops", "harness", "drift", "KV rules"):
+        assert figure in text, figure

@@ -1,0 +1,160 @@
+"""Readout statistics: the chunked backend and the dispatcher against the float32 reference.
+
+Ground truth is readout_stats_reference (materialised float32 logits); cases follow the Cut Cross
+Entropy tests: odd shapes, a vocabulary smaller than / not a multiple of the chunk, peaked and flat
+distributions, ignored targets, batched input and low-precision inputs with looser tolerances.
+"""
+import math
+
+import pytest
+import torch
+
+from recur_core.readout import (ReadoutStats, readout_stats, readout_stats_chunked,
+                                readout_stats_reference)
+
+# (atol, rtol) per input dtype; the chunked path upcasts W chunks, so bf16 differs from the
+# reference (which upcasts too) only by summation order.
+TOL = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (1e-3, 1e-4), torch.float16: (1e-3, 1e-4)}
+FLOAT_FIELDS = ("lse", "ce", "entropy", "top1_prob", "kl_prev", "topk_probs")
+
+# Logit scales: N(0, scale^2) logits. 40 makes one token dominate, 1e-3 is nearly uniform.
+SCALES = {"peaked": 40.0, "normal": 1.0, "flat": 1e-3}
+
+
+def make_inputs(T, d, V, scale=1.0, dtype=torch.float32, batch=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lead = (T,) if batch is None else (batch, T)
+    W = torch.randn(V, d, generator=g) / math.sqrt(d)
+    h = scale * torch.randn(*lead, d, generator=g)
+    h_prev = h + scale * 0.5 * torch.randn(*lead, d, generator=g)
+    targets = torch.randint(0, V, lead, generator=g)
+    targets.view(-1)[::5] = -1  # ignored positions
+    return h.to(dtype), W.to(dtype), targets, h_prev.to(dtype)
+
+
+def assert_stats_close(actual: ReadoutStats, expected: ReadoutStats, dtype=torch.float32):
+    atol, rtol = TOL[dtype]
+    for name in FLOAT_FIELDS:
+        a, e = getattr(actual, name), getattr(expected, name)
+        assert (a is None) == (e is None), name
+        if e is not None:
+            assert a.dtype == torch.float32 and a.shape == e.shape, name
+            torch.testing.assert_close(a, e, atol=atol, rtol=rtol, equal_nan=True, msg=name)
+    assert actual.argmax.dtype == torch.int64
+    assert torch.equal(actual.argmax, expected.argmax)
+    if expected.topk_ids is not None:
+        assert torch.equal(actual.topk_ids, expected.topk_ids)
+
+
+@pytest.mark.parametrize("T,d,V,chunk", [
+    (37, 48, 1007, 256),   # V not a multiple of the chunk
+    (1, 48, 100, 4096),    # one token, V smaller than one chunk
+    (64, 32, 512, 128),    # V a multiple of the chunk
+])
+@pytest.mark.parametrize("kind", list(SCALES))
+@pytest.mark.parametrize("with_prev", [False, True])
+def test_chunked_matches_reference(T, d, V, chunk, kind, with_prev):
+    h, W, targets, h_prev = make_inputs(T, d, V, SCALES[kind])
+    h_prev = h_prev if with_prev else None
+    expected = readout_stats_reference(h, W, targets, h_prev)
+    actual = readout_stats_chunked(h, W, targets, h_prev, chunk=chunk)
+    assert_stats_close(actual, expected)
+
+
+def test_ignored_targets_give_nan_and_no_targets_give_none():
+    h, W, targets, _ = make_inputs(10, 16, 50)
+    stats = readout_stats_chunked(h, W, targets, chunk=16)
+    assert torch.equal(stats.ce.isnan(), targets < 0)
+    assert stats.kl_prev is None
+    assert readout_stats_chunked(h, W, chunk=16).ce is None
+
+
+@pytest.mark.parametrize("topk", [1, 5, 40])
+def test_topk(topk):
+    h, W, targets, h_prev = make_inputs(37, 48, 1007)
+    expected = readout_stats_reference(h, W, targets, h_prev, topk=topk)
+    actual = readout_stats_chunked(h, W, targets, h_prev, topk=topk, chunk=32)  # topk > chunk too
+    assert actual.topk_ids.shape == (37, topk)
+    assert_stats_close(actual, expected)
+    torch.testing.assert_close(actual.topk_probs[:, 0], actual.top1_prob)
+
+
+def test_topk_out_of_range():
+    h, W, _, _ = make_inputs(3, 16, 20)
+    with pytest.raises(ValueError):
+        readout_stats_chunked(h, W, topk=21)
+
+
+def test_batched_input_keeps_leading_shape():
+    h, W, targets, h_prev = make_inputs(13, 32, 300, batch=3)
+    actual = readout_stats_chunked(h, W, targets, h_prev, topk=3, chunk=64)
+    assert actual.lse.shape == (3, 13) and actual.argmax.shape == (3, 13)
+    assert actual.topk_ids.shape == (3, 13, 3)
+    assert_stats_close(actual, readout_stats_reference(h, W, targets, h_prev, topk=3))
+    flat = readout_stats_chunked(h.flatten(0, 1), W, targets.flatten(), h_prev.flatten(0, 1), chunk=64)
+    torch.testing.assert_close(actual.kl_prev.flatten(), flat.kl_prev)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_inputs(dtype):
+    h, W, targets, h_prev = make_inputs(37, 48, 1007, dtype=dtype)
+    expected = readout_stats_reference(h, W, targets, h_prev, topk=4)
+    actual = readout_stats_chunked(h, W, targets, h_prev, topk=4, chunk=256)
+    assert_stats_close(actual, expected, dtype)
+
+
+def test_argmax_ties_pick_lowest_id():
+    """Integer data gives exact, tied logits; ties span chunks, so merging must keep the first."""
+    W = torch.zeros(300, 16)
+    W[:, 0] = 1.0
+    W[[7, 150, 299], 1] = 2.0  # the tied maxima, in three different chunks of 64
+    h = torch.ones(4, 16)
+    expected = readout_stats_reference(h, W)
+    assert torch.equal(expected.argmax, torch.full((4,), 7))
+    assert torch.equal(readout_stats_chunked(h, W, chunk=64).argmax, expected.argmax)
+
+
+def test_limits():
+    """Uniform logits: entropy log V, top-1 1/V; same h twice: KL 0; one dominant token: entropy 0."""
+    V = 1000
+    W = torch.nn.functional.normalize(torch.randn(V, 32), dim=1)  # h = 1000 W[i] peaks at id i
+    h = torch.zeros(5, 32)
+    stats = readout_stats_chunked(h, W, h_prev=h, chunk=128)
+    torch.testing.assert_close(stats.entropy, torch.full((5,), math.log(V)))
+    torch.testing.assert_close(stats.top1_prob, torch.full((5,), 1 / V))
+    torch.testing.assert_close(stats.kl_prev, torch.zeros(5), atol=1e-6, rtol=0)
+    peaked = readout_stats_chunked(1e3 * W[:5], W, chunk=128)
+    assert torch.equal(peaked.argmax, torch.arange(5))
+    torch.testing.assert_close(peaked.entropy, torch.zeros(5), atol=1e-5, rtol=0)
+    torch.testing.assert_close(peaked.top1_prob, torch.ones(5))
+
+
+def test_kl_direction():
+    """KL(p_cur || p_prev) = sum p_cur log(p_cur / p_prev), against explicit distributions."""
+    h, W, _, h_prev = make_inputs(6, 16, 40)
+    p, q = (torch.softmax(x @ W.T, -1) for x in (h, h_prev))
+    torch.testing.assert_close(readout_stats_chunked(h, W, h_prev=h_prev, chunk=16).kl_prev,
+                               (p * (p / q).log()).sum(-1))
+
+
+def test_dispatcher(monkeypatch):
+    h, W, targets, h_prev = make_inputs(9, 16, 70)
+    expected = readout_stats_reference(h, W, targets, h_prev, topk=2)
+    assert_stats_close(readout_stats(h, W, targets, h_prev, topk=2), expected)  # CPU: chunked
+    assert_stats_close(readout_stats(h, W, targets, h_prev, topk=2, backend="reference"), expected)
+    monkeypatch.setenv("RECUR_READOUT_BACKEND", "reference")
+    assert_stats_close(readout_stats(h, W, targets, h_prev, topk=2), expected)
+    with pytest.raises(ValueError):
+        readout_stats(h, W, backend="nope")
+    with pytest.raises(ValueError):
+        readout_stats(h, W, topk=2, backend="triton")
+
+
+def test_shape_checks():
+    h, W, targets, h_prev = make_inputs(9, 16, 70)
+    with pytest.raises(ValueError):
+        readout_stats_chunked(h, W[:, :8])
+    with pytest.raises(ValueError):
+        readout_stats_chunked(h, W, h_prev=h_prev[:4])
+    with pytest.raises(ValueError):
+        readout_stats_chunked(h, W, targets[:4])

@@ -1,0 +1,105 @@
+"""The trainer end to end at tiny size: loss falls, resume equivalence, NaN stop, DDP, CLI."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from recur_core import LoopedLM, load_checkpoint
+from recur_core.checkpoint import read_safetensors
+from tiny import TINY_SETTINGS, make_tiny_checkpoint, write_corpus
+from training.trainer import lr_at
+from training.presets import PRESETS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_short_run_loss_falls_and_checkpoint_is_complete(tiny_ckpt):
+    rows = metrics(tiny_ckpt.parent)
+    train = [r for r in rows if r["event"] == "train"]
+    assert train[-1]["loss"] < train[0]["loss"] - 1.0
+    assert {"step", "tokens", "loss", "r", "lr", "grad_norm", "tokens_per_s"} <= set(train[0])
+    evals = [r for r in rows if r["event"] == "eval"]
+    assert set(evals[-1]["loss_by_depth"]) == {"1", "2", "3", "4", "6", "8"}
+    ckpt = load_checkpoint(tiny_ckpt)
+    assert ckpt.meta["recipe"] == {"r_bar": 3.0, "r_max": 8, "k": 2, "sigma": 0.5}
+    assert ckpt.meta["checkpoint_id"] == ckpt.checkpoint_id
+    assert {"preset", "overrides", "step", "tokens_seen", "data", "code_revision", "last_eval"} <= set(ckpt.meta)
+    assert ckpt.windows("eval").shape == (128, 33) and ckpt.windows("probe").shape == (128, 33)
+    assert (tiny_ckpt / "metrics.jsonl").read_text() == (tiny_ckpt.parent / "metrics.jsonl").read_text()
+    assert load_checkpoint(tiny_ckpt.parent / "best").meta["best_eval_r_bar"] <= ckpt.meta["best_eval_r_bar"]
+
+
+def test_warmup_then_cosine_schedule():
+    cfg = PRESETS["demo"].with_overrides({"warmup_steps": "10", "lr": "1.0", "min_lr_ratio": "0.1"})
+    assert lr_at(0, cfg, 100) == pytest.approx(0.1)
+    assert lr_at(9, cfg, 100) == pytest.approx(1.0)
+    assert lr_at(100, cfg, 100) == pytest.approx(0.1)
+    assert lr_at(55, cfg, 100) == pytest.approx(0.55)
+
+
+def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path):
+    straight = make_tiny_checkpoint(tmp_path / "a", steps=30)
+    stopped_root = tmp_path / "b"
+    make_tiny_checkpoint(stopped_root, steps=30, trainer_kwargs={"stop_at_step": 13})
+    assert load_checkpoint(stopped_root / "run" / "latest").meta["step"] == 13
+    make_tiny_checkpoint(stopped_root, steps=30, trainer_kwargs={"resume": True})
+    a = read_safetensors(straight / "model.safetensors")
+    b = read_safetensors(stopped_root / "run" / "latest" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    opt_a = read_safetensors(straight / "optimizer.safetensors")
+    opt_b = read_safetensors(stopped_root / "run" / "latest" / "optimizer.safetensors")
+    assert all(torch.equal(opt_a[k], opt_b[k]) for k in opt_a)
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rows]
+    assert strip(metrics(straight.parent)) == strip(metrics(stopped_root / "run"))
+
+
+def test_nonfinite_loss_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    real_forward = LoopedLM.forward
+    calls = {"n": 0}
+
+    def poisoned(self, *args, **kwargs):
+        calls["n"] += 1
+        out = real_forward(self, *args, **kwargs)
+        return out * float("nan") if calls["n"] > 25 else out
+
+    monkeypatch.setattr(LoopedLM, "forward", poisoned)
+    with pytest.raises(SystemExit, match="loss became nan at step 25"):
+        make_tiny_checkpoint(tmp_path, steps=40)
+    latest = load_checkpoint(tmp_path / "run" / "latest")
+    assert latest.meta["step"] == 20
+    assert metrics(tmp_path / "run")[-1]["event"] == "nonfinite"
+
+
+def run_cli(args, cwd, timeout=240, env=None):
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+def test_cli_help_and_bad_override(tmp_path):
+    out = run_cli(["-m", "training.run", "--help"], ROOT)
+    assert out.returncode == 0 and "--resume" in out.stdout and "--set" in out.stdout
+    out = run_cli(["-m", "training.run", "demo", "--set", "bogus=1", "--out", str(tmp_path)], ROOT)
+    assert out.returncode != 0 and "unknown setting 'bogus'" in out.stderr
+
+
+def test_two_process_ddp_gloo_run(tmp_path):
+    train, val = write_corpus(tmp_path / "data")
+    sets = [a for k, v in TINY_SETTINGS.items() for a in ("--set", f"{k}={v}")]
+    out = run_cli(["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29731",
+                   "-m", "training.run", "demo", *sets, "--set", "batch_size=4", "--data", str(train),
+                   "--val-data", str(val), "--out", str(tmp_path / "run"), "--max-tokens", str(20 * 8 * 32),
+                   "--threads", "1", "--no-progress"], ROOT, env={"OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    ckpt = load_checkpoint(tmp_path / "run" / "latest")
+    assert ckpt.meta["world_size"] == 2 and ckpt.meta["step"] == 20
+    assert ckpt.meta["tokens_seen"] == 20 * 2 * 4 * 32
+    train_rows = [r for r in metrics(tmp_path / "run") if r["event"] == "train"]
+    assert train_rows[-1]["loss"] < train_rows[0]["loss"]

@@ -123,6 +123,7 @@ class LoopedLM(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.prelude_blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_prelude))
+        self.prelude_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.adapter = nn.Linear(2 * cfg.d_model, cfg.d_model, bias=False)
         self.core_blocks = nn.ModuleList(SandwichBlock(cfg) for _ in range(cfg.n_core))
         self.coda_blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_coda))
@@ -156,12 +157,17 @@ class LoopedLM(nn.Module):
         return self.rope_cos[positions], self.rope_sin[positions]
 
     def prelude(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Token ids (B, T) -> prelude output e (B, T, d), re-injected at every loop."""
+        """Token ids (B, T) -> prelude output e (B, T, d), re-injected at every loop.
+
+        e is RMS-normed, like the sandwich-normed state it is concatenated with: an un-normed
+        pre-norm residual stream grows several times larger than the state, the adapter then
+        all but ignores the state, and every token sits at its fixed point after two loops.
+        """
         cos, sin = self.rope(ids.shape[1], positions)
         x = self.embed(ids)
         for block in self.prelude_blocks:
             x = block(x, cos, sin)
-        return x
+        return self.prelude_norm(x)
 
     def init_state(self, batch: int, seq_len: int, generator: torch.Generator | None = None,
                    device=None, positions: torch.Tensor | None = None) -> torch.Tensor:

@@ -104,8 +104,12 @@ def atomic_write_dir(final: Path, write_fn) -> None:
 
 
 def recover_interrupted(final: Path) -> None:
-    """If a save was killed between its two renames, put the previous checkpoint back."""
-    final, old = Path(final), Path(final).with_name(Path(final).name + ".old")
+    """Clean up after a save that was killed: drop its temp dir, put the previous checkpoint back
+    if the kill came between the two renames."""
+    final = Path(final)
+    for stale in final.parent.glob(f".{final.name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    old = final.with_name(final.name + ".old")
     if not final.exists() and old.exists():
         os.replace(old, final)
 

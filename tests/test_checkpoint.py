@@ -105,3 +105,13 @@ def test_missing_pieces_and_paths_have_clear_errors(tmp_path):
     (path / "tokenizer.json").unlink()
     with pytest.raises(CheckpointError, match="tokenizer.json is missing"):
         load_checkpoint(path)
+
+
+def test_recovery_after_a_kill_between_renames_or_mid_write(tmp_path):
+    from recur_core.checkpoint import recover_interrupted
+    _, path, first = saved(tmp_path)
+    path.rename(tmp_path / "ckpt.old")  # killed after moving the old one aside
+    (tmp_path / ".ckpt.tmp-abc").mkdir()  # and a half-written temp dir left behind
+    recover_interrupted(path)
+    assert load_checkpoint(path).checkpoint_id == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]

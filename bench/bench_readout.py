@@ -13,9 +13,9 @@ extra memory, page-accurate, whatever allocator serves it. Timing runs after tha
 (which doubles as the warmup). On CUDA it is torch.cuda.max_memory_allocated minus the allocation
 before the call.
 
-Time: median of --repeats calls, torch's default thread count.
+Time: median of --repeats calls, with torch's default thread count unless --threads is given.
 
-    python bench/bench_readout.py [--T 256 512 1024 2048] [--repeats 3]
+    python bench/bench_readout.py [--T 256 512 1024 2048] [--repeats 3] [--threads N]
 Last line: a JSON object with speedup_vs_naive and peak_memory_ratio (naive / fused) at T 1024.
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -93,21 +94,22 @@ def worker(variant: str, T: int, device: torch.device, repeats: int) -> dict:
     return {"time_s": statistics.median(times), "peak_bytes": peak}
 
 
-def run_worker(variant: str, T: int, device: str, repeats: int) -> dict:
+def run_worker(variant: str, T: int, device: str, repeats: int, threads: int) -> dict:
     cmd = [sys.executable, __file__, "--worker", variant, "--T", str(T), "--device", device,
-           "--repeats", str(repeats)]
+           "--repeats", str(repeats), "--threads", str(threads)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def compare(device: str, fused: str, Ts: list[int], repeats: int) -> dict:
-    """Naive vs fused per T; alternating the two so that machine load hits both alike."""
+def compare(device: str, fused: str, Ts: list[int], repeats: int, threads: int) -> dict:
+    """Naive vs fused per T, back to back, so that changes in machine load hit both alike."""
     print(f"\n{device}: {fused} vs naive, V {V}, d {D}, float32, with targets and h_prev (KL)")
     print(f"{'T':>6} {'naive s':>9} {fused + ' s':>11} {'speedup':>8} {'naive MiB':>10} "
           f"{fused + ' MiB':>12} {'mem ratio':>9}")
     per_T = {}
     for T in Ts:
-        naive, fast = run_worker("naive", T, device, repeats), run_worker(fused, T, device, repeats)
+        naive = run_worker("naive", T, device, repeats, threads)
+        fast = run_worker(fused, T, device, repeats, threads)
         row = {"naive_s": naive["time_s"], f"{fused}_s": fast["time_s"],
                "speedup_vs_naive": naive["time_s"] / fast["time_s"],
                "naive_peak_mib": naive["peak_bytes"] / 2**20, f"{fused}_peak_mib": fast["peak_bytes"] / 2**20,
@@ -122,19 +124,23 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--T", type=int, nargs="+", default=[256, 512, 1024, 2048])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--worker", choices=["naive", "chunked", "triton"], help=argparse.SUPPRESS)
     ap.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     if args.worker:
         print(json.dumps(worker(args.worker, args.T[0], torch.device(args.device), args.repeats)))
         return
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    result = {"device": "cpu", "V": V, "d": D, "T": HEADLINE_T, "threads": torch.get_num_threads(),
-              "per_T": compare("cpu", "chunked", args.T, args.repeats)}
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.1f} (other processes share the CPUs: times are wall clock)")
+    result = {"device": "cpu", "V": V, "d": D, "T": HEADLINE_T, "threads": args.threads,
+              "per_T": compare("cpu", "chunked", args.T, args.repeats, args.threads)}
     if torch.cuda.is_available():
         result["cuda"] = {"device": torch.cuda.get_device_name(),
-                          "per_T": compare("cuda", "triton", args.T, args.repeats)}
+                          "per_T": compare("cuda", "triton", args.T, args.repeats, args.threads)}
     headline = result["per_T"].get(HEADLINE_T) or next(iter(result["per_T"].values()))
+    result["loadavg_1min_end"] = os.getloadavg()[0]
     result["speedup_vs_naive"] = headline["speedup_vs_naive"]
     result["peak_memory_ratio"] = headline["peak_memory_ratio"]
     print(json.dumps(result))

@@ -21,7 +21,7 @@ import numpy as np
 
 from .harness import run_exact
 from .policies import ConvergenceExit, LinearRouter, Policy, Uniform
-from .stats import Bootstrap, Estimate
+from .stats import Bootstrap
 from .trace import Trace, trace
 
 MOVING_KL = 1e-3  # a token is "still moving" at loop i while KL(p_i || p_{i-1}) > this (the paper's)

@@ -34,8 +34,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="output folder (default: reports/<checkpoint id>)")
     p.add_argument("--batch-size", type=int, default=16, help="windows per forward batch")
     p.add_argument("--n-boot", type=int, default=1000, help="bootstrap replicates")
-    p.add_argument("--probe-windows", type=int, default=64, help="training-side windows for the A2 probes")
-    p.add_argument("--probe-tokens", type=int, default=32, help="sampled positions per probe window")
+    p.add_argument("--probe-windows", type=int, default=32, help="training-side windows for the A2 probes")
+    p.add_argument("--probe-tokens", type=int, default=64, help="sampled positions per probe window")
     p.add_argument("--label-eps", type=float, default=DEFAULT_LABEL_EPS, help="threshold of A2's KL labels")
     p.add_argument("--exact", action="store_true", help="also run a few policies in the exact masking harness")
     p.add_argument("--exact-windows", type=int, default=32, help="windows for --exact (the first ones)")
@@ -134,6 +134,14 @@ def _est(d: dict, digits=4) -> str:
     return _ci(d["value"], d["ci_low"], d["ci_high"], digits)
 
 
+def _diff(d: dict) -> str:
+    """A small signed difference with its interval, in scientific notation."""
+    if d["value"] is None:
+        return "n/a"
+    parts = [format(d[k], "+.1e") if d[k] is not None else "n/a" for k in ("value", "ci_low", "ci_high")]
+    return f"{parts[0]} [{parts[1]}, {parts[2]}]"
+
+
 def print_tables(report: dict, file) -> None:
     p = lambda *a: print(*a, file=file)
     s = report["settings"]
@@ -164,7 +172,7 @@ def print_tables(report: dict, file) -> None:
             p(f"  {row['policy']}")
             p(f"    fast  loss {_est(row['fast']['loss'])}  loops {_est(row['fast']['mean_loops'], 2)}")
             p(f"    exact loss {_est(row['exact']['loss'])}  loops {_est(row['exact']['mean_loops'], 2)}")
-            p(f"    gap   loss {_est(row['gap_loss'])}  loops {_est(row['gap_mean_loops'], 2)}")
+            p(f"    gap   loss {_diff(row['gap_loss'])}  loops {_diff(row['gap_mean_loops'])}")
 
 
 def print_allocation(al: dict, p) -> None:
@@ -172,7 +180,7 @@ def print_allocation(al: dict, p) -> None:
     p("\nTable 4. Matched depth: loss at the same mean loops, and the difference from A0")
     p("  depth  A0                          " + "".join(f"{n + ' - A0':30s}" for n in names))
     for row in al["matched_depth"]:
-        p(f"  {row['depth']:5d}  {_est(row['A0']):28s}" + "".join(f"{_est(row[n + '_minus_A0']):30s}" for n in names))
+        p(f"  {row['depth']:5d}  {_est(row['A0']):28s}" + "".join(f"{_diff(row[n + '_minus_A0']):30s}" for n in names))
     for n in names:
         m = al[f"{n.lower()}_loops_to_match_a0_rbar"]
         p(f"  {n} mean loops to reach A0's loss at r_bar = {m['a0_depth']}: {_est(m, 2)}")

@@ -104,7 +104,7 @@ class Harvest:
 
 
 @torch.inference_mode()
-def harvest(ckpt_or_model, windows, max_loops: int, seed: int = 0, *, tokens_per_window: int = 32,
+def harvest(ckpt_or_model, windows, max_loops: int, seed: int = 0, *, tokens_per_window: int = 64,
             label_eps: float = DEFAULT_LABEL_EPS, batch_size: int = 16, progress=None) -> Harvest:
     """Run windows (N, T + 1) to max_loops and keep features/labels of a seeded sample of positions."""
     if max_loops < 2:
@@ -219,8 +219,8 @@ def _metrics(probe: Probe, features: np.ndarray, labels: np.ndarray) -> dict:
 
 # -- cached training for a checkpoint -----------------------------------------------------------
 def load_or_train_probes(ckpt: Checkpoint, max_loops: int, seed: int = 0, *, kinds=LABEL_KINDS,
-                         label_eps: float = DEFAULT_LABEL_EPS, n_windows: int = 64,
-                         tokens_per_window: int = 32, l2: float = 1e-3, heldout_fraction: float = 0.25,
+                         label_eps: float = DEFAULT_LABEL_EPS, n_windows: int = 32,
+                         tokens_per_window: int = 64, l2: float = 1e-3, heldout_fraction: float = 0.25,
                          cache=True, progress=None) -> dict[str, Probe]:
     """Probes of each label kind for a checkpoint, from its first n_windows probe windows; loaded
     from <cache>/<ckpt id>/probes/ when saved with the same settings, else harvested and trained."""

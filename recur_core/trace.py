@@ -277,15 +277,14 @@ def expected_shapes(input_shape, max_loops: int, topk: int, probe_ids: Sequence[
 def _compute(model, inputs, targets, max_loops, seed, topk, probes, batch_size, progress) -> dict:
     device = next(model.parameters()).device
     N, T = inputs.shape
-    update, close = progress_bar(progress, N, "trace")
+    update, close = progress_bar(progress, N * max_loops, "trace (window-loops)")
     parts = []
     try:
         for start in range(0, N, batch_size):
             rows = range(start, min(start + batch_size, N))
             noise = window_noise(model, rows, T, seed)
             parts.append(trace_batch(model, inputs[start:rows.stop].to(device), targets[start:rows.stop],
-                                     noise, max_loops, topk, probes))
-            update(len(rows))
+                                     noise, max_loops, topk, probes, on_state=lambda loop, s: update(len(rows))))
     finally:
         close()
     arrays = {name: torch.cat([p[name] for p in parts]).numpy() for name in parts[0]}

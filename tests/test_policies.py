@@ -1,0 +1,113 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from recur_core.policies import ConvergenceExit, LatentDiff, LinearRouter, LoopSignals, Uniform
+from recur_core.trace import Trace
+
+
+def make_trace(kl_prev, state_change=None, router_chance=None) -> Trace:
+    """A hand-made trace (N, T, L) with only the fields the policies read filled in meaningfully."""
+    kl_prev = np.asarray(kl_prev, dtype=np.float32)
+    N, T, L = kl_prev.shape
+    zeros = np.zeros((N, T, L), dtype=np.float32)
+    return Trace(ids=np.zeros((N, T), np.int64), targets=np.zeros((N, T), np.int64), kl_prev=kl_prev,
+                 state_change=zeros if state_change is None else np.asarray(state_change, np.float32),
+                 ce=np.arange(1, L + 1, dtype=np.float32) * np.ones((N, T, 1), np.float32), entropy=zeros,
+                 argmax=np.zeros((N, T, L), np.int64), top1_prob=zeros,
+                 topk_ids=np.zeros((N, T, L, 0), np.int64), topk_probs=np.zeros((N, T, L, 0), np.float32),
+                 max_loops=L, seed=0, checkpoint_id="hand", router_chance=router_chance or {})
+
+
+KL = [[[0.5, 0.2, 0.05, 0.01, 0.2],     # first below 0.1 at loop 3
+       [0.5, 0.5, 0.5, 0.5, 0.5],       # never below 0.1
+       [0.01, 0.5, 0.5, 0.5, 0.5]]]     # below 0.1 at loop 1
+
+
+def test_convergence_exit_on_hand_made_trace():
+    tr = make_trace(KL)
+    exits = ConvergenceExit(0.1).exits(tr)
+    assert exits.depth.tolist() == [[3, 5, 1]]
+    assert exits.converged.tolist() == [[True, False, True]]
+
+
+def test_min_loops_and_r_max():
+    tr = make_trace(KL)
+    assert ConvergenceExit(0.1, min_loops=2).exit_depth(tr).tolist() == [[3, 5, 5]]
+    assert ConvergenceExit(0.1, min_loops=4).exit_depth(tr).tolist() == [[4, 5, 5]]
+    capped = ConvergenceExit(0.1, r_max=2).exits(tr)
+    assert capped.depth.tolist() == [[2, 2, 1]]
+    assert capped.converged.tolist() == [[False, False, True]]
+
+
+def test_extreme_eps():
+    tr = make_trace(KL)
+    assert (ConvergenceExit(math.inf).exit_depth(tr) == 1).all()
+    assert (ConvergenceExit(0.0).exit_depth(tr) == 5).all()
+    assert not ConvergenceExit(0.0).exits(tr).converged.any()
+
+
+def test_uniform_and_budget():
+    tr = make_trace(KL)
+    assert (Uniform(4).exit_depth(tr) == 4).all()
+    with pytest.raises(ValueError):
+        Uniform(6).exits(tr)
+
+
+def test_latent_diff_reads_state_change():
+    change = [[[0.9, 0.02, 0.01, 0.01, 0.01], [0.9, 0.5, 0.2, 0.04, 0.01], [0.9, 0.9, 0.9, 0.9, 0.9]]]
+    tr = make_trace(KL, state_change=change)
+    assert LatentDiff(0.03).exit_depth(tr).tolist() == [[2, 5, 5]]
+    assert LatentDiff(0.05).exit_depth(tr).tolist() == [[2, 4, 5]]
+
+
+class ConstantProbe:
+    probe_id = "const"
+
+    def chance(self, state, loop):
+        return state[..., 0]
+
+
+def test_linear_router_fast_path_needs_recorded_chances():
+    chance = np.array([[[0.9, 0.6, 0.3, 0.1, 0.0]]], np.float32)
+    tr = make_trace(np.ones((1, 1, 5)), router_chance={"const": chance})
+    assert LinearRouter(ConstantProbe(), 0.5).exit_depth(tr).tolist() == [[3]]
+    assert LinearRouter(ConstantProbe(), 0.05).exit_depth(tr).tolist() == [[5]]
+    with pytest.raises(KeyError):
+        LinearRouter(ConstantProbe(), 0.5).exits(make_trace(np.ones((1, 1, 5))))
+
+
+@pytest.mark.parametrize("policy", [ConvergenceExit(0.1), ConvergenceExit(0.1, min_loops=2, r_max=4),
+                                    LatentDiff(0.3), Uniform(2), LinearRouter(ConstantProbe(), 0.4, r_max=4)])
+def test_online_halt_agrees_with_fast_path(policy):
+    """Feeding the trace's signals loop by loop to halt() gives the fast path's exit depths."""
+    rng = np.random.default_rng(0)
+    kl = rng.exponential(0.2, size=(2, 7, 6)).astype(np.float32)
+    change = rng.uniform(0, 1, size=(2, 7, 6)).astype(np.float32)
+    chance = rng.uniform(0, 1, size=(2, 7, 6)).astype(np.float32)
+    tr = make_trace(kl, state_change=change, router_chance={"const": chance})
+    exit_depth = np.full((2, 7), -1)
+    for loop in range(1, 7):
+        state = torch.from_numpy(chance[..., loop - 1])[..., None].expand(2, 7, 3)
+        signals = LoopSignals(state=state, state_change=torch.from_numpy(change[..., loop - 1]),
+                              kl_prev=torch.from_numpy(kl[..., loop - 1]))
+        halt = policy.halt(loop, signals).numpy() | (loop == 6)
+        exit_depth = np.where((exit_depth < 0) & halt, loop, exit_depth)
+    np.testing.assert_array_equal(exit_depth, policy.exit_depth(tr))
+
+
+def test_needs_readout():
+    assert ConvergenceExit(0.1).needs_readout
+    assert not Uniform(3).needs_readout
+    assert not LatentDiff(0.03).needs_readout
+    assert not LinearRouter(ConstantProbe(), 0.5).needs_readout
+
+
+def test_nan_kl_never_halts_and_missing_kl_is_an_error():
+    signals = LoopSignals(state=torch.zeros(1, 2, 3), state_change=torch.zeros(1, 2),
+                          kl_prev=torch.tensor([[math.nan, 0.0]]))
+    assert ConvergenceExit(0.1).halt(1, signals).tolist() == [[False, True]]
+    with pytest.raises(ValueError):
+        ConvergenceExit(0.1).halt(1, LoopSignals(state=torch.zeros(1, 2, 3), state_change=torch.zeros(1, 2)))

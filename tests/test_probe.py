@@ -1,0 +1,97 @@
+import numpy as np
+import pytest
+import torch
+
+from recur_core import load_checkpoint
+from recur_core.cache import TraceCache
+from recur_core.policies import LinearRouter, LoopSignals
+from recur_core.probe import (Harvest, Probe, auc, fit_logistic, harvest, load_or_train_probes, split_windows,
+                              train_probe)
+
+
+def separable_harvest(n_windows=40, per_window=50, d=6, seed=0) -> Harvest:
+    """States whose label is a known linear rule: changes iff 2 s_0 - s_3 + 0.3 * loop > 1."""
+    rng = np.random.default_rng(seed)
+    M = n_windows * per_window
+    state = rng.normal(size=(M, d)).astype(np.float32)
+    loop = rng.integers(1, 8, size=(M, 1)).astype(np.float32)
+    rule = 2 * state[:, 0] - state[:, 3] + 0.3 * loop[:, 0] > 1
+    return Harvest(np.hstack([state, loop]), rule, ~rule, np.repeat(np.arange(n_windows), per_window), 1e-3)
+
+
+def test_probe_finds_a_separable_rule():
+    data = separable_harvest()
+    probe = train_probe(data, "argmax", l2=1e-4)
+    held = probe.metrics["heldout"]
+    assert held["accuracy"] > 0.97 and held["auc"] > 0.995
+    assert probe.metrics["n_heldout_windows"] == 10 and probe.metrics["n_train_windows"] == 30
+    w = (probe.weight / probe.std).numpy()  # the rule's direction in raw feature units
+    true = np.array([2, 0, 0, -1, 0, 0, 0.3])
+    assert np.dot(w, true) / np.linalg.norm(w) / np.linalg.norm(true) > 0.95
+    flipped = train_probe(data, "kl", l2=1e-4)  # the other label kind is the complement here
+    assert flipped.metrics["heldout"]["accuracy"] > 0.97
+    assert np.dot((flipped.weight / flipped.std).numpy(), true) < 0
+
+
+def test_router_halts_where_the_probe_predicts_no_change():
+    probe = train_probe(separable_harvest(), "argmax", l2=1e-4)
+    state = torch.zeros(1, 2, 6)
+    state[0, 0, 0], state[0, 1, 0] = 3.0, -3.0  # token 0 will change, token 1 will not
+    signals = LoopSignals(state=state, state_change=torch.zeros(1, 2))
+    assert LinearRouter(probe, 0.5).halt(2, signals).tolist() == [[False, True]]
+    chance = probe.chance(state, 2)
+    assert chance[0, 0] > 0.99 and chance[0, 1] < 0.01
+
+
+def test_fit_logistic_standardises_and_regularises():
+    x = np.array([[0.0], [1.0], [2.0], [3.0]]) * 1000 + 5000
+    y = np.array([0, 0, 1, 1])
+    w, b, mean, std = fit_logistic(x, y, l2=1.0)
+    assert mean.item() == pytest.approx(6500) and std.item() > 0
+    assert 0 < w.item() < 5  # strong L2 keeps it finite on separable data
+
+
+def test_auc():
+    assert auc(np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1])) == pytest.approx(0.75)
+    assert auc(np.array([0.5, 0.5]), np.array([0, 1])) == pytest.approx(0.5)
+    assert np.isnan(auc(np.array([0.1, 0.2]), np.array([1, 1])))
+
+
+def test_split_is_by_whole_windows():
+    window = np.repeat(np.arange(8), 5)
+    held = split_windows(window, 0.25, seed=0)
+    assert set(window[held]).isdisjoint(window[~held])
+    assert len(set(window[held])) == 2
+
+
+def test_harvest_and_cached_probes(tiny_ckpt, tmp_path):
+    ckpt = load_checkpoint(tiny_ckpt)
+    data = harvest(ckpt, ckpt.windows("probe")[:3], max_loops=4, tokens_per_window=5, label_eps=1e-6)
+    d = ckpt.config.d_model
+    assert data.features.shape == (3 * 5 * 3, d + 1)
+    assert sorted(set(data.features[:, -1])) == [1.0, 2.0, 3.0]
+    assert data.changed_kl.dtype == bool and len(data.window) == len(data.changed_argmax)
+
+    store = TraceCache(tmp_path)
+    kwargs = dict(n_windows=4, tokens_per_window=6, cache=store)
+    probes = load_or_train_probes(ckpt, 4, **kwargs)
+    assert set(probes) == {"argmax", "kl"}
+    files = sorted((tmp_path / ckpt.checkpoint_id / "probes").glob("*.safetensors"))
+    assert len(files) == 2
+    again = load_or_train_probes(ckpt, 4, **kwargs)
+    assert again["kl"].probe_id == probes["kl"].probe_id
+    torch.testing.assert_close(again["kl"].weight, probes["kl"].weight)
+
+    files[0].write_bytes(files[0].read_bytes()[:-10])  # truncate one probe: it is retrained, not returned
+    with pytest.warns(UserWarning, match="corrupt probe file"):
+        rebuilt = load_or_train_probes(ckpt, 4, **kwargs)
+    assert {p.probe_id for p in rebuilt.values()} == {p.probe_id for p in probes.values()}
+
+
+def test_probe_save_load_roundtrip(tmp_path):
+    probe = train_probe(separable_harvest(), "kl")
+    probe.save(tmp_path / "p.safetensors", key="k")
+    loaded = Probe.load(tmp_path / "p.safetensors", key="k")
+    assert loaded.probe_id == probe.probe_id and loaded.metrics == probe.metrics
+    state = torch.randn(2, 3, 6)
+    torch.testing.assert_close(loaded.chance(state, 4), probe.chance(state, 4))

@@ -61,6 +61,25 @@ def checks(m: dict, r_bar: int) -> dict:
     }
 
 
+def criteria_table(c: dict, r_bar: int) -> str:
+    """The demo checkpoints' shipping criteria (issue 5), each with its measured value and verdict."""
+    rows = [
+        ("loss at r̄ ≤ 1.3 bits/byte", f"{c['bits_per_byte_at_r_bar']:.3f}", c["bits_per_byte_at_r_bar"] <= 1.3),
+        ("loss falls monotonically from 1 to r̄ (steps ≤ +0.005)", str(c["monotone_to_r_bar"]),
+         c["monotone_to_r_bar"]),
+        ("drop from 1 loop to r̄ ≥ 0.10 nats", f"{c['drop_1_to_r_bar']:.4f}", c["drop_1_to_r_bar"] >= 0.10),
+        ("loss@32 within 0.03 nats of loss@r̄", f"{c['gap_32_vs_r_bar']:+.4f}", abs(c["gap_32_vs_r_bar"]) <= 0.03),
+        ("KL at loop 16 ≥ 100× smaller than at loop 2", f"{c['kl_ratio_2_over_16']:.3g}×",
+         c["kl_ratio_2_over_16"] >= 100),
+        (("loss@8 < loss@4 (r̄ 8 still gains)" if r_bar == 8 else "|loss@8 − loss@4| ≤ 0.01 (saturates at r̄ 4)"),
+         f"{c['loss_8_minus_loss_4']:+.4f}",
+         c["loss_8_minus_loss_4"] < 0 if r_bar == 8 else abs(c["loss_8_minus_loss_4"]) <= 0.01),
+    ]
+    lines = ["| criterion | measured | met |", "|---|---|---|"]
+    lines += [f"| {name} | {value} | {'yes' if ok else '**no**'} |" for name, value, ok in rows]
+    return "## Against the shipping criteria\n\n" + "\n".join(lines)
+
+
 def card(name: str, meta: dict, m: dict, c: dict, command: str, machine: str) -> str:
     rb = round(meta["recipe"]["r_bar"])
     rows = "\n".join(f"| {i + 1} | {m['loss'][i]:.4f} [{m['loss_ci_low'][i]:.4f}, {m['loss_ci_high'][i]:.4f}] "
@@ -97,6 +116,8 @@ seed 0, 95% bootstrap intervals over windows). {m['bytes_per_token']:.3f} bytes 
 - loss at 8 loops minus loss at 4 loops: **{c['loss_8_minus_loss_4']:+.4f} nats**
 - mean KL at loop 2 / mean KL at loop 16: **{c['kl_ratio_2_over_16']:.3g}×**
 - median convergence loop (KL stays ≤ 1e-3 from there on): {m['median_convergence_loop']:.1f}
+
+{criteria_table(c, rb)}
 
 ## License
 

@@ -5,7 +5,7 @@ the same threads. Model FLOPs count every matmul of a step with the sampled dept
 core loops (adapter + blocks), coda and head forward, plus 2x forward for the backward of the parts
 that get gradients (prelude, the last k loops, coda, head), and causal attention scores/values.
 
-    python bench/bench_train.py [--preset demo] [--steps 30] [--device cpu]
+    python bench/bench_train.py [--preset demo] [--steps 30] [--device cpu] [--threads N]
 Last line: a JSON object with tokens_per_s and fraction_of_peak.
 """
 from __future__ import annotations
@@ -68,7 +68,10 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--autocast", default="auto")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     cfg = PRESETS[args.preset]
     torch.manual_seed(0)

@@ -13,7 +13,9 @@ state_change = ||s_i - s_{i-1}|| / ||s_i|| and, when `policy.needs_readout`, kl_
 KL(p_i || p_{i-1}) in nats, p_i = softmax(head(coda(s_i))), with s_0 the initial noise state and
 p_0 its readout. The policy is not consulted before its `min_loops` (signals and readouts that it
 cannot use are not computed: A1 with min_loops m reads out from loop m - 1 on); every token halts
-at the cap = min(policy.r_max, max_loops).
+at the cap = min(policy.r_max, max_loops). `check_every=n` consults the policy at min_loops and
+then every n loops only; A1 then reads out only at those loops (and n loops before the first), so
+its kl_prev is KL(p_i || p_{i-n}): a cheaper check with its own threshold.
 
 Noise. The initial state of position t is the noise the full forward gives position t: row n of a
 batch (window n in `teacher_forced`, the one sequence of `generate`) uses
@@ -31,7 +33,9 @@ The caches (`LoopKVCache`), all preallocated to max_seq_len:
 The KV rules: what a token at loop i reads for a past token j that halted at loop e_j < i.
   "latest"     (Huginn's rule) j's entry of loop e_j for the same layer, the latest it wrote.
                Implemented by copying that entry into loops e_j + 1 .. cap when j halts, so a
-               later token reads loop i's slab with no gather. Costs no compute.
+               later token reads loop i's slab with no gather. Costs no compute. Note the entry is
+               one loop stale: loop e_j's keys come from the state entering that loop, s_{e_j - 1},
+               not from the exit state s_{e_j}.
   "recompute"  the entry j would have written at loop i with its state frozen: the core step run
                on j's frozen (exit) state at loop i, its attention reading every earlier position's
                loop-i entry (under this same rule). This is exactly what the masking harness
@@ -49,12 +53,17 @@ changing). A1 differs from the harness under both rules in one more way: the har
 all tokens together at loop i (a past token's coda from its loop-i state), the decoder from past
 tokens' exit states. The kept logits of a token are the ones read out at its exit, never
 recomputed; `logit_drift` measures how far they are from a later full-depth recomputation.
+KL values below ~1e-6 nats are float32 rounding noise (a different batch shape changes them), so
+A1 exits at eps <= 1e-6 are not reproducible across batch shapes; above that they are.
 
 Prefill (`Decoder.prefill`) runs the prompt in parallel, loop by loop, with per-token exits: running
 tokens step, halted tokens are frozen; under "latest" a frozen token's entries of later loops are
 its latest ones, under "recompute" its frozen state keeps being stepped, so prefill with
 "recompute" is the masking harness (A1 included: all prompt tokens are read out together each
 loop). A final coda pass over the exit states fills the coda cache and gives the prompt's logits.
+For state-based policies prefill equals token-by-token decoding under either rule (causality: a
+token's loop-i entry depends only on earlier positions' loop-i entries), which makes it a fast
+exact teacher-forced evaluator for them; for A1 it differs in the readout context above.
 
 Batches. `generate` decodes one sequence (batch 1: a token stops looping when it halts).
 `teacher_forced` decodes B windows in lockstep, position by position, with the true next tokens:
@@ -134,6 +143,8 @@ class DecodeWeights:
         self.coda = [_BlockWeights.of(b) for b in model.coda_blocks]
         self.adapter_state = model.adapter.weight[:, :cfg.d_model].contiguous()  # acts on s
         self.adapter_inject = model.adapter.weight[:, cfg.d_model:].contiguous()  # acts on e
+        norm = getattr(model, "prelude_norm", None)  # the prelude output is RMS-normed before re-injection
+        self.prelude_norm = None if norm is None else norm.weight
         self.final_norm = model.final_norm.weight
         self.rope = rope_matrices(model).to(self.embed.dtype)
         self.positions = torch.arange(cfg.max_seq_len, device=self.embed.device)
@@ -266,15 +277,19 @@ class Decoder:
     """One decoding session over B rows: a cache, the fused weights, and the per-step loop."""
 
     def __init__(self, model: LoopedLM, policy, *, batch: int = 1, max_loops: int, kv_rule: str = "latest",
-                 noise: Tensor, weights: DecodeWeights | None = None):
+                 noise: Tensor, weights: DecodeWeights | None = None, check_every: int = 1):
         if kv_rule not in KV_RULES:
             raise ValueError(f"kv_rule must be one of {KV_RULES}, got {kv_rule!r}")
+        if check_every < 1:
+            raise ValueError(f"check_every must be >= 1, got {check_every}")
         self.model, self.policy, self.rule, self.B = model, policy, kv_rule, batch
         self.w = weights or DecodeWeights(model)
         self.cap = policy.cap(max_loops) if hasattr(policy, "cap") else int(max_loops)
         self.min_loops = getattr(policy, "min_loops", 1)
+        self.every = check_every
         self.needs_readout = bool(getattr(policy, "needs_readout", False))
-        self.readout_from = self.min_loops - 1 if self.needs_readout else None  # loop 0 = noise state
+        # the readout before the first check (loop 0 = the noise state), then one per check
+        self.first_readout = max(0, self.min_loops - check_every) if self.needs_readout else None
         cfg = model.cfg
         dev, dtype = self.w.embed.device, self.w.embed.dtype
         self.cache = LoopKVCache(cfg, batch, self.cap, cfg.max_seq_len, dev, dtype)
@@ -333,7 +348,7 @@ class Decoder:
         x = F.embedding(ids, self.w.embed)
         for w, kv in zip(self.w.prelude, self.cache.prelude_kv):
             x = self._block(w, x, pos, kv)
-        return x
+        return x if self.w.prelude_norm is None else self._rms(x, self.w.prelude_norm)
 
     def _core_loop(self, state: Tensor, inject: Tensor, loop: int, pos, frozen: Tensor | None = None) -> Tensor:
         """One core loop (1-based `loop`): adapter(concat(s, e)) as two matmuls, e's part precomputed."""
@@ -369,17 +384,23 @@ class Decoder:
         self.cache.filled[missing] = loop
 
     # -- signals ----------------------------------------------------------------------------------------
+    def _is_check(self, loop: int) -> bool:
+        """The policy is consulted at min_loops, then every check_every loops."""
+        return loop >= self.min_loops and (loop - self.min_loops) % self.every == 0
+
     def _consult(self, loop: int, new: Tensor, old: Tensor, kl: Tensor | None) -> Tensor:
-        """The policy's halt decision after `loop` (bool (B, Tq)); not consulted before min_loops."""
+        """The policy's halt decision after `loop` (bool (B, Tq)); every token halts at the cap."""
         if loop >= self.cap:
             return torch.ones(new.shape[:2], dtype=torch.bool, device=new.device)
-        if loop < self.min_loops:
+        if not self._is_check(loop):
             return torch.zeros(new.shape[:2], dtype=torch.bool, device=new.device)
         change = torch.linalg.vector_norm(new - old, dim=-1) / torch.linalg.vector_norm(new, dim=-1)
         return self.policy.halt(loop, LoopSignals(state=new, state_change=change, kl_prev=kl))
 
     def _wants_readout(self, loop: int) -> bool:
-        return self.readout_from is not None and loop >= self.readout_from
+        """Readout policies read out at each check and once before the first; kl_prev is then
+        KL(p_i || p_{i - check_every}) (KL(p_i || p_{i-1}) with the default check_every 1)."""
+        return self.first_readout is not None and (loop == self.first_readout or self._is_check(loop))
 
     @staticmethod
     def _kl(logp: Tensor, logp_prev: Tensor) -> Tensor:
@@ -397,8 +418,10 @@ class Decoder:
         logp_prev = kept = None
         if self._wants_readout(0):
             logp_prev = torch.log_softmax(self._readout(state, pos).float(), dim=-1)
-        halted = torch.zeros(B, 1, dtype=torch.bool) if B > 1 else None
-        exits = torch.zeros(B, 1, dtype=torch.long)
+        dev = state.device
+        halted = torch.zeros(B, 1, dtype=torch.bool, device=dev) if B > 1 else None
+        read = torch.zeros(B, 1, dtype=torch.bool, device=dev) if B > 1 else None  # exit loop was read out
+        exits = torch.zeros(B, 1, dtype=torch.long, device=dev)
         for loop in range(1, self.cap + 1):
             if self.rule == "recompute":
                 self._fill_recompute(loop, pos)
@@ -424,12 +447,15 @@ class Decoder:
             exits[stop] = loop
             if logits is not None:
                 kept = logits if kept is None else torch.where(stop[..., None], logits, kept)
+                read[stop] = True
             halted |= stop
             if bool(halted.all()):
                 break
         self._finish_position(pos, state, exits, loop)
         if kept is None:  # no readout at the exit loop: read out the exit state once
             kept = self._readout(state, pos)
+        elif read is not None and not bool(read.all()):  # rows that halted where nothing was read out
+            kept = torch.where(read[..., None], kept, self._readout(state, pos))
         return kept[:, 0], exits[:, 0]
 
     def _finish_position(self, pos: int, state: Tensor, exits: Tensor, loops_run: int) -> None:
@@ -457,8 +483,8 @@ class Decoder:
         logp_prev = None
         if self._wants_readout(0):
             logp_prev = torch.log_softmax(self._readout(state, pos).float(), dim=-1)
-        halted = torch.zeros(B, P, dtype=torch.bool)
-        exits = torch.zeros(B, P, dtype=torch.long)
+        halted = torch.zeros(B, P, dtype=torch.bool, device=state.device)
+        exits = torch.zeros(B, P, dtype=torch.long, device=state.device)
         for loop in range(1, self.cap + 1):
             frozen = halted if self.rule == "latest" and bool(halted.any()) else None
             new = torch.where(halted[..., None], state, self._core_loop(state, inject, loop, pos, frozen))
@@ -548,7 +574,8 @@ def _notify(on_token, index: int, token_id: int, exit_loop: int) -> float:
 def generate(ckpt_or_model, prompt, max_new_tokens: int, policy=None, *, kv_rule: str = "latest",
              greedy: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, max_loops: int | None = None, stop_ids=(), keep_logits: bool = True,
-             tokenizer=None, weights: DecodeWeights | None = None, on_token=None) -> Generation:
+             tokenizer=None, weights: DecodeWeights | None = None, on_token=None,
+             check_every: int = 1) -> Generation:
     """Decode max_new_tokens after `prompt` (text, or token ids) at batch 1 with per-token exits.
 
     policy: a recur_core.policies policy; None disables exits (every token runs max_loops).
@@ -559,6 +586,8 @@ def generate(ckpt_or_model, prompt, max_new_tokens: int, policy=None, *, kv_rule
     weights: a prepared `DecodeWeights` of this model, to skip re-fusing them on repeated calls.
     on_token(index, token_id, exit_loop): called as each new token is sampled (for live display);
     its time is left out of decode_s.
+    check_every: consult the policy at min_loops and then every n loops only (a cheaper check for
+    A1: it reads out only there, and its kl_prev becomes KL(p_i || p_{i-n})).
     """
     model, ckpt = resolve(ckpt_or_model)
     prompt_ids, tokenizer = _encode(prompt, ckpt, tokenizer)
@@ -570,7 +599,7 @@ def generate(ckpt_or_model, prompt, max_new_tokens: int, policy=None, *, kv_rule
     cap = default_max_loops(policy, ckpt, max_loops)
     policy = policy if policy is not None else Uniform(cap)
     dec = Decoder(model, policy, max_loops=cap, kv_rule=kv_rule, noise=_row_noise(model, [0], seed),
-                  weights=weights)
+                  weights=weights, check_every=check_every)
     sampler = torch.Generator().manual_seed(seed)
     sample = dict(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p)
     device = dec.w.embed.device
@@ -610,7 +639,7 @@ def generate(ckpt_or_model, prompt, max_new_tokens: int, policy=None, *, kv_rule
 def teacher_forced(ckpt_or_model, windows, policy, kv_rule: str = "latest", *, seed: int = 0,
                    max_loops: int | None = None, batch_size: int = 16, mode: str = "decode",
                    keep_logits: bool = False, first_window: int = 0,
-                   weights: DecodeWeights | None = None) -> TeacherForced:
+                   weights: DecodeWeights | None = None, check_every: int = 1) -> TeacherForced:
     """Decode windows (N, T + 1) with the true next tokens and score every position.
 
     mode "decode": token by token, exactly what `generate` computes for each window (rows in
@@ -632,7 +661,7 @@ def teacher_forced(ckpt_or_model, windows, policy, kv_rule: str = "latest", *, s
         rows = range(start, min(start + batch_size, N))
         ids = windows[start:rows.stop].to(device)
         dec = Decoder(model, policy, batch=len(rows), max_loops=cap, kv_rule=kv_rule, weights=weights,
-                      noise=_row_noise(model, [first_window + n for n in rows], seed))
+                      noise=_row_noise(model, [first_window + n for n in rows], seed), check_every=check_every)
         if mode == "prefill":
             logits, ex = dec.prefill(ids[:, :-1])
         else:

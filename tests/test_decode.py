@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -197,13 +199,28 @@ def test_cache_entries_of_halted_tokens(ckpt, windows, kv_rule):
         assert (dec.cache.filled[:T] >= 2).all()  # loop 2 was filled for every position a later token needed
 
 
-def test_lockstep_rows_equal_decoding_each_window_alone(ckpt, windows):
-    policy = ConvergenceExit(1e-4, r_max=6)
+def mixed_eps(ckpt, windows, check_every, cap):
+    """The largest A1 threshold under which some tokens halt before the cap and some at it. KL values
+    below ~1e-6 nats are float32 rounding noise (the batch shape changes them), so none is used."""
+    for eps in torch.logspace(0, -6, 25).tolist():
+        exits = teacher_forced(ckpt, windows, ConvergenceExit(eps, r_max=cap), "latest", seed=SEED,
+                               check_every=check_every).exit_loop
+        if (exits == cap).any() and (exits < cap).any():
+            return eps
+    pytest.skip("no threshold mixes exits on this checkpoint")
+
+
+@pytest.mark.parametrize("check_every, cap", [(1, 3), (3, 6)])
+def test_lockstep_rows_equal_decoding_each_window_alone(ckpt, windows, check_every, cap):
+    """Rows decoded together give what each gives alone, with some rows halting at the cap (where,
+    with check_every 3, nothing was read out) while others halt earlier."""
+    policy = ConvergenceExit(mixed_eps(ckpt, windows, check_every, cap), r_max=cap)
     for kv_rule in KV_RULES:
-        together = teacher_forced(ckpt, windows, policy, kv_rule, seed=SEED, batch_size=4, keep_logits=True)
+        together = teacher_forced(ckpt, windows, policy, kv_rule, seed=SEED, batch_size=4, keep_logits=True,
+                                  check_every=check_every)
         for n in range(len(windows)):
             alone = teacher_forced(ckpt, windows[n:n + 1], policy, kv_rule, seed=SEED, first_window=n,
-                                   keep_logits=True)
+                                   keep_logits=True, check_every=check_every)
             assert torch.equal(alone.exit_loop[0], together.exit_loop[n])
             torch.testing.assert_close(alone.logits[0], together.logits[n], atol=TOL, rtol=0)
 
@@ -226,6 +243,21 @@ def test_halting_skips_compute_and_counts_readouts(ckpt, windows):
         assert 2 <= loops <= 8 and readouts == loops  # loops 1 .. exit (min_loops 2 reads out from loop 1)
     lat = generate(ckpt, windows[2, :8], 10, LatentDiff(1.0), max_loops=8, greedy=True)
     assert lat.step_readouts == [1] * 9  # one readout of the exit state per token
+
+
+def test_check_every_n_loops(ckpt, windows):
+    """check_every 3 with min_loops 2: A1 is consulted at loops 2, 5, 8 (and halts at the cap), reading
+    out at loops 0, 2, 5, 8; check_every 1 is the default."""
+    policy = ConvergenceExit(1e9, min_loops=2)  # halts at its first check
+    gen = generate(ckpt, windows[0, :8], 5, policy, max_loops=8, greedy=True, check_every=3)
+    assert set(gen.decode_exit_loops) == {2} and set(gen.step_readouts) == {2}
+    never = generate(ckpt, windows[0, :8], 5, ConvergenceExit(0.0, min_loops=2), max_loops=7, greedy=True,
+                     check_every=3)
+    assert set(never.decode_exit_loops) == {7}
+    assert set(never.step_readouts) == {4}  # loops 0, 2, 5 and the exit state's readout at the cap
+    a = teacher_forced(ckpt, windows, ConvergenceExit(1e-3), "latest", seed=SEED, max_loops=8)
+    b = teacher_forced(ckpt, windows, ConvergenceExit(1e-3), "latest", seed=SEED, max_loops=8, check_every=1)
+    assert torch.equal(a.exit_loop, b.exit_loop)
 
 
 def test_drift_is_zero_without_exits(ckpt, windows):
@@ -278,17 +310,38 @@ def test_too_long_raises(ckpt):
 
 
 # -- the benchmark --------------------------------------------------------------------------------
-def test_bench_decode_runs_on_tiny(tiny_ckpt):
+def test_bench_decode_runs_on_tiny(tiny_ckpt, tmp_path):
+    env = {**os.environ, "RECUR_CACHE_DIR": str(tmp_path / "cache")}  # the A2 probe is cached there
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_decode.py"), "--ckpt", str(tiny_ckpt),
                           "--prompts", "2", "--new-tokens", "8", "--windows", "4", "--repeats", "1"],
-                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+                         capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     result = json.loads(lines[-1])
     for key in ("realized_speedup", "flop_proxy_speedup", "mean_loops_a1", "loss_a0", "loss_a1",
                 "realized_speedup_latent", "flop_proxy_speedup_latent", "mean_loops_latent", "loss_latent",
-                "loss_a0_at_mean_loops_a1", "tokens_per_s", "wall_s", "drift"):
+                "loss_a0_at_mean_loops_a1", "tokens_per_s", "wall_s", "drift", "realized_speedup_a2",
+                "realized_speedup_a1_every", "loss_harness_a1", "tokens_per_s_latent_recompute"):
         assert key in result, key
     text = out.stdout
     for figure in ("tok/s", "FLOP-proxy", "realized", "mean loops", "harness", "drift", "KV rules"):
         assert figure in text, figure
+
+
+# -- the app page ---------------------------------------------------------------------------------
+def test_generate_page_colours_tokens_and_times_them(tiny_ckpt):
+    from streamlit.testing.v1 import AppTest
+    at = AppTest.from_file(str(ROOT / "pages" / "generate.py"), default_timeout=120)
+    at.session_state["checkpoint_path"] = str(tiny_ckpt)
+    at.run()
+    at.text_area[0].input("Lily saw a")
+    next(s for s in at.slider if s.label == "Loop cap").set_value(2)
+    next(s for s in at.slider if s.label == "New tokens").set_value(6)
+    at.button[0].click().run()
+    assert not at.exception
+    strip = str(at.get("html")[-1].proto)
+    depths = [int(d) for d in re.findall(r'data-depth=\\"(\d+)\\"', strip)]
+    assert len(depths) == 6 and all(1 <= d <= 2 for d in depths)
+    labels = [m.label for m in at.metric]
+    assert any(label.startswith("A1") and "tokens/s" in label for label in labels)
+    assert any(label.startswith("Uniform") for label in labels)

@@ -1,0 +1,51 @@
+"""Compare policies: A0 / A1 / A2 token strips of the pasted text side by side."""
+import streamlit as st
+
+from ui import charts, compute, download, state, views
+from ui.strip import legend_html
+
+m = state.require_model()
+st.title("Compare policies")
+st.caption("The same text under the three depth-allocation policies (fast path on one uniform trace). "
+           "Set each policy's knob; the strips show where each one stops every token.")
+
+text = state.text_form("compare_form")
+enc = state.encoded_text(m, text)
+if enc is None:
+    st.stop()
+tr = compute.text_trace(*m.key, enc.ids, True)
+prb = compute.probes(*m.key)
+st.html(legend_html(m.r_max))
+
+cols = st.columns(3, gap="medium")
+with cols[0]:
+    st.subheader("A0 · uniform depth")
+    r = st.slider("r: loops for every token", 1, m.r_max, m.r_bar, key="cmp_r")
+    policies = [("A0", f"A0 r={r}", compute.a0(r))]
+with cols[1]:
+    st.subheader("A1 · convergence exit")
+    eps = state.eps_slider("compare")
+    policies.append(("A1", f"A1 ε={eps:.1e}", compute.a1(eps, m.r_max)))
+with cols[2]:
+    st.subheader("A2 · learned router")
+    if prb:
+        kind = st.segmented_control("Probe labels", sorted(prb), default="kl", key="cmp_kind", required=True,
+                                    format_func={"kl": "KL < ε labels", "argmax": "argmax-change labels"}.get)
+        tau = st.slider("τ: halt once the predicted chance of change < τ", 0.0, 1.0, 0.5, 0.01, key="cmp_tau")
+        policies.append(("A2", f"A2 {kind} τ={tau:.2f}", compute.a2(*m.key, kind, tau, m.r_max)))
+    else:
+        st.info(f"A2 needs r_max ≥ 2 to train its probe (this checkpoint has r_max = {m.r_max}).")
+
+for col, (family, label, policy) in zip(cols, policies):
+    with col:
+        out = compute.outcome(tr, policy)
+        a, b = st.columns(2)
+        a.metric("Mean loops", f"{out.mean_loops:.2f}")
+        b.metric("Loss [nats]", f"{out.loss:.3f}")
+        views.render_strip(m, views.token_table(m, tr, enc, out), label, legend=False)
+with st.expander("A2 probe quality (held-out windows) and the raw trace"):
+    if prb:
+        download.table(views.probe_table(prb), "a2_probe_quality")
+    download.trace_buttons(tr, "text_trace_with_router")
+st.caption(f"Loss: mean next-token cross-entropy over the {max(len(enc.ids) - 1, 0)} tokens that have a next token, "
+           f"each read out at its exit loop. {charts.FAMILY_NAMES['A2_kl']} uses A1's own signal as labels.")

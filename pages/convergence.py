@@ -1,0 +1,41 @@
+"""Convergence: how the successive-output KL, the moving fraction and the state change decay over loops."""
+import pandas as pd
+import streamlit as st
+
+from ui import charts, compute, download, state
+
+m = state.require_model()
+st.title("Convergence")
+st.caption("Uniform run to the trace depth; per loop i the mean KL(p_i ‖ p_{i−1}) over tokens, the fraction of "
+           "tokens still moving (KL above the threshold) and the relative state change ‖s_i − s_{i−1}‖ / ‖s_i‖, "
+           "with 95% bootstrap bands over windows.")
+ids = state.source_picker(m)
+if ids is False:
+    st.stop()
+conv = compute.convergence(*m.key, ids)
+
+c = st.columns(3)
+c[0].metric("Median convergence loop", f"{conv['median_convergence_loop']:.0f}",
+            help=f"Median over tokens of the loop from which KL stays ≤ {conv['moving_threshold']:g} to the end "
+                 f"(95% CI [{conv['median_convergence_loop_ci_low']:.0f}, {conv['median_convergence_loop_ci_high']:.0f}]).")
+c[1].metric("Never settled", f"{conv['frac_never_settled']:.1%}", help="Tokens still moving at the last loop.")
+c[2].metric("Moving threshold", f"KL > {conv['moving_threshold']:g} nats")
+
+left, right = st.columns(2)
+with left:
+    charts.show(charts.per_loop(conv, "mean_kl_prev", "Mean KL(p_i ‖ p_{i−1}) per loop", charts.KL_AXIS, True,
+                                "#f58518"), "mean_kl", key="mean_kl")
+    charts.show(charts.per_loop(conv, "mean_state_change", "State change per loop", "‖s_i − s_{i−1}‖ / ‖s_i‖",
+                                True, "#4c78a8"), "state_change", key="state_change")
+with right:
+    charts.show(charts.per_loop(conv, "frac_moving", "Tokens still moving", "tokens with KL > threshold [%]",
+                                False, "#e45756", scale=100.0), "frac_moving", key="frac_moving")
+    eps = state.eps_slider("convergence")
+    ex = compute.exit_depths(*m.key, ids, eps, m.r_max)
+    charts.show(charts.depth_histogram(ex["depth"], ex["converged"], m.r_max, eps), "exit_depths", key="exit_depths")
+
+table = pd.DataFrame({k: conv[k] for k in conv if isinstance(conv[k], list)})
+with st.expander("Per-loop table and the raw trace"):
+    download.table(table, "convergence_per_loop")
+    download.trace_buttons(compute.source_trace(*m.key, ids, with_probes=ids is None),
+                           "eval_trace" if ids is None else "text_trace")

@@ -1,0 +1,37 @@
+"""Elasticity & saturation: loss at uniform depth 1..32 for one or several checkpoints, r̄ marked."""
+import pandas as pd
+import streamlit as st
+
+from recur_core import CheckpointError
+
+from ui import charts, compute, download, state
+from ui.checkpoints import discover
+
+m = state.require_model()
+st.title("Elasticity & saturation")
+st.caption("Loss on each checkpoint's eval windows when every token gets the same r loops. The saturation "
+           "hypothesis: useful depth stops growing near the training mean depth r̄ (diamond). Every checkpoint "
+           "found is overlaid; each is traced once (then cached on disk).")
+
+usable = {e.path: e for e in discover(st.session_state.get("typed_paths", [])) if e.ok}
+default = ([m.path] if m.path in usable else []) + [p for p in usable if p != m.path]
+chosen = st.multiselect("Checkpoints", list(usable), default=default[:3],
+                        format_func=lambda p: usable[p].label(), key="elastic_ckpts")
+runs = []
+for path in chosen:
+    try:
+        other = compute.open_model(path, m.device)
+    except (CheckpointError, OSError, ValueError, RuntimeError) as err:
+        st.warning(f"Skipped {usable[path].name}: {err}")
+        continue
+    el = compute.elasticity(*other.key)
+    runs.append({"name": f"{usable[path].name} ({other.checkpoint_id[:8]})", "r_bar": other.r_bar, **el})
+if not runs:
+    st.info("Pick at least one checkpoint.")
+    st.stop()
+charts.show(charts.elasticity(runs), "elasticity", key="elasticity")
+parts = [pd.DataFrame({"loops": r["loops"], f"{r['name']} loss": r["loss"], f"{r['name']} low": r["loss_ci_low"],
+                       f"{r['name']} high": r["loss_ci_high"]}).set_index("loops") for r in runs]
+table = pd.concat(parts, axis=1).reset_index()  # checkpoints traced to different depths line up by loop
+with st.expander("Loss by depth (table)"):
+    download.table(table, "elasticity", caption="Loss [nats/token] with its 95% bootstrap interval per checkpoint.")

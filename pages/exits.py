@@ -1,0 +1,54 @@
+"""Token exit depths: a token strip coloured by A1 exit depth, the KL heatmap and a per-token drill-in."""
+import streamlit as st
+
+from ui import charts, compute, download, state, views
+from ui.strip import plain_visible
+
+m = state.require_model()
+st.title("Token exit depths")
+st.caption("Every token is coloured by its **A1 exit depth**: the first loop i at which KL(p_i ‖ p_{i−1}) "
+           "drops below ε, after which the token is frozen. Hover a token for its depth, final KL and top "
+           "prediction; pick one below to drill in.")
+
+text = state.text_form("exits_form")
+enc = state.encoded_text(m, text)
+if enc is None:
+    st.stop()
+tr = compute.text_trace(*m.key, enc.ids, False)
+
+eps = state.eps_slider("exits")
+out = compute.outcome(tr, compute.a1(eps, m.r_max))
+uniform = compute.outcome(tr, compute.a0(m.r_bar))
+table = views.token_table(m, tr, enc, out)
+
+c = st.columns(4)
+c[0].metric("Mean loops (A1)", f"{out.mean_loops:.2f}", help="Mean exit depth over the tokens that have a next "
+            "token to score (all but the last).")
+c[1].metric(f"Saving vs uniform r̄ = {m.r_bar}", f"{1 - out.mean_loops / m.r_bar:.0%}",
+            help="Core-loop FLOP saving, 1 − mean loops / r̄ (the paper's FLOP proxy; the cost of the KL check "
+                 "itself is not counted).")
+c[2].metric("Loss (A1)", f"{out.loss:.3f} nats", delta=f"{out.loss - uniform.loss:+.3f} vs A0 at r̄",
+            delta_color="inverse", help="Mean next-token cross-entropy with each token read out at its exit loop.")
+c[3].metric("Converged before r_max", f"{table.converged.mean():.0%}", help=f"Tokens whose KL fell below ε by "
+            f"r_max = {m.r_max}; the others (pink, dashed) were stopped by the cap.")
+
+pick_key = f"token_pos_{hash(enc.ids) & 0xFFFFFFFF:x}"  # a fresh picker for every text
+selected = st.session_state.get(pick_key, int(table.exit_depth.idxmax()))
+views.render_strip(m, table, f"A1 ε={eps:.1e}", selected=selected)
+
+charts.show(charts.kl_heatmap(tr.kl_prev[0], [plain_visible(p) for p in enc.pieces], out.depth[0],
+                              out.converged[0], m.r_max, "A1"), "kl_heatmap", key="kl_heatmap")
+
+st.subheader("Drill into a token")
+pos = st.selectbox("Token", list(range(len(table))), index=selected, key=pick_key,
+                   format_func=lambda p: views.token_label(table, p))
+row = table.iloc[pos]
+charts.show(charts.token_curves(tr.kl_prev[0, pos], tr.state_change[0, pos], tr.ce[0, pos], int(row.exit_depth),
+                                bool(row.converged), eps, m.r_max, views.token_label(table, pos)),
+            "token_curves", key="token_curves")
+st.markdown(f"**Logit lens over loops** — top-{tr.topk} next-token predictions of token #{pos} after each loop")
+download.table(views.logit_lens(m, tr, pos, int(row.exit_depth)), f"logit_lens_token{pos}", height=280)
+
+with st.expander("All tokens and the raw trace"):
+    download.table(table, "token_exits", caption="One row per token at the current ε.")
+    download.trace_buttons(tr, "text_trace")

@@ -1,0 +1,39 @@
+"""Training run: the checkpoint's metrics.jsonl (loss, sampled depth r, throughput, eval loss by depth)."""
+import streamlit as st
+
+from ui import charts, compute, download, state
+
+m = state.require_model()
+st.title("Training run")
+log = compute.training_log(m.path, compute.log_stamp(m.path)) if compute.log_stamp(m.path) != "missing" else None
+if log is None or log["train"].empty:
+    st.info("This checkpoint has no training log (metrics.jsonl is missing or empty).")
+    st.stop()
+train, evals = log["train"], log["eval"]
+if log["bad_lines"]:
+    st.warning(f"{log['bad_lines']} unreadable line(s) in metrics.jsonl were skipped.")
+meta = m.meta
+c = st.columns(4)
+c[0].metric("Steps", f"{int(train['step'].max()):,}")
+c[1].metric("Tokens trained", f"{int(meta.get('tokens_seen', train['tokens'].max())):,}")
+c[2].metric("Last train loss", f"{train['loss'].iloc[-1]:.3f} nats")
+c[3].metric("Wall time", f"{meta.get('wall_seconds', float('nan')) / 60:.1f} min")
+
+left, right = st.columns(2)
+with left:
+    charts.show(charts.line(train, "tokens", "loss", "Training loss", "tokens", "loss [nats/token]"), "train_loss",
+                key="train_loss")
+    charts.show(charts.line(train, "step", "tokens_per_s", "Throughput", "step", "tokens / s", color="#54a24b"),
+                "throughput", key="throughput")
+with right:
+    charts.show(charts.line(train, "step", "r", "Sampled recursion depth r per logged step", "step", "r [loops]",
+                            color="#f58518", mode="markers"), "sampled_r", key="sampled_r")
+    if not evals.empty:
+        charts.show(charts.line(evals, "tokens", "loss", "Eval loss by depth over training", "tokens",
+                                "loss [nats/token]", group="depth"), "eval_by_depth", key="eval_by_depth")
+    else:
+        st.info("No eval events in the log yet.")
+with st.expander("Log tables"):
+    download.table(train, "train_log")
+    if not evals.empty:
+        download.table(evals, "eval_log")

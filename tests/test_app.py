@@ -1,0 +1,320 @@
+"""The Streamlit app under streamlit.testing.v1.AppTest: every page on the tiny checkpoint.
+
+The app is pointed at the session's `tiny_ckpt` through $RECUR_CHECKPOINT, with its trace cache in a
+temporary folder. Token strips are checked against the engine (recur_core's trace + A1 policy)
+computed here independently; Plotly figures through their JSON specs.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from streamlit.testing.v1 import AppTest
+
+TIMEOUT = 300  # seconds per script run: first runs trace and train the A2 probes (CPU shared with training)
+PAGES = ("exits", "compare", "curve", "convergence", "classes", "elasticity", "training")
+
+
+@pytest.fixture(scope="module")
+def app_env(tiny_ckpt, tmp_path_factory):
+    """Environment of the app: the tiny checkpoint as default, a private cache, bad folders listed."""
+    bad_root = tmp_path_factory.mktemp("bad_ckpts")
+    (bad_root / "corrupt").mkdir()
+    (bad_root / "corrupt" / "meta.json").write_text("{ not json")
+    (bad_root / "corrupt" / "model.safetensors").write_bytes(b"\x80garbage")
+    truncated = bad_root / "truncated"
+    truncated.mkdir()
+    for name in ("meta.json", "config.json", "tokenizer.json"):
+        (truncated / name).write_bytes((Path(tiny_ckpt) / name).read_bytes())
+    (truncated / "model.safetensors").write_bytes((Path(tiny_ckpt) / "model.safetensors").read_bytes()[:200])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RECUR_CHECKPOINT", str(tiny_ckpt))
+        mp.setenv("RECUR_CHECKPOINTS", os.pathsep.join([str(bad_root), str(bad_root / "missing")]))
+        mp.setenv("RECUR_CACHE_DIR", str(tmp_path_factory.mktemp("trace_cache")))
+        mp.setenv("RECUR_SHIPPED", str(tmp_path_factory.mktemp("no_shipped_checkpoints")))  # hermetic
+        yield {"ckpt": Path(tiny_ckpt).resolve(), "corrupt": (bad_root / "corrupt").resolve(),
+               "truncated": truncated.resolve(), "missing": (bad_root / "missing").resolve()}
+
+
+def new_app() -> AppTest:
+    at = AppTest.from_file("../app.py", default_timeout=TIMEOUT)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def goto(at: AppTest, page: str) -> AppTest:
+    at.switch_page(f"pages/{page}.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def submit_text(at: AppTest, text: str) -> AppTest:
+    at.text_area(key="text_area").input(text)
+    at.form_submit_button[0].click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def strips(at: AppTest) -> list[list[dict]]:
+    """Every token strip on the page: a list of {pos, depth, converged} per token."""
+    out = []
+    for el in at.html:
+        body = el.proto.body
+        if 'data-testid="token-strip"' not in body:
+            continue
+        spans = re.findall(r'<span data-testid="token" data-pos="(\d+)" data-depth="(\d+)" data-converged="(\w+)"', body)
+        out.append([{"pos": int(p), "depth": int(d), "converged": c == "true"} for p, d, c in spans])
+    return out
+
+
+def figures(at: AppTest) -> list[dict]:
+    return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+
+
+def figure_with(at: AppTest, trace_type: str) -> dict:
+    return next(f for f in figures(at) if any(t.get("type") == trace_type for t in f["data"]))
+
+
+def eps_slider(at: AppTest):
+    """The page's ε slider (each page has its own widget; the value is shared through session state)."""
+    return next(s for s in at.select_slider if s.key.startswith("eps_slider_"))
+
+
+def engine_depths(ckpt_dir: Path, text: str, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """A1 exit depths of a text computed directly with recur_core, as the app should show them."""
+    from recur_core import load_checkpoint
+    from recur_core.policies import ConvergenceExit
+    from recur_core.trace import trace
+
+    ckpt = load_checkpoint(ckpt_dir)
+    ids = ckpt.tokenizer().encode(text).ids[:ckpt.config.max_seq_len]
+    r_max = int(ckpt.meta["recipe"]["r_max"])
+    tr = trace(ckpt, np.array(ids), max(32, r_max), 0, topk=5, cache=False)
+    ex = ConvergenceExit(eps, r_max=r_max).exits(tr)
+    return ex.depth[0], ex.converged[0]
+
+
+TEXT = "Lily saw 3 cats.\n\"Look!\" said Tom."
+
+
+# -- page 1: token exit depths ------------------------------------------------------------------------------
+def test_exit_strip_matches_engine_and_slider_changes_it(app_env):
+    at = submit_text(new_app(), TEXT)
+    [strip] = strips(at)
+    depth, converged = engine_depths(app_env["ckpt"], TEXT, 1e-3)
+    assert len(strip) == len(depth)  # one element per token
+    assert [t["depth"] for t in strip] == depth.tolist()
+    assert [t["converged"] for t in strip] == converged.tolist()
+
+    eps_slider(at).set_value(0.0).run()  # eps = 1: most tokens stop at loop 1
+    [strip_loose] = strips(at)
+    loose, _ = engine_depths(app_env["ckpt"], TEXT, 1.0)
+    assert [t["depth"] for t in strip_loose] == loose.tolist()
+    assert sum(loose) < sum(depth)
+
+
+def test_exit_page_heatmap_curves_and_metrics(app_env):
+    at = submit_text(new_app(), TEXT)
+    heat = figure_with(at, "heatmap")
+    assert "KL" in heat["data"][0]["colorbar"]["title"]["text"]
+    assert heat["layout"]["yaxis"]["title"]["text"] == "loop i"
+    names = [t.get("name", "") for t in heat["data"]]
+    assert any(n.startswith("exit loop") for n in names)  # each token's exit loop marked
+    curves = next(f for f in figures(at) if f["layout"].get("yaxis", {}).get("type") == "log")
+    assert "KL" in curves["layout"]["yaxis"]["title"]["text"]
+    labels = [m.label for m in at.metric]
+    assert "Mean loops (A1)" in labels and any("Saving vs uniform" in lab for lab in labels)
+    assert len(at.dataframe) >= 1  # logit lens
+    picker = next(s for s in at.selectbox if s.label == "Token")
+    picker.set_value(2).run()
+    assert not at.exception
+    assert "#2" in next(f for f in figures(at) if "Token #" in f["layout"]["title"]["text"])["layout"]["title"]["text"]
+
+
+def test_empty_text_shows_a_hint(app_env):
+    at = submit_text(new_app(), "   ")
+    assert any("empty" in i.value for i in at.info)
+    assert not strips(at) and not at.error
+
+
+def test_long_text_is_truncated_with_a_notice(app_env):
+    at = submit_text(new_app(), "Tom saw a big red ball. " * 20)
+    assert any("truncated" in w.value for w in at.warning)
+    [strip] = strips(at)
+    assert len(strip) == 32  # the tiny model's context
+
+
+# -- page 2: depth / loss curve ------------------------------------------------------------------------------
+def curve_figure(at: AppTest) -> dict:
+    return next(f for f in figures(at) if f["layout"]["xaxis"]["title"]["text"] == "mean loops per token")
+
+
+def highlighted(fig: dict) -> tuple[float, float]:
+    point = next(t for t in fig["data"] if t.get("name", "").startswith("current"))
+    return point["x"][0], point["y"][0]
+
+
+def test_curve_page_policies_and_slider(app_env):
+    at = goto(new_app(), "curve")
+    fig = curve_figure(at)
+    names = {t["name"] for t in fig["data"] if t.get("mode") == "lines+markers"}
+    assert names == {"A0 uniform depth", "A1 convergence exit (KL < ε)", "A2 router (argmax labels)",
+                     "A2 router (KL labels)"}  # one curve per policy
+    assert fig["layout"]["yaxis"]["title"]["text"] == "loss [nats/token]"
+    assert any(t.get("fill") == "toself" for t in fig["data"])  # bootstrap bands
+    before = highlighted(fig)
+    eps_slider(at).set_value(-1.0).run()
+    after = highlighted(curve_figure(at))
+    assert after != before
+    a1 = next(t for t in curve_figure(at)["data"] if t.get("name", "").startswith("A1 convergence"))
+    assert any(math.isclose(after[0], x) and math.isclose(after[1], y) for x, y in zip(a1["x"], a1["y"]))
+    assert len(at.dataframe) >= 1  # matched-depth table
+    assert any(b.label == "⬇ CSV" for b in at.download_button)
+    at.toggle(key="bands").set_value(False).run()
+    assert not any(t.get("fill") == "toself" for t in curve_figure(at)["data"])
+
+
+def test_curve_slider_only_looks_the_sweep_up(app_env, monkeypatch):
+    from recur_core import analysis
+    calls = []
+    real = analysis.allocation
+    monkeypatch.setattr(analysis, "allocation", lambda *a, **k: calls.append(1) or real(*a, **k))
+    at = goto(new_app(), "curve")
+    swept = len(calls)  # 0 when an earlier test already filled the cache, else 1
+    assert swept <= 1
+    for value in (-5.0, -2.0, 0.5):
+        eps_slider(at).set_value(value).run()
+        assert not at.exception
+    assert len(calls) == swept
+
+
+def test_eps_is_shared_between_pages(app_env):
+    at = goto(new_app(), "curve")
+    eps_slider(at).set_value(-5.0).run()
+    goto(at, "exits")
+    assert eps_slider(at).value == -5.0
+    assert all('data-policy="A1 ε=1.0e-05"' in h.proto.body for h in at.html if "token-strip" in h.proto.body)
+
+
+def test_curve_page_exact_mode_on_eval_windows(app_env):
+    at = goto(new_app(), "curve")
+    at.segmented_control(key="eval_mode").set_value("exact").run()
+    at.select_slider(key="exact_windows").set_value(4).run()
+    assert not at.exception, [e.message for e in at.exception]
+    fig = curve_figure(at)
+    assert "4 window(s), exact" in fig["layout"]["title"]["text"]
+    assert len({t["name"] for t in fig["data"] if t.get("mode") == "lines+markers"}) == 4
+
+
+def test_curve_page_exact_mode_on_pasted_text(app_env):
+    at = submit_text(new_app(), TEXT)
+    goto(at, "curve")
+    at.segmented_control(key="source").set_value("text").run()
+    at.segmented_control(key="eval_mode").set_value("exact").run()
+    assert not at.exception, [e.message for e in at.exception]
+    fig = curve_figure(at)
+    assert {"A0 uniform depth", "A1 convergence exit (KL < ε)"} <= {t["name"] for t in fig["data"]}
+    assert "exact" in fig["layout"]["title"]["text"]
+    assert len(at.dataframe) >= 1  # fast vs exact table
+
+
+# -- page 3: compare policies ------------------------------------------------------------------------------
+def test_compare_page_three_strips(app_env):
+    at = submit_text(new_app(), TEXT)
+    goto(at, "compare")
+    at.slider(key="cmp_r").set_value(2).run()
+    a0, a1, a2 = strips(at)
+    depth, _ = engine_depths(app_env["ckpt"], TEXT, 1e-3)
+    assert len(a0) == len(a1) == len(a2) == len(depth)
+    assert {t["depth"] for t in a0} == {2}
+    assert [t["depth"] for t in a1] == depth.tolist()
+    assert len(at.metric) == 6  # mean loops and loss per policy
+
+
+# -- pages 4 - 7 -------------------------------------------------------------------------------------------
+def test_convergence_page(app_env):
+    at = goto(new_app(), "convergence")
+    figs = figures(at)
+    assert len(figs) == 4
+    log_axes = [f for f in figs if f["layout"]["yaxis"].get("type") == "log"]
+    assert any("KL" in f["layout"]["yaxis"]["title"]["text"] for f in log_axes)
+    assert any(m.label == "Median convergence loop" for m in at.metric)
+
+
+def test_classes_page(app_env):
+    at = goto(new_app(), "classes")
+    bars = figure_with(at, "bar")
+    assert bars["layout"]["yaxis"]["title"]["text"] == "mean exit depth [loops]"
+    assert "error_y" in bars["data"][0]
+    assert len(at.dataframe) >= 2  # class summary + the tokens of a class
+
+
+def test_elasticity_page(app_env):
+    at = goto(new_app(), "elasticity")
+    fig = figures(at)[0]
+    curve = next(t for t in fig["data"] if t.get("mode") == "lines+markers")
+    assert list(curve["x"]) == list(range(1, 33))  # loss at 1..32 loops
+    assert any("r̄" in str(t.get("text", "")) for t in fig["data"])  # r_bar marked
+
+
+def test_training_page(app_env):
+    at = goto(new_app(), "training")
+    titles = [f["layout"]["title"]["text"] for f in figures(at)]
+    assert "Training loss" in titles and "Eval loss by depth over training" in titles
+    assert any(m.label == "Steps" for m in at.metric)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_runs(app_env, page):
+    at = goto(new_app(), page)
+    assert at.title and not at.error
+
+
+# -- edges ---------------------------------------------------------------------------------------------
+def test_bad_checkpoints_show_messages_and_the_app_keeps_working(app_env):
+    at = new_app()
+    options = at.selectbox(key="checkpoint_path").options
+    assert len(options) == 4  # tiny + corrupt + truncated + missing (shipped ones are hidden in tests)
+    assert sum(o.startswith("⚠") for o in options) == 2  # the truncated one has a readable meta.json
+    for bad, words in (("corrupt", "unreadable"), ("truncated", "safetensors"), ("missing", "no such folder")):
+        at.selectbox(key="checkpoint_path").set_value(str(app_env[bad])).run()
+        assert not at.exception, [e.message for e in at.exception]
+        assert any(words in e.value for e in at.error), (bad, [e.value for e in at.error])
+    at.selectbox(key="checkpoint_path").set_value(str(app_env["ckpt"])).run()
+    assert not at.error and strips(at)
+
+
+def test_typed_checkpoint_path(app_env):
+    at = new_app()
+    at.text_input(key="typed_path_input").input(str(app_env["missing"]) + "-typed").run()
+    assert at.session_state["checkpoint_path"].endswith("missing-typed")
+    assert any("no such folder" in e.value for e in at.error)
+
+
+def test_two_sessions_at_once_get_their_own_results(app_env):
+    texts = ["Tom had 3 red balls.", "Mia found a cake with Ben."]
+    results, errors = {}, []
+
+    def session(text):
+        try:
+            at = submit_text(new_app(), text)
+            results[text] = [t["depth"] for t in strips(at)[0]]
+        except Exception as err:  # noqa: BLE001  reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=session, args=(t,)) for t in texts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for text in texts:
+        assert results[text] == engine_depths(app_env["ckpt"], text, 1e-3)[0].tolist()

@@ -1,0 +1,145 @@
+"""Finding checkpoint folders and describing them without loading their weights.
+
+Sources, in order: the shipped `checkpoints/<name>/` folders next to app.py (`$RECUR_SHIPPED` names
+another folder for them, e.g. an empty one in tests), every folder named in
+`$RECUR_CHECKPOINTS` (os.pathsep-separated; each is a checkpoint or a folder of checkpoints),
+`$RECUR_CHECKPOINT` (also the default selection) and paths typed in the sidebar. A folder that is
+missing or whose meta.json cannot be read is still listed, with the reason, so the app can say
+what is wrong with it while the others keep working.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+APP_ROOT = Path(__file__).resolve().parents[1]
+MARKERS = ("meta.json", "model.safetensors", "config.json")
+
+
+def shipped_root() -> Path:
+    return Path(os.environ.get("RECUR_SHIPPED") or APP_ROOT / "checkpoints")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One checkpoint folder as the picker shows it (meta.json only; weights are not read)."""
+
+    path: str  # absolute
+    name: str
+    meta: dict | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def checkpoint_id(self) -> str:
+        return str((self.meta or {}).get("checkpoint_id", ""))
+
+    @property
+    def recipe(self) -> dict:
+        return (self.meta or {}).get("recipe", {}) or {}
+
+    def label(self) -> str:
+        if not self.ok:
+            return f"⚠ {self.name} (unusable)"
+        m = self.meta or {}
+        parts = [self.name, str(m.get("preset", "?"))]
+        if "r_bar" in self.recipe:
+            parts.append(f"r̄ {float(self.recipe['r_bar']):g}")
+        if m.get("tokens_seen") is not None:
+            parts.append(f"{human_count(m['tokens_seen'])} tok")
+        parts.append(self.checkpoint_id[:8] or "no id")
+        return " · ".join(parts)
+
+
+def human_count(n) -> str:
+    n = float(n)
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.0f}"
+
+
+def looks_like_checkpoint(path: Path) -> bool:
+    return path.is_dir() and any((path / m).exists() for m in MARKERS)
+
+
+def display_name(path: Path) -> str:
+    """Folder name; `run/latest` style for the trainer's latest/ and best/ folders."""
+    if path.name in ("latest", "best") and path.parent.name:
+        return f"{path.parent.name}/{path.name}"
+    return path.name
+
+
+def describe(path: str | Path) -> Entry:
+    """An Entry from a folder's meta.json; the error says what is missing or unreadable."""
+    path = Path(path).expanduser()
+    resolved = str(path.resolve())
+    name = display_name(path.resolve())
+    if not path.exists():
+        return Entry(resolved, name, error=f"{path}: no such folder")
+    if not path.is_dir():
+        return Entry(resolved, name, error=f"{path}: not a folder")
+    meta_file = path / "meta.json"
+    if not meta_file.is_file():
+        return Entry(resolved, name, error=f"{path}: not a checkpoint (meta.json is missing)")
+    try:
+        meta = json.loads(meta_file.read_text())
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as err:
+        return Entry(resolved, name, error=f"{meta_file}: unreadable ({err})")
+    return Entry(resolved, name, meta=meta)
+
+
+def expand(root: Path, explicit: bool) -> list[Path]:
+    """A checkpoint folder itself, or the checkpoint folders directly inside it (and inside their
+    latest/ and best/ folders, the trainer's layout). An explicit root that holds nothing usable is
+    returned as is, so its problem gets reported."""
+    root = root.expanduser()
+    if looks_like_checkpoint(root) or not root.is_dir():
+        return [root] if explicit or root.is_dir() else []
+    found = []
+    for child in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if looks_like_checkpoint(child):
+            found.append(child)
+        else:
+            found += [child / sub for sub in ("latest", "best") if looks_like_checkpoint(child / sub)]
+    return found or ([root] if explicit else [])
+
+
+def env_paths(name: str) -> list[Path]:
+    return [Path(p) for p in os.environ.get(name, "").split(os.pathsep) if p.strip()]
+
+
+def discover(typed: list[str] = ()) -> list[Entry]:
+    """Every known checkpoint folder, deduplicated by resolved path, default first."""
+    candidates: list[Path] = []
+    default = env_paths("RECUR_CHECKPOINT")
+    candidates += [p for d in default for p in expand(d, explicit=True)]
+    candidates += expand(shipped_root(), explicit=False)
+    for root in env_paths("RECUR_CHECKPOINTS"):
+        candidates += expand(root, explicit=True)
+    for t in typed:
+        candidates += expand(Path(t), explicit=True)
+    seen, entries = set(), []
+    for path in candidates:
+        key = str(path.expanduser().resolve())
+        if key not in seen:
+            seen.add(key)
+            entries.append(describe(path))
+    return entries
+
+
+def default_path(entries: list[Entry]) -> str | None:
+    """$RECUR_CHECKPOINT when it is listed, else the first usable entry, else the first."""
+    wanted = {str(p.expanduser().resolve()) for p in env_paths("RECUR_CHECKPOINT")}
+    for e in entries:
+        if e.path in wanted:
+            return e.path
+    usable = [e for e in entries if e.ok] or entries
+    return usable[0].path if usable else None

@@ -1,0 +1,373 @@
+"""Cached calls into recur_core: the only place the app runs the model or the analysis.
+
+Caching, per the app's contract:
+  * models: `st.cache_resource` keyed by (folder, checkpoint id, weights file stamp, device); a
+    shared object that is never mutated (recur_core runs it under inference_mode);
+  * traces: recur_core's own disk cache (`$RECUR_CACHE_DIR`), plus `st.cache_resource` for the big
+    eval-window trace (shared, read-only) and `st.cache_data` for the small pasted-text traces;
+  * derived results: `st.cache_data` keyed by checkpoint id and every input (no `_argument`).
+
+Every cached function takes (path, ckpt_id, device, ...) as plain values. A progress bar is
+drawn from inside the function that does the long work (Streamlit replays it, empty, on a hit).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from recur_core import CheckpointError, load_checkpoint
+from recur_core import analysis
+from recur_core.cache import TraceCache
+from recur_core.policies import ConvergenceExit, LinearRouter, Uniform
+from recur_core.probe import load_or_train_probes
+from recur_core.stats import Bootstrap
+from recur_core.trace import Trace, trace
+
+from .strip import plain_visible
+
+SEED = 0  # noise and bootstrap seed, as in `python -m recur_core.analyze`
+N_BOOT = 1000
+EVAL_WINDOWS = 128  # the canonical eval set: the checkpoint's first 128 validation windows
+MIN_TRACE_LOOPS = 32  # every trace runs to max(32, r_max) loops (elasticity needs 1..32)
+TOPK = 5
+EPS_LOG10 = tuple(float(x) for x in np.round(np.arange(-7.0, 1.0001, 0.25), 2))  # the ε slider
+SWEEP_EPS = (0.0, *(10.0 ** x for x in EPS_LOG10), math.inf)  # A1's fast sweep: every slider stop
+EXACT_EPS_LOG10 = tuple(float(x) for x in range(-7, 2))  # the exact harness: one ε per decade
+EXACT_TAU = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
+EXACT_WINDOWS = 16
+
+
+@dataclass(frozen=True)
+class Model:
+    """What the pages need to know about the selected checkpoint (the weights stay cached)."""
+
+    path: str
+    checkpoint_id: str
+    device: str
+    meta: dict
+    r_max: int
+    r_bar: int
+    loops: int  # depth of every trace: max(MIN_TRACE_LOOPS, r_max)
+    max_seq_len: int
+    n_params: int
+    vocab_size: int
+    id_mismatch: str | None = None  # set when meta.json's id is not the weights' hash
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.path, self.checkpoint_id, self.device
+
+    @property
+    def r_bar_exact(self) -> float:
+        return float(self.meta.get("recipe", {}).get("r_bar", self.r_bar))
+
+
+# -- checkpoints ------------------------------------------------------------------------------------
+def weights_stamp(path: str) -> str:
+    f = Path(path) / "model.safetensors"
+    try:
+        s = f.stat()
+    except OSError:
+        return "missing"
+    return f"{s.st_mtime_ns}-{s.st_size}"
+
+
+def meta_id(path: str) -> str:
+    try:
+        return str(json.loads((Path(path) / "meta.json").read_text()).get("checkpoint_id", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
+@st.cache_resource(max_entries=6, show_spinner="Loading checkpoint…")
+def _load(path: str, stated_id: str, stamp: str, device: str):
+    return load_checkpoint(path, device)
+
+
+def checkpoint(path: str, device: str):
+    """The loaded Checkpoint (cached); CheckpointError with a clear message if it is unusable."""
+    return _load(path, meta_id(path), weights_stamp(path), device)
+
+
+def open_model(path: str, device: str) -> Model:
+    ckpt = checkpoint(path, device)
+    recipe = ckpt.meta.get("recipe", {}) or {}
+    loops_max = int(recipe.get("r_max", MIN_TRACE_LOOPS))
+    stated = str(ckpt.meta.get("checkpoint_id", ""))
+    mismatch = None
+    if stated and stated != ckpt.checkpoint_id:
+        mismatch = (f"meta.json names checkpoint id {stated}, but the weights hash to {ckpt.checkpoint_id}: "
+                    "the folder's files do not belong together (results are keyed by the weights' hash).")
+    return Model(path=path, checkpoint_id=ckpt.checkpoint_id, device=device, meta=ckpt.meta,
+                 r_max=loops_max, r_bar=max(1, min(round(float(recipe.get("r_bar", loops_max))), loops_max)),
+                 loops=max(MIN_TRACE_LOOPS, loops_max), max_seq_len=ckpt.config.max_seq_len,
+                 n_params=ckpt.model.num_params(), vocab_size=ckpt.config.vocab_size, id_mismatch=mismatch)
+
+
+def _ckpt(path: str, ckpt_id: str, device: str):
+    ckpt = checkpoint(path, device)
+    if ckpt.checkpoint_id != ckpt_id:
+        raise CheckpointError(f"{path} changed on disk while the app was running; pick it again")
+    return ckpt
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def tokenizer(path: str, ckpt_id: str):
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
+
+
+def decode_ids(path: str, ckpt_id: str, ids) -> list[str]:
+    """Each token id's own text (for predictions; a partial UTF-8 byte shows as �)."""
+    tok = tokenizer(path, ckpt_id)
+    return [tok.decode([int(i)]) for i in ids]
+
+
+# -- progress ---------------------------------------------------------------------------------------
+class Progress:
+    """A recur_core progress callback (done, total) drawn as st.progress, created on first use."""
+
+    def __init__(self, label: str):
+        self.label, self.bar = label, None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            self.bar = st.progress(0.0, text=self.label)
+        self.bar.progress(min(done / max(total, 1), 1.0), text=f"{self.label} ({done}/{total})")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.empty()
+
+
+class StagedProgress(Progress):
+    """Progress over `stages` consecutive runs that each report their own (done, total)."""
+
+    def __init__(self, label: str, stages: int):
+        super().__init__(label)
+        self.stages, self.stage = stages, 0
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            self.bar = st.progress(0.0, text=self.label)
+        frac = (self.stage + done / max(total, 1)) / self.stages
+        self.bar.progress(min(frac, 1.0), text=f"{self.label} ({self.stage + 1}/{self.stages})")
+
+
+# -- traces -----------------------------------------------------------------------------------------
+@st.cache_resource(max_entries=6, show_spinner=False)
+def probes(path: str, ckpt_id: str, device: str) -> dict:
+    """A2's router probes (argmax and KL labels), from recur_core's probe cache or trained now."""
+    ckpt = _ckpt(path, ckpt_id, device)
+    r_max = int(ckpt.meta.get("recipe", {}).get("r_max", MIN_TRACE_LOOPS))
+    if r_max < 2:
+        return {}
+    bar = Progress("Training the A2 router probes (once per checkpoint)")
+    try:
+        return load_or_train_probes(ckpt, r_max, SEED, cache=TraceCache(), progress=bar)
+    finally:
+        bar.close()
+
+
+def trace_loops(ckpt) -> int:
+    return max(MIN_TRACE_LOOPS, int(ckpt.meta.get("recipe", {}).get("r_max", MIN_TRACE_LOOPS)))
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def eval_trace(path: str, ckpt_id: str, device: str) -> Trace:
+    """The canonical trace: the first 128 eval windows to max(32, r_max) loops with A2's chances
+    (the same key as `python -m recur_core.analyze`, so either one fills the disk cache)."""
+    ckpt = _ckpt(path, ckpt_id, device)
+    prb = probes(path, ckpt_id, device)
+    windows = ckpt.windows("eval")[:EVAL_WINDOWS]
+    bar = Progress(f"Tracing {len(windows)} eval windows × {trace_loops(ckpt)} loops (cached on disk after this)")
+    try:
+        return trace(ckpt, windows, trace_loops(ckpt), SEED, topk=TOPK, probes=list(prb.values()),
+                     cache=TraceCache(), progress=bar)
+    finally:
+        bar.close()
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def text_trace(path: str, ckpt_id: str, device: str, ids: tuple[int, ...], with_probes: bool) -> Trace:
+    """Trace of one pasted text (token ids); with A2's chances when with_probes."""
+    ckpt = _ckpt(path, ckpt_id, device)
+    prb = list(probes(path, ckpt_id, device).values()) if with_probes else []
+    bar = Progress(f"Tracing {len(ids)} tokens × {trace_loops(ckpt)} loops")
+    try:
+        return trace(ckpt, np.asarray(ids, dtype=np.int64), trace_loops(ckpt), SEED, topk=TOPK, probes=prb,
+                     cache=TraceCache(), progress=bar)
+    finally:
+        bar.close()
+
+
+def source_trace(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None,
+                 with_probes: bool = True) -> Trace:
+    """The eval-window trace (ids None) or a pasted text's trace."""
+    if ids is None:
+        return eval_trace(path, ckpt_id, device)
+    return text_trace(path, ckpt_id, device, ids, with_probes)
+
+
+# -- policies on a trace ----------------------------------------------------------------------------
+def a0(r: int) -> Uniform:
+    return Uniform(r)
+
+
+def a1(eps: float, r_max: int) -> ConvergenceExit:
+    return ConvergenceExit(eps, r_max=r_max)
+
+
+def a2(path: str, ckpt_id: str, device: str, kind: str, tau: float, r_max: int) -> LinearRouter:
+    return LinearRouter(probes(path, ckpt_id, device)[kind], tau, r_max=r_max)
+
+
+@dataclass
+class Outcome:
+    """A policy applied to a trace (fast path): per-token exits and the policy's score."""
+
+    depth: np.ndarray  # (N, T) exit loop
+    converged: np.ndarray  # (N, T) False where only r_max stopped the token
+    mean_loops: float  # over scored tokens
+    loss: float  # nats / scored token
+    n_scored: int
+
+
+def outcome(tr: Trace, policy) -> Outcome:
+    ex = policy.exits(tr)
+    sums = analysis.fast_sums(tr, policy)
+    n = int(sums.tokens.sum())
+    return Outcome(ex.depth, ex.converged, float(sums.loops.sum() / max(n, 1)),
+                   float(sums.loss.sum() / n) if n else float("nan"), n)
+
+
+# -- sweeps (page 2) --------------------------------------------------------------------------------
+@st.cache_data(max_entries=16, show_spinner="Sweeping ε and τ over the trace…")
+def sweep_fast(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, r_max: int, r_bar: int) -> dict:
+    """A0 / A1 / A2 allocation curves (fast path) with the matched-depth table; A1 is swept over
+    every stop of the ε slider, so moving it only looks a point up."""
+    tr = source_trace(path, ckpt_id, device, ids)
+    prb = probes(path, ckpt_id, device)
+    res = analysis.allocation(tr, Bootstrap(tr.n_windows, N_BOOT, SEED), r_max, r_bar, eps_grid=SWEEP_EPS,
+                              probes=prb)
+    return {"report": res["report"], "curves": res["curves"], "n_windows": tr.n_windows, "seq_len": tr.seq_len,
+            "probe_metrics": {k: p.metrics for k, p in prb.items()}}
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def sweep_exact(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, r_max: int,
+                n_windows: int) -> dict:
+    """The same families on the exact masking harness (coarser grids, the first n_windows eval
+    windows), each point next to its fast-path value on the same windows (paired bootstrap)."""
+    ckpt = _ckpt(path, ckpt_id, device)
+    prb = probes(path, ckpt_id, device)
+    if ids is None:
+        full = eval_trace(path, ckpt_id, device)
+        n = min(n_windows, full.n_windows)
+        tr, inputs = full.subset(range(n)), ckpt.windows("eval")[:n]
+    else:
+        tr, inputs = text_trace(path, ckpt_id, device, ids, True), np.asarray(ids, dtype=np.int64)
+    boot = Bootstrap(tr.n_windows, N_BOOT, SEED)
+    families = analysis.policy_families(r_max, tuple(10.0 ** x for x in EXACT_EPS_LOG10), EXACT_TAU, prb)
+    todo = [(name, p) for name, fam in families.items() for p in fam]
+    bar = StagedProgress(f"Exact masking harness on {tr.n_windows} window(s): {len(todo)} policies", len(todo))
+    rows = []
+    try:
+        for i, (name, policy) in enumerate(todo):
+            bar.stage = i
+            bar(0, 1)
+            for row in analysis.fast_vs_exact(ckpt, inputs, tr, [policy], boot, progress=bar):
+                rows.append({"family": name, **row})
+    finally:
+        bar.close()
+    return {"rows": rows, "n_windows": tr.n_windows}
+
+
+# -- convergence, classes, elasticity --------------------------------------------------------------
+@st.cache_data(max_entries=16, show_spinner="Measuring convergence…")
+def convergence(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None) -> dict:
+    tr = source_trace(path, ckpt_id, device, ids, with_probes=ids is None)
+    return analysis.convergence(tr, Bootstrap(tr.n_windows, N_BOOT, SEED))
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def exit_depths(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, eps: float,
+                r_max: int) -> dict:
+    """A1's exit depth of every scored token at eps: depths and converged flags (flattened)."""
+    tr = source_trace(path, ckpt_id, device, ids, with_probes=ids is None)
+    out = outcome(tr, a1(eps, r_max))
+    scored = tr.has_target
+    return {"depth": out.depth[scored], "converged": out.converged[scored], "mean_loops": out.mean_loops,
+            "loss": out.loss}
+
+
+@st.cache_data(max_entries=8, show_spinner="Classifying the vocabulary…")
+def vocab_classes(path: str, ckpt_id: str, vocab_size: int) -> np.ndarray:
+    return analysis.vocab_classes(tokenizer(path, ckpt_id), vocab_size)
+
+
+@st.cache_data(max_entries=32, show_spinner="Exit depth by token class…")
+def token_classes(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, eps: float,
+                  r_max: int, vocab_size: int) -> dict:
+    """analysis.token_classes at A1(eps), plus the tokens of each class: one row per token id with
+    its count and mean exit depth over the scored positions where it occurs."""
+    tr = source_trace(path, ckpt_id, device, ids, with_probes=ids is None)
+    classes = vocab_classes(path, ckpt_id, vocab_size)
+    policy = a1(eps, r_max)
+    summary = analysis.token_classes(tr, classes, policy, Bootstrap(tr.n_windows, N_BOOT, SEED))
+    ex = policy.exits(tr)
+    scored = tr.has_target
+    df = pd.DataFrame({"token_id": tr.ids[scored], "exit_depth": ex.depth[scored],
+                       "converged": ex.converged[scored]})
+    per_token = (df.groupby("token_id")
+                 .agg(count=("exit_depth", "size"), mean_exit_depth=("exit_depth", "mean"),
+                      frac_converged=("converged", "mean"))
+                 .reset_index())
+    per_token["class"] = [analysis.TOKEN_CLASSES[c] for c in classes[per_token["token_id"].to_numpy()]]
+    per_token["token"] = [plain_visible(t) for t in decode_ids(path, ckpt_id, per_token["token_id"])]
+    per_token = per_token.sort_values(["class", "count"], ascending=[True, False]).reset_index(drop=True)
+    return {"summary": summary, "tokens": per_token[["class", "token", "token_id", "count", "mean_exit_depth",
+                                                     "frac_converged"]]}
+
+
+@st.cache_data(max_entries=16, show_spinner="Loss at every depth…")
+def elasticity(path: str, ckpt_id: str, device: str) -> dict:
+    tr = eval_trace(path, ckpt_id, device)
+    return analysis.elasticity(tr, Bootstrap(tr.n_windows, N_BOOT, SEED))
+
+
+# -- training log -----------------------------------------------------------------------------------
+@st.cache_data(max_entries=16, show_spinner=False)
+def training_log(path: str, stamp: str) -> dict[str, pd.DataFrame]:
+    """The checkpoint's metrics.jsonl as data frames: "train" rows and "eval" loss by depth (long)."""
+    file = Path(path) / "metrics.jsonl"
+    train, evals, bad = [], [], 0
+    for line in file.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            bad += 1
+            continue
+        if rec.get("event") == "train":
+            train.append(rec)
+        elif rec.get("event") == "eval":
+            for depth, loss in (rec.get("loss_by_depth") or {}).items():
+                evals.append({"step": rec.get("step"), "tokens": rec.get("tokens"), "depth": int(depth),
+                              "loss": loss})
+    return {"train": pd.DataFrame(train), "eval": pd.DataFrame(evals), "bad_lines": bad}
+
+
+def log_stamp(path: str) -> str:
+    try:
+        s = (Path(path) / "metrics.jsonl").stat()
+    except OSError:
+        return "missing"
+    return f"{s.st_mtime_ns}-{s.st_size}"

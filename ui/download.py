@@ -1,0 +1,39 @@
+"""Tables with a CSV download, and trace downloads (Parquet / CSV, generated only when clicked)."""
+from __future__ import annotations
+
+import io
+
+import pandas as pd
+import streamlit as st
+
+from recur_core.trace import Trace
+
+
+def csv_bytes(df: pd.DataFrame) -> bytes:
+    return df.to_csv(index=False).encode()
+
+
+def table(df: pd.DataFrame, name: str, caption: str | None = None, **dataframe_kwargs) -> None:
+    """st.dataframe plus a "CSV" download of exactly that table."""
+    st.dataframe(df, hide_index=True, **dataframe_kwargs)
+    cols = st.columns([1, 5])
+    cols[0].download_button("⬇ CSV", data=lambda: csv_bytes(df), file_name=f"{name}.csv", mime="text/csv",
+                            key=f"csv-{name}", on_click="ignore", help=f"Download this table ({len(df)} rows)")
+    if caption:
+        cols[1].caption(caption)
+
+
+def trace_buttons(tr: Trace, name: str) -> None:
+    """Parquet and CSV downloads of a trace: one row per window × token × loop."""
+    def parquet() -> bytes:
+        buf = io.BytesIO()
+        tr.to_frame().to_parquet(buf, index=False)
+        return buf.getvalue()
+
+    rows = tr.n_windows * tr.seq_len * tr.max_loops
+    c1, c2, c3 = st.columns([1, 1, 4])
+    c1.download_button("⬇ Trace (Parquet)", data=parquet, file_name=f"{name}.parquet",
+                       mime="application/vnd.apache.parquet", key=f"parquet-{name}", on_click="ignore")
+    c2.download_button("⬇ Trace (CSV)", data=lambda: csv_bytes(tr.to_frame()), file_name=f"{name}.csv",
+                       mime="text/csv", key=f"tracecsv-{name}", on_click="ignore")
+    c3.caption(f"{rows:,} rows (window × token × loop): KL, state change, loss, entropy, argmax, top-{tr.topk}.")

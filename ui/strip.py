@@ -1,0 +1,123 @@
+"""The token strip: every token coloured by its exit depth, as HTML for st.html.
+
+Each token is a <span data-testid="token" data-pos data-depth data-converged title=...>: test hooks
+and a native tooltip, no JavaScript (st.html sanitises scripts away). Spaces, tabs and newlines are
+drawn as visible marks (· → ↵) and newlines also break the line.
+"""
+from __future__ import annotations
+
+import hashlib
+import html
+from dataclasses import dataclass
+from typing import Sequence
+
+from plotly.colors import sample_colorscale
+
+SCALE = "Viridis"  # sequential and colour-blind safe; shallow = light yellow, deep = dark purple
+NOT_CONVERGED = "#e8467c"  # outside the scale: tokens stopped by r_max, not by their rule
+FONT = "ui-monospace, SFMono-Regular, Menlo, Consolas, monospace"
+
+
+def depth_color(depth: int, r_max: int) -> str:
+    """Hex colour of exit depth 1..r_max on the sequential scale (1 lightest)."""
+    frac = 0.0 if r_max <= 1 else (depth - 1) / (r_max - 1)
+    rgb = sample_colorscale(SCALE, [1.0 - min(max(frac, 0.0), 1.0)], colortype="tuple")[0]
+    return "#" + "".join(f"{round(255 * c):02x}" for c in rgb)
+
+
+def text_color(background: str) -> str:
+    r, g, b = (int(background[i:i + 2], 16) / 255 for i in (1, 3, 5))
+    return "#111" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.45 else "#fff"
+
+
+def visible(piece: str) -> str:
+    """Escaped token text with whitespace made visible (the marks are dimmed)."""
+    if piece == "":
+        return '<span style="opacity:.55">◌</span>'
+    out = []
+    for ch in piece:
+        if ch == " ":
+            out.append('<span style="opacity:.55">·</span>')
+        elif ch == "\t":
+            out.append('<span style="opacity:.55">→</span>')
+        elif ch == "\n":
+            out.append('<span style="opacity:.55">↵</span>')
+        elif ch == "\r":
+            continue
+        else:
+            out.append(html.escape(ch))
+    return "".join(out)
+
+
+def plain_visible(piece: str) -> str:
+    """Token text with visible whitespace, as plain text (for chart labels and tables)."""
+    if piece == "":
+        return "◌"
+    return piece.replace(" ", "·").replace("\t", "→").replace("\r", "").replace("\n", "↵")
+
+
+@dataclass
+class TokenView:
+    piece: str
+    depth: int
+    converged: bool
+    tooltip: str
+
+
+def tooltip(pos: int, piece: str, depth: int, converged: bool, r_max: int, kl: float | None = None,
+            prediction: str | None = None, prob: float | None = None, loss: float | None = None,
+            policy: str = "") -> str:
+    lines = [f"#{pos}  {plain_visible(piece)!r}",
+             f"exit depth: {depth} loop{'s' if depth != 1 else ''}" +
+             ("" if converged else f" (never converged: stopped at r_max = {r_max})")]
+    if policy:
+        lines.append(f"policy: {policy}")
+    if kl is not None:
+        lines.append(f"KL(p_i ‖ p_i−1) at exit: {kl:.2e} nats")
+    if prediction is not None:
+        lines.append(f"top prediction: {plain_visible(prediction)!r}" + (f" (p = {prob:.2f})" if prob is not None else ""))
+    if loss is not None:
+        lines.append(f"next-token loss at exit: {loss:.3f} nats")
+    return "\n".join(lines)
+
+
+def ids_key(ids: Sequence[int]) -> str:
+    """A short fingerprint of the token ids a strip shows (its data-ids attribute, a test hook)."""
+    return hashlib.sha1(",".join(str(int(i)) for i in ids).encode()).hexdigest()[:12]
+
+
+def strip_html(tokens: Sequence[TokenView], r_max: int, policy: str = "A1", selected: int | None = None,
+               ids: Sequence[int] = ()) -> str:
+    spans = []
+    for pos, t in enumerate(tokens):
+        bg = depth_color(t.depth, r_max) if t.converged else NOT_CONVERGED
+        border = "2px dashed #7a0030" if not t.converged else "1px solid rgba(0,0,0,.08)"
+        if pos == selected:
+            border = "2px solid #ff7f0e"
+        style = (f"background:{bg};color:{text_color(bg)};border:{border};border-radius:4px;"
+                 "padding:1px 3px;margin:1px 1px;display:inline-block;white-space:pre;cursor:help")
+        spans.append(f'<span data-testid="token" data-pos="{pos}" data-depth="{int(t.depth)}" '
+                     f'data-converged="{str(bool(t.converged)).lower()}" title="{html.escape(t.tooltip, quote=True)}" '
+                     f'style="{style}">{visible(t.piece)}</span>')
+        if "\n" in t.piece:
+            spans.append("<br>")
+    return (f'<div data-testid="token-strip" data-policy="{html.escape(policy)}" data-n-tokens="{len(tokens)}" data-ids="{ids_key(ids)}" '
+            f'style="font-family:{FONT};font-size:0.92rem;line-height:1.9">{"".join(spans)}</div>')
+
+
+def legend_html(r_max: int, label: str = "exit depth (loops)") -> str:
+    step = 1 if r_max <= 16 else 4
+    cells = []
+    for d in range(1, r_max + 1):
+        bg = depth_color(d, r_max)
+        mark = str(d) if (d - 1) % step == 0 or d == r_max else ""
+        cells.append(f'<span title="{d} loop{"s" if d > 1 else ""}" style="display:inline-block;min-width:1.35em;'
+                     f'text-align:center;background:{bg};color:{text_color(bg)};font-size:0.72rem;'
+                     f'padding:1px 0">{mark or "&nbsp;"}</span>')
+    never = (f'<span style="display:inline-block;background:{NOT_CONVERGED};color:#fff;border:2px dashed #7a0030;'
+             f'border-radius:4px;font-size:0.72rem;padding:0 6px;margin-left:10px">not converged by r_max = {r_max}'
+             '</span>')
+    return (f'<div data-testid="depth-legend" style="font-family:sans-serif;font-size:0.8rem;margin:2px 0 6px 0">'
+            f'<span style="margin-right:8px;opacity:.8">{html.escape(label)}:</span>'
+            f'<span style="border-radius:4px;overflow:hidden;display:inline-block">{"".join(cells)}</span>'
+            f'{never}<span style="margin-left:10px;opacity:.7">· space  ↵ newline  → tab</span></div>')

@@ -1,0 +1,170 @@
+"""Display tables and strips built from a text trace and a policy outcome (formatting only)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from recur_core.trace import Trace
+
+from . import compute
+from .strip import TokenView, legend_html, plain_visible, strip_html, tooltip
+from .text import Encoded
+
+
+def _at_exit(values: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    """(T, L) per-loop values -> (T,) the value at each token's exit loop."""
+    return np.take_along_axis(values, depth[:, None] - 1, axis=1)[:, 0]
+
+
+def token_table(model: compute.Model, tr: Trace, enc: Encoded, out: compute.Outcome) -> pd.DataFrame:
+    """One row per token of the text: its exit depth under the policy and its output there."""
+    depth = out.depth[0]
+    pred_ids = _at_exit(tr.argmax[0], depth)
+    ce = _at_exit(tr.ce[0], depth)
+    return pd.DataFrame({
+        "position": np.arange(len(depth)), "token": list(enc.pieces), "token_id": tr.ids[0],
+        "exit_depth": depth, "converged": out.converged[0], "kl_at_exit": _at_exit(tr.kl_prev[0], depth),
+        "state_change_at_exit": _at_exit(tr.state_change[0], depth),
+        "top_prediction": compute.decode_ids(model.path, model.checkpoint_id, pred_ids),
+        "top_prob": _at_exit(tr.top1_prob[0], depth), "next_token_loss": ce})
+
+
+def strip_views(model: compute.Model, table: pd.DataFrame, policy: str) -> list[TokenView]:
+    views = []
+    for row in table.itertuples(index=False):
+        loss = None if math.isnan(row.next_token_loss) else float(row.next_token_loss)
+        views.append(TokenView(row.token, int(row.exit_depth), bool(row.converged), tooltip(
+            int(row.position), row.token, int(row.exit_depth), bool(row.converged), model.r_max,
+            kl=float(row.kl_at_exit), prediction=row.top_prediction, prob=float(row.top_prob), loss=loss,
+            policy=policy)))
+    return views
+
+
+def render_strip(model: compute.Model, table: pd.DataFrame, policy: str, selected: int | None = None,
+                 legend: bool = True) -> None:
+    if legend:
+        st.html(legend_html(model.r_max))
+    st.html(strip_html(strip_views(model, table, policy), model.r_max, policy=policy, selected=selected,
+                       ids=table.token_id.tolist()))
+
+
+def logit_lens(model: compute.Model, tr: Trace, pos: int, exit_depth: int) -> pd.DataFrame:
+    """Top-k next-token predictions of one token after every loop (the logit lens over loops)."""
+    ids, probs = tr.topk_ids[0, pos], tr.topk_probs[0, pos]  # (L, k)
+    words = np.array(compute.decode_ids(model.path, model.checkpoint_id, ids.ravel()), dtype=object).reshape(ids.shape)
+    df = pd.DataFrame({"loop": np.arange(1, tr.max_loops + 1),
+                       "": ["◀ exit" if i + 1 == exit_depth else "" for i in range(tr.max_loops)],
+                       "KL [nats]": tr.kl_prev[0, pos], "loss [nats]": tr.ce[0, pos]})
+    for j in range(ids.shape[1]):
+        df[f"top-{j + 1}"] = [f"{plain_visible(w)}  {p:.2f}" for w, p in zip(words[:, j], probs[:, j])]
+    return df
+
+
+def token_label(table: pd.DataFrame, pos: int) -> str:
+    row = table.iloc[pos]
+    state = f"exit {row.exit_depth}" if row.converged else f"not converged ({row.exit_depth})"
+    return f"#{pos} {plain_visible(row.token)!r} · {state}"
+
+
+# -- depth / loss curves --------------------------------------------------------------------------------
+FAMILIES = ("A0", "A1", "A2_argmax", "A2_kl")
+
+
+def point_at(points: list[dict], eps: float) -> dict:
+    """The swept point whose finite threshold is nearest eps on a log scale (a lookup, no compute)."""
+    finite = [p for p in points if isinstance(p["threshold"], (int, float)) and 0 < p["threshold"] < math.inf]
+    return min(finite, key=lambda p: abs(math.log10(p["threshold"]) - math.log10(eps)))
+
+
+def estimate_columns(rows: list[dict], keep: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Rows whose values are {value, ci_low, ci_high} dicts -> flat numeric columns
+    `name`, `name low`, `name high` (other values kept as they are)."""
+    flat = []
+    for row in rows:
+        out = {}
+        for key, val in row.items():
+            if isinstance(val, dict) and "value" in val:
+                out[key.replace("_minus_", " − ")] = val["value"]
+                out[f"{key.replace('_minus_', ' − ')} low"] = val["ci_low"]
+                out[f"{key.replace('_minus_', ' − ')} high"] = val["ci_high"]
+            elif not isinstance(val, dict) or key in keep:
+                out[key] = val
+        flat.append(out)
+    return pd.DataFrame(flat)
+
+
+def curve_table(points: dict[str, list[dict]]) -> pd.DataFrame:
+    rows = [{"policy": name, **{k: v for k, v in p.items()}} for name, pts in points.items() for p in pts]
+    df = pd.DataFrame(rows)
+    df["threshold"] = df["threshold"].astype(str)
+    return df
+
+
+def exact_points(rows: list[dict]) -> dict[str, list[dict]]:
+    """The exact harness rows (analysis.fast_vs_exact + family) as curve points like the fast ones."""
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        e = r["exact"]
+        out.setdefault(r["family"], []).append({
+            "threshold_name": r["threshold_name"], "threshold": r["threshold"],
+            "mean_loops": e["mean_loops"]["value"], "mean_loops_ci_low": e["mean_loops"]["ci_low"],
+            "mean_loops_ci_high": e["mean_loops"]["ci_high"], "loss": e["loss"]["value"],
+            "ci_low": e["loss"]["ci_low"], "ci_high": e["loss"]["ci_high"]})
+    return out
+
+
+def exact_table(rows: list[dict]) -> pd.DataFrame:
+    flat = []
+    for r in rows:
+        flat.append({"policy": r["family"], "threshold": str(r["threshold"]),
+                     "fast loss": r["fast"]["loss"]["value"], "exact loss": r["exact"]["loss"]["value"],
+                     "gap loss (exact − fast)": r["gap_loss"]["value"], "gap low": r["gap_loss"]["ci_low"],
+                     "gap high": r["gap_loss"]["ci_high"], "fast mean loops": r["fast"]["mean_loops"]["value"],
+                     "exact mean loops": r["exact"]["mean_loops"]["value"],
+                     "gap mean loops": r["gap_mean_loops"]["value"]})
+    return pd.DataFrame(flat)
+
+
+def is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not (isinstance(x, float) and math.isnan(x))
+
+
+def fmt_est(d: dict, digits: int = 2) -> str:
+    v, lo, hi = d.get("value"), d.get("ci_low"), d.get("ci_high")
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "not reached"
+    if lo is None or hi is None or (isinstance(lo, float) and math.isnan(lo)) or lo == hi:
+        return f"{v:.{digits}f}"
+    return f"{v:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def match_sentence(name: str, match: dict, r_bar: int) -> str:
+    if match.get("value") is None or (isinstance(match["value"], float) and math.isnan(match["value"])):
+        return f"{name} never reaches A0's loss at r̄ = {r_bar}"
+    return f"{name} reaches A0's loss at r̄ = {r_bar} with {fmt_est(match)} mean loops"
+
+
+def number_formats(df: pd.DataFrame) -> dict:
+    """st.dataframe column formats: differences signed, losses to 4 decimals."""
+    config = {}
+    for col in df.columns:
+        if not pd.api.types.is_float_dtype(df[col]):
+            continue
+        if "−" in col or "gap" in col:
+            config[col] = st.column_config.NumberColumn(format="%+.5f")
+        else:
+            config[col] = st.column_config.NumberColumn(format="%.4f")
+    return config
+
+
+def probe_table(probes: dict) -> pd.DataFrame:
+    """A2 probes' quality on their held-out windows (recur_core.probe metrics)."""
+    rows = []
+    for kind, p in probes.items():
+        held = p.metrics.get("heldout", {})
+        rows.append({"labels": kind, "label_eps": p.label_eps, "accuracy": held.get("accuracy"),
+                     "auc": held.get("auc"), "positive_rate": held.get("positive_rate"), "n": held.get("n")})
+    return pd.DataFrame(rows)

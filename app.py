@@ -3,13 +3,11 @@
 This file sets up the page, the shared sidebar (checkpoint, device) and the navigation over
 pages/; every page is a thin view over recur_core through the ui package.
 """
-from pathlib import Path
 
 import streamlit as st
 
 from ui import state
 
-ROOT = Path(__file__).resolve().parent
 
 st.set_page_config(page_title="recur · looped transformers", page_icon="🔁", layout="wide")
 
@@ -18,12 +16,10 @@ def page(file: str, title: str, icon: str, **kwargs) -> st.Page:
     return st.Page(f"pages/{file}", title=title, icon=f":material/{icon}:", **kwargs)
 
 
-text_pages = [page("exits.py", "Token exit depths", "palette", default=True, url_path="exits"),
-              page("compare.py", "Compare policies", "compare", url_path="compare")]
-if (ROOT / "pages" / "generate.py").is_file():
-    text_pages.append(page("generate.py", "Generate", "bolt", url_path="generate"))
 navigation = st.navigation({
-    "Text": text_pages,
+    "Text": [page("exits.py", "Token exit depths", "palette", default=True, url_path="exits"),
+             page("compare.py", "Compare policies", "compare", url_path="compare"),
+             page("generate.py", "Generate", "bolt", url_path="generate")],
     "Eval set": [page("curve.py", "Depth / loss curve", "show_chart", url_path="curve"),
                  page("convergence.py", "Convergence", "trending_down", url_path="convergence"),
                  page("classes.py", "Token classes", "category", url_path="classes"),

@@ -48,6 +48,20 @@ class WindowSums:
         return cls(np.where(scored, ce, 0.0).sum(1, dtype=np.float64), np.where(scored, depth, 0).sum(1),
                    (scored & converged).sum(1), scored.sum(1))
 
+    @property
+    def n_scored(self) -> int:
+        return int(self.tokens.sum())
+
+    @property
+    def mean_loops(self) -> float:
+        """Exit depth averaged over all scored tokens (pooled over windows)."""
+        return float(self.loops.sum() / self.n_scored) if self.n_scored else float("nan")
+
+    @property
+    def mean_loss(self) -> float:
+        """Cross-entropy in nats/token averaged over all scored tokens (pooled over windows)."""
+        return float(self.loss.sum() / self.n_scored) if self.n_scored else float("nan")
+
 
 def fast_sums(tr: Trace, policy: Policy) -> WindowSums:
     """Score a policy from the uniform trace: each token's ce at its exit loop."""

@@ -242,9 +242,7 @@ class Outcome:
 def outcome(tr: Trace, policy) -> Outcome:
     ex = policy.exits(tr)
     sums = analysis.fast_sums(tr, policy)
-    n = int(sums.tokens.sum())
-    return Outcome(ex.depth, ex.converged, float(sums.loops.sum() / max(n, 1)),
-                   float(sums.loss.sum() / n) if n else float("nan"), n)
+    return Outcome(ex.depth, ex.converged, sums.mean_loops, sums.mean_loss, sums.n_scored)
 
 
 # -- sweeps (page 2) --------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ $(VENV)/.installed: requirements.txt | $(BIN)/python
 install: $(VENV)/.installed
 
 app: install
-	RECUR_CHECKPOINT=$(CKPT) $(BIN)/python -m streamlit run app.py --server.port $(PORT) \
+	RECUR_CHECKPOINT=$(CKPT) $(BIN)/python -m streamlit run app.py --server.port $(PORT) --server.headless true \
 		--browser.gatherUsageStats false
 
 test: install

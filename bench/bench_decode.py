@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from recur_core import load_checkpoint  # noqa: E402
-from recur_core.decode import (DecodeWeights, generate, generation_drift, logit_drift,  # noqa: E402
+from recur_core.decode import (DecodeWeights, generate, generation_drift,  # noqa: E402
                                teacher_forced)
 from recur_core.harness import run_exact  # noqa: E402
 from recur_core.policies import ConvergenceExit, LatentDiff, LinearRouter, Uniform  # noqa: E402

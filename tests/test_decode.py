@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from recur_core import load_checkpoint
 from recur_core.decode import (KV_RULES, Decoder, DecodeWeights, full_depth_logits, generate, generation_drift,
                                sample_next, teacher_forced)
 from recur_core.policies import ConvergenceExit, LatentDiff, LoopSignals, Uniform
@@ -20,11 +19,6 @@ from recur_core.trace import noise_seed
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 2e-5  # float32 reordering (fused q/k/v, rope as a matmul, split adapter)
 SEED = 3
-
-
-@pytest.fixture(scope="module")
-def ckpt(tiny_ckpt):
-    return load_checkpoint(tiny_ckpt)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 import torch
 
-from recur_core import load_checkpoint
 from recur_core.analysis import fast_vs_exact
 from recur_core.harness import run_exact
 from recur_core.policies import ConvergenceExit, LatentDiff, Policy, Uniform
@@ -12,11 +11,6 @@ from recur_core.stats import Bootstrap
 from recur_core.trace import trace
 
 R_MAX = 5
-
-
-@pytest.fixture(scope="module")
-def ckpt(tiny_ckpt):
-    return load_checkpoint(tiny_ckpt)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-import math  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -21,32 +20,8 @@ pytest.importorskip("triton")
 
 from recur_core.kernels.readout_triton import readout_stats_triton  # noqa: E402
 from recur_core.readout import readout_stats_reference  # noqa: E402
+from readout_cases import assert_stats_close, make_inputs  # noqa: E402
 
-TOL = {torch.float32: (1e-4, 1e-5), torch.float16: (1e-3, 1e-4)}
-FLOAT_FIELDS = ("lse", "ce", "entropy", "top1_prob", "kl_prev")
-
-
-def make_inputs(T, d, V, scale=1.0, dtype=torch.float32, batch=None, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    lead = (T,) if batch is None else (batch, T)
-    W = torch.randn(V, d, generator=g) / math.sqrt(d)
-    h = scale * torch.randn(*lead, d, generator=g)
-    h_prev = h + scale * 0.5 * torch.randn(*lead, d, generator=g)
-    targets = torch.randint(0, V, lead, generator=g)
-    targets.view(-1)[::5] = -1
-    return h.to(dtype), W.to(dtype), targets, h_prev.to(dtype)
-
-
-def assert_stats_close(actual, expected, dtype=torch.float32):
-    atol, rtol = TOL[dtype]
-    for name in FLOAT_FIELDS:
-        a, e = getattr(actual, name), getattr(expected, name)
-        assert (a is None) == (e is None), name
-        if e is not None:
-            assert a.dtype == torch.float32 and a.shape == e.shape, name
-            torch.testing.assert_close(a, e, atol=atol, rtol=rtol, equal_nan=True, msg=name)
-    assert torch.equal(actual.argmax, expected.argmax)
-    assert actual.argmax.dtype == torch.int64
 
 
 @pytest.mark.parametrize("T,d,V,splits", [

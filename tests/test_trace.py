@@ -5,16 +5,10 @@ import torch
 import torch.nn.functional as F
 
 import recur_core.trace as trace_mod
-from recur_core import load_checkpoint
 from recur_core.cache import TraceCache, trace_key
 from recur_core.trace import NO_TARGET, TRACE_FORMAT_VERSION, noise_seed, trace
 
 LOOPS = 5
-
-
-@pytest.fixture(scope="module")
-def ckpt(tiny_ckpt):
-    return load_checkpoint(tiny_ckpt)
 
 
 @pytest.fixture(scope="module")

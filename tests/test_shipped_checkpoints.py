@@ -44,11 +44,12 @@ def test_elasticity_and_convergence(shipped):
     assert loss[0] - loss[r_bar - 1] > 0.02
 
 
-def test_saturation_claims_of_the_readmes():
-    """Both checkpoints are flat from 4 to 8 loops: demo (r_bar 4) agrees with saturation at the
-    training mean, demo-r8 (r_bar 8) disagrees, and its README says so."""
+def test_saturation_verdict_of_the_readme_matches_the_numbers():
+    """demo-r8's README says whether the pair agrees with saturation at the training mean (flat from
+    4 to 8 loops at r̄ 4, still falling at r̄ 8), and that verdict follows from the measured cards."""
     loss = {name: json.loads((CHECKPOINTS / name / "card.json").read_text())["measured"]["loss"]
             for name in ("demo", "demo-r8")}
-    assert abs(loss["demo"][7] - loss["demo"][3]) <= 0.01
-    assert loss["demo-r8"][7] >= loss["demo-r8"][3]
-    assert "**disagrees**" in (CHECKPOINTS / "demo-r8" / "README.md").read_text()
+    agrees = abs(loss["demo"][7] - loss["demo"][3]) <= 0.01 and loss["demo-r8"][7] < loss["demo-r8"][3]
+    readme = (CHECKPOINTS / "demo-r8" / "README.md").read_text()
+    assert ("**agrees**" if agrees else "**disagrees**") in readme
+    assert ("**disagrees**" if agrees else "**agrees**") not in readme

@@ -80,7 +80,29 @@ def criteria_table(c: dict, r_bar: int) -> str:
     return "## Against the shipping criteria\n\n" + "\n".join(lines)
 
 
-def card(name: str, meta: dict, m: dict, c: dict, command: str, machine: str) -> str:
+def saturation_section(name: str, loss: list[float], r_bar: int, other: str, other_loss: list[float],
+                       other_r_bar: int) -> str:
+    """The paper's hypothesis (useful depth saturates at the training mean r̄), tested on this
+    checkpoint and one trained with another r̄: it agrees when the smaller-r̄ model is flat from its
+    r̄ to the larger r̄ (within 0.01 nats) while the larger-r̄ model still gains over that span."""
+    if r_bar == other_r_bar:
+        raise ValueError(f"the saturation test needs two training means; both have r̄ {r_bar}")
+    (lo_name, lo, lo_rb), (hi_name, hi, hi_rb) = sorted(
+        [(name, loss, r_bar), (other, other_loss, other_r_bar)], key=lambda t: t[2])
+    lo_change, hi_change = lo[hi_rb - 1] - lo[lo_rb - 1], hi[hi_rb - 1] - hi[lo_rb - 1]
+    agrees = abs(lo_change) <= 0.01 and hi_change < 0
+    verdict = "agrees" if agrees else "disagrees"
+    return f"""## The saturation hypothesis
+
+The paper's hypothesis is that useful depth saturates at the training mean r̄. Measured on the same
+128 eval windows, the pair `{lo_name}` (r̄ {lo_rb}) / `{hi_name}` (r̄ {hi_rb}) **{verdict}** with it: from
+{lo_rb} to {hi_rb} loops the loss changes by {lo_change:+.4f} nats at r̄ {lo_rb} and by {hi_change:+.4f} nats at r̄ {hi_rb}
+(the hypothesis expects about 0 and below 0). The fall from 1 to {lo_rb} loops is {lo[0] - lo[lo_rb - 1]:.4f} nats
+at r̄ {lo_rb} and {hi[0] - hi[lo_rb - 1]:.4f} nats at r̄ {hi_rb}; at 1 loop they score {lo[0]:.4f} and {hi[0]:.4f} nats.
+"""
+
+
+def card(name: str, meta: dict, m: dict, c: dict, command: str, machine: str, saturation: str = "") -> str:
     rb = round(meta["recipe"]["r_bar"])
     rows = "\n".join(f"| {i + 1} | {m['loss'][i]:.4f} [{m['loss_ci_low'][i]:.4f}, {m['loss_ci_high'][i]:.4f}] "
                      f"| {m['bits_per_byte'][i]:.4f} | {m['mean_kl_prev'][i]:.2e} | {m['frac_moving'][i]:.3f} |"
@@ -119,6 +141,7 @@ seed 0, 95% bootstrap intervals over windows). {m['bytes_per_token']:.3f} bytes 
 
 {criteria_table(c, rb)}
 
+{saturation}
 ## License
 
 The weights are ours; the eval and probe windows (`eval_windows.safetensors`,
@@ -127,16 +150,23 @@ stay under **CDLA-Sharing-1.0**, the license of `roneneldan/TinyStories`.
 """
 
 
-def export(src: Path, dst: Path, command: str, machine: str) -> dict:
+def export(src: Path, dst: Path, command: str, machine: str, compare: Path | None = None) -> dict:
+    """compare: a shipped checkpoint trained with another r̄, for the saturation section."""
     ckpt = load_checkpoint(src)
     meta = {**ckpt.meta, "vocab_size": ckpt.config.vocab_size}
     m = measure(src)
-    c = checks(m, round(meta["recipe"]["r_bar"]))
+    rb = round(meta["recipe"]["r_bar"])
+    c = checks(m, rb)
+    saturation = ""
+    if compare is not None:
+        other = json.loads((compare / "card.json").read_text())["measured"]["loss"]
+        other_rb = round(load_checkpoint(compare).meta["recipe"]["r_bar"])
+        saturation = saturation_section(dst.name, m["loss"], rb, compare.name, other, other_rb)
 
     def write(tmp: Path):
         for name in SHIPPED_FILES:
             shutil.copyfile(src / name, tmp / name)
-        (tmp / "README.md").write_text(card(dst.name, meta, m, c, command, machine))
+        (tmp / "README.md").write_text(card(dst.name, meta, m, c, command, machine, saturation))
         (tmp / "card.json").write_text(json.dumps({"measured": m, "checks": c}, indent=2) + "\n")
 
     atomic_write_dir(dst, write)
@@ -149,8 +179,10 @@ def main(argv=None):
     p.add_argument("dst", type=Path)
     p.add_argument("--command", required=True, help="the exact training command, for the card")
     p.add_argument("--machine", default="2 CPU cores (AMD EPYC, AVX-512 bf16), 1 torch thread")
+    p.add_argument("--compare", type=Path, help="a shipped checkpoint trained with another r̄: adds the "
+                                                "saturation-hypothesis section to the card")
     args = p.parse_args(argv)
-    print(json.dumps(export(args.src, args.dst, args.command, args.machine), indent=2))
+    print(json.dumps(export(args.src, args.dst, args.command, args.machine, args.compare), indent=2))
 
 
 if __name__ == "__main__":

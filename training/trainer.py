@@ -301,19 +301,26 @@ class Trainer:
     def _periodic(self) -> None:
         cfg = self.cfg
         if self.is_main and self.step % cfg.eval_every == 0:
-            loss_rbar = self.run_eval(cfg.eval_windows)[round(cfg.r_bar)]
-            if loss_rbar < self.best_eval:
-                self.best_eval = loss_rbar
-                self.save("best")
+            self._eval_for_best()
         if self.step % cfg.ckpt_every == 0:
             self.save("latest")
         if self.world > 1:
             dist.barrier()
 
+    def _eval_for_best(self) -> None:
+        """The periodic eval (cfg.eval_windows windows); a new lowest loss at r_bar saves best/."""
+        loss_rbar = self.run_eval(self.cfg.eval_windows)[round(self.cfg.r_bar)]
+        if loss_rbar < self.best_eval:
+            self.best_eval = loss_rbar
+            self.save("best")
+
     def _finish(self) -> None:
-        """Final (or interrupted) save; the final eval uses all saved eval windows."""
+        """Final (or interrupted) save. The final weights (learning rate fully decayed) also compete
+        for best/ on the periodic eval's windows; the final eval then uses all saved eval windows."""
         done = self.step >= self.total_steps
         if self.is_main and done:
+            if self.step % self.cfg.eval_every:
+                self._eval_for_best()
             self.run_eval(len(self.eval_windows))
         self.save("latest")
         if self.is_main and done and not (self.out / "best").exists():

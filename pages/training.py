@@ -29,8 +29,15 @@ with right:
     charts.show(charts.line(train, "step", "r", "Sampled recursion depth r per logged step", "step", "r [loops]",
                             color="#f58518", mode="markers"), "sampled_r", key="sampled_r")
     if not evals.empty:
-        charts.show(charts.line(evals, "tokens", "loss", "Eval loss by depth over training", "tokens",
+        n_periodic = int(evals["windows"].iloc[0])  # the periodic evals' window count; a final eval uses all
+        periodic, final = evals[evals["windows"] == n_periodic], evals[evals["windows"] != n_periodic]
+        charts.show(charts.line(periodic, "tokens", "loss", "Eval loss by depth over training", "tokens",
                                 "loss [nats/token]", group="depth"), "eval_by_depth", key="eval_by_depth")
+        st.caption(f"Periodic evals on {n_periodic} validation windows.")
+        if not final.empty:
+            last = final[final["step"] == final["step"].max()]
+            st.caption(f"Final eval on all {int(last['windows'].iloc[0])} saved windows (step {int(last['step'].iloc[0])}): "
+                       + ", ".join(f"{d} loops {v:.3f}" for d, v in zip(last["depth"], last["loss"])) + " nats.")
     else:
         st.info("No eval events in the log yet.")
 with st.expander("Log tables"):

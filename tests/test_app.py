@@ -6,6 +6,7 @@ computed here independently; Plotly figures through their JSON specs.
 """
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
@@ -265,11 +266,23 @@ def test_elasticity_page(app_env):
     assert any("r̄" in str(t.get("text", "")) for t in fig["data"])  # r_bar marked
 
 
+def plotly_values(v) -> list:
+    """A trace's values from the figure JSON (plotly writes numeric arrays as base64 "bdata")."""
+    if isinstance(v, dict):
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"]).tolist()
+    return list(v)
+
+
 def test_training_page(app_env):
     at = goto(new_app(), "training")
     titles = [f["layout"]["title"]["text"] for f in figures(at)]
     assert "Training loss" in titles and "Eval loss by depth over training" in titles
     assert any(m.label == "Steps" for m in at.metric)
+    # the tiny run evals 8 windows at steps 20, 40, 60, then all 128 at step 60: only the periodic
+    # ones are drawn as curves, the final one is stated beside them
+    evals = next(f for f in figures(at) if f["layout"]["title"]["text"] == "Eval loss by depth over training")
+    assert all(len(plotly_values(trace["x"])) == 3 for trace in evals["data"])
+    assert any("Final eval on all 128 saved windows (step 60)" in c.value for c in at.caption)
 
 
 @pytest.mark.parametrize("page", PAGES)

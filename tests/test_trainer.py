@@ -37,6 +37,17 @@ def test_short_run_loss_falls_and_checkpoint_is_complete(tiny_ckpt):
     assert load_checkpoint(tiny_ckpt.parent / "best").meta["best_eval_r_bar"] <= ckpt.meta["best_eval_r_bar"]
 
 
+def test_final_weights_compete_for_best(tmp_path):
+    """30 steps with an eval every 20: the final step gets the periodic eval too, best/ holds the
+    step with the lowest of those losses at r_bar, and the last eval uses all 128 windows."""
+    run = make_tiny_checkpoint(tmp_path, steps=30).parent
+    evals = [r for r in metrics(run) if r["event"] == "eval"]
+    periodic = {r["step"]: r["loss_by_depth"]["3"] for r in evals if r["windows"] == 8}
+    assert sorted(periodic) == [20, 30]
+    assert load_checkpoint(run / "best").meta["step"] == min(periodic, key=periodic.get)
+    assert evals[-1]["step"] == 30 and evals[-1]["windows"] == 128
+
+
 def test_warmup_then_cosine_schedule():
     cfg = PRESETS["demo"].with_overrides({"warmup_steps": "10", "lr": "1.0", "min_lr_ratio": "0.1"})
     assert lr_at(0, cfg, 100) == pytest.approx(0.1)

@@ -343,7 +343,8 @@ def elasticity(path: str, ckpt_id: str, device: str) -> dict:
 # -- training log -----------------------------------------------------------------------------------
 @st.cache_data(max_entries=16, show_spinner=False)
 def training_log(path: str, stamp: str) -> dict[str, pd.DataFrame]:
-    """The checkpoint's metrics.jsonl as data frames: "train" rows and "eval" loss by depth (long)."""
+    """The checkpoint's metrics.jsonl as data frames: "train" rows and "eval" loss by depth (long),
+    with the number of eval windows (periodic evals use a few, the final eval all saved windows)."""
     file = Path(path) / "metrics.jsonl"
     train, evals, bad = [], [], 0
     for line in file.read_text().splitlines():
@@ -359,7 +360,7 @@ def training_log(path: str, stamp: str) -> dict[str, pd.DataFrame]:
         elif rec.get("event") == "eval":
             for depth, loss in (rec.get("loss_by_depth") or {}).items():
                 evals.append({"step": rec.get("step"), "tokens": rec.get("tokens"), "depth": int(depth),
-                              "loss": loss})
+                              "loss": loss, "windows": rec.get("windows", 0)})
     return {"train": pd.DataFrame(train), "eval": pd.DataFrame(evals), "bad_lines": bad}
 
 

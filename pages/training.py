@@ -14,7 +14,7 @@ if log["bad_lines"]:
     st.warning(f"{log['bad_lines']} unreadable line(s) in metrics.jsonl were skipped.")
 meta = m.meta
 c = st.columns(4)
-c[0].metric("Steps", f"{int(train['step'].max()):,}")
+c[0].metric("Steps", f"{int(meta.get('step', train['step'].max())):,}")
 c[1].metric("Tokens trained", f"{int(meta.get('tokens_seen', train['tokens'].max())):,}")
 c[2].metric("Last train loss", f"{train['loss'].iloc[-1]:.3f} nats")
 c[3].metric("Wall time", f"{meta.get('wall_seconds', float('nan')) / 60:.1f} min")

@@ -119,7 +119,8 @@ r_max {meta['recipe']['r_max']}, backprop depth k {meta['recipe']['k']}, σ {met
 - **Data**: {meta['data']}.
 - **Training**: {meta['tokens_seen']:,} tokens ({meta['step']} steps, {meta['epochs']:.2f} epochs) in
   {meta['wall_seconds'] / 60:.0f} minutes on {machine}. This is the run's `best/` checkpoint
-  (lowest validation loss at r̄ on 32 eval windows, checked every {tc['eval_every']} steps).
+  (lowest validation loss at r̄ on {tc['eval_windows']} eval windows, checked every {tc['eval_every']} steps and
+  at the last step).
 - **Reproduce**: `{command}`
 - **Checkpoint id**: `{meta['checkpoint_id']}` (code revision {meta['code_revision']}).
 

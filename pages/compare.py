@@ -9,10 +9,7 @@ st.title("Compare policies")
 st.caption("The same text under the three depth-allocation policies (fast path on one uniform trace). "
            "Set each policy's knob; the strips show where each one stops every token.")
 
-text = state.text_form("compare_form")
-enc = state.encoded_text(m, text)
-if enc is None:
-    st.stop()
+enc = state.pasted_text(m, "compare_form")
 tr = compute.text_trace(*m.key, enc.ids, True)
 prb = compute.probes(*m.key)
 st.html(legend_html(m.r_max))

@@ -10,10 +10,7 @@ st.caption("Every token is coloured by its **A1 exit depth**: the first loop i a
            "drops below ε, after which the token is frozen. Hover a token for its depth, final KL and top "
            "prediction; pick one below to drill in.")
 
-text = state.text_form("exits_form")
-enc = state.encoded_text(m, text)
-if enc is None:
-    st.stop()
+enc = state.pasted_text(m, "exits_form")
 tr = compute.text_trace(*m.key, enc.ids, False)
 
 eps = state.eps_slider("exits")

@@ -147,6 +147,15 @@ def encoded_text(model: compute.Model, text: str | None = None) -> Encoded | Non
     return enc
 
 
+def pasted_text(model: compute.Model, form_key: str) -> Encoded:
+    """The text form and its encoding, for pages that analyse the pasted text; stops the page
+    (after the hint) while there is no text to analyse."""
+    enc = encoded_text(model, text_form(form_key))
+    if enc is None:
+        st.stop()
+    return enc
+
+
 # -- shared controls ------------------------------------------------------------------------------------
 def _share_eps(widget_key: str) -> None:
     st.session_state["eps_log10"] = st.session_state[widget_key]

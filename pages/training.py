@@ -29,11 +29,15 @@ with right:
     charts.show(charts.line(train, "step", "r", "Sampled recursion depth r per logged step", "step", "r [loops]",
                             color="#f58518", mode="markers"), "sampled_r", key="sampled_r")
     if not evals.empty:
-        n_periodic = int(evals["windows"].iloc[0])  # the periodic evals' window count; a final eval uses all
-        periodic, final = evals[evals["windows"] == n_periodic], evals[evals["windows"] != n_periodic]
+        periodic, final = evals[evals["periodic"]], evals[~evals["periodic"]]
         charts.show(charts.line(periodic, "tokens", "loss", "Eval loss by depth over training", "tokens",
                                 "loss [nats/token]", group="depth"), "eval_by_depth", key="eval_by_depth")
-        st.caption(f"Periodic evals on {n_periodic} validation windows.")
+        if not periodic.empty:
+            n_periodic = int(periodic["windows"].iloc[0])
+            st.caption(f"Periodic evals on {n_periodic} validation windows; they choose `best/`. " + (
+                "These selection windows are disjoint from the saved eval windows that every analysis uses."
+                if (periodic["split"] == "select").all() else
+                f"(An older run: they were the first {n_periodic} of the saved eval windows, which are also analysed.)"))
         if not final.empty:
             last = final[final["step"] == final["step"].max()]
             st.caption(f"Final eval on all {int(last['windows'].iloc[0])} saved windows (step {int(last['step'].iloc[0])}): "

@@ -268,8 +268,8 @@ def default_max_loops(policy, ckpt: Checkpoint | None, max_loops: int | None) ->
         return int(max_loops)
     if getattr(policy, "r_max", None) is not None:
         return int(policy.r_max)
-    if ckpt is not None and "r_max" in ckpt.meta.get("recipe", {}):
-        return int(ckpt.meta["recipe"]["r_max"])
+    if ckpt is not None:
+        return ckpt.recipe.r_max
     raise ValueError("pass max_loops (a bare model has no recipe r_max)")
 
 
@@ -687,9 +687,6 @@ class Drift:
     kl_max: float
     argmax_agree: float  # fraction of tokens whose argmax is unchanged
     max_abs_logit: float
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
 
 
 def logit_drift(kept: Tensor, reference: Tensor, mask: Tensor | None = None) -> Drift:

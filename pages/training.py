@@ -18,6 +18,9 @@ c[0].metric("Steps", f"{int(meta.get('step', train['step'].max())):,}")
 c[1].metric("Tokens trained", f"{int(meta.get('tokens_seen', train['tokens'].max())):,}")
 c[2].metric("Last train loss", f"{train['loss'].iloc[-1]:.3f} nats")
 c[3].metric("Wall time", f"{meta.get('wall_seconds', float('nan')) / 60:.1f} min")
+st.caption(f"Recipe: {m.recipe.describe()}. `best/` chosen on "
+           + (meta["best_selected_on"] if meta.get("best_selected_on") else
+              "the first periodic-eval windows of the saved eval windows (a run older than disjoint selection)") + ".")
 
 left, right = st.columns(2)
 with left:

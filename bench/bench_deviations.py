@@ -68,7 +68,8 @@ def mean_loss(model, windows, init, seed: int, depths=(1, 2, 4, 8), batch=16) ->
         for i in range(1, max(depths) + 1):
             state = model.core_step(state, e)
             if i in total:
-                total[i] += F.cross_entropy(model.readout(state).float().flatten(0, 1), y.flatten(), reduction="sum").item()
+                logits = model.readout(state).float().flatten(0, 1)
+                total[i] += F.cross_entropy(logits, y.flatten(), reduction="sum").item()
         n += y.numel()
     return {d: v / n for d, v in total.items()}
 

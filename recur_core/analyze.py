@@ -82,7 +82,8 @@ def main(argv=None) -> dict:
     class_eps = operating_threshold(alloc["curves"]["A1"], a0_rbar_loss, MOVING_KL)
     report = {
         "checkpoint": {"path": str(Path(args.checkpoint).resolve()), "checkpoint_id": ckpt.checkpoint_id,
-                       "recipe": recipe.to_meta(), "recipe_defaulted": list(recipe.defaulted), "step": ckpt.meta.get("step"), "n_params": ckpt.model.num_params()},
+                       "recipe": recipe.to_meta(), "recipe_defaulted": list(recipe.defaulted),
+                       "step": ckpt.meta.get("step"), "n_params": ckpt.model.num_params()},
         "settings": {**SETTINGS.as_dict(), "windows": tr.n_windows, "seq_len": tr.seq_len, "max_loops": max_loops,
                      "seed": args.seed, "r_max": r_max, "r_bar": r_bar, "n_boot": args.n_boot, "ci_level": boot.level,
                      "label_eps": args.label_eps, "device": args.device, "path": "fast"},

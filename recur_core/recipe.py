@@ -63,4 +63,6 @@ class Recipe:
         """One line for cards and captions, naming the fields the fallback rule filled."""
         text = (f"r̄ {self.r_bar:g}, r_max {self.r_max}, backprop depth k {self.k}, σ {self.sigma:g}, "
                 f"sampler mean {self.sampler_mean!r}")
-        return text + (f" ({', '.join(self.defaulted)}: not in meta.json, by the fallback rule)" if self.defaulted else "")
+        if self.defaulted:
+            text += f" ({', '.join(self.defaulted)}: not in meta.json, by the fallback rule)"
+        return text

@@ -54,7 +54,8 @@ def test_hub_check_answers_within_its_timeout(monkeypatch):
 
 
 def test_a_missing_local_file_is_not_mistaken_for_a_hub_id(tmp_path):
-    out = run_cli(["s1", "--data", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "run")], {"HF_HUB_OFFLINE": "1"})
+    out = run_cli(["s1", "--data", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "run")],
+                  {"HF_HUB_OFFLINE": "1"})
     assert out.returncode != 0 and "nope.jsonl: no such file" in out.stderr and "Traceback" not in out.stderr
 
 

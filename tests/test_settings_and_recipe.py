@@ -66,8 +66,8 @@ def test_the_cli_and_the_app_take_their_defaults_from_settings():
 
 def test_app_headline_figures_equal_report_json_on_the_demo_checkpoint(tmp_path, monkeypatch):
     """analyze and the app on checkpoints/demo with the same settings (16 windows, 8 probe windows and
-    200 bootstrap replicates, to keep the test short): elasticity, convergence and every allocation figure (curves, matched-depth table, loops
-    to match A0 at r̄) are equal."""
+    200 bootstrap replicates, to keep the test short): elasticity, convergence and every allocation
+    figure (curves, matched-depth table, loops to match A0 at r̄) are equal."""
     from recur_core import analyze
     from recur_core.analysis import json_safe
     from ui import compute

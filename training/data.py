@@ -43,7 +43,7 @@ class HubUnreachable(DataError):
 def hub_reachable() -> str | None:
     """None when the hub answers within a few seconds, else why not. One quick request instead of
     the hub clients' own retries (about 30 s before a raw ConnectionError)."""
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0") or os.environ.get("HF_DATASETS_OFFLINE", "0") not in ("", "0"):
+    if any(os.environ.get(flag, "0") not in ("", "0") for flag in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
         return "HF_HUB_OFFLINE / HF_DATASETS_OFFLINE is set"
     import requests
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")

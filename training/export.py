@@ -150,9 +150,10 @@ def data_section(meta: dict) -> tuple[str, str]:
     licenses = sorted({(s.dataset.split(",")[0], s.license) for s in sources})
     if licenses:
         named = "; ".join(f"{d}: **{lic}**" for d, lic in licenses)
+        tokenizer = " and the tokenizer" if str(meta.get("tokenizer", "")).startswith("bpe:") else ""
         license_text = (f"The weights are ours; the eval and probe windows (`eval_windows.safetensors`, "
-                        f"`probe_windows.safetensors`){' and the tokenizer' if str(meta.get('tokenizer', '')).startswith('bpe:') else ''} "
-                        f"are derived from the data above and stay under its license ({named}).")
+                        f"`probe_windows.safetensors`){tokenizer} are derived from the data above and stay under "
+                        f"its license ({named}).")
     else:
         license_text = ("The weights are ours; the data's source was not recorded, so the license of the eval and "
                         "probe windows is that of the data the run was given.")

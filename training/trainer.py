@@ -159,8 +159,8 @@ class Trainer:
         window_len = cfg.seq_len + 1
         make_train = lambda: pack_windows(self.data.train_docs(), self.tokenizer, window_len, eos)
         self.eval_windows, self.select_windows = self._validation_windows(window_len, eos)
-        self.data_files = [file_record(f, role) for role, spec in (("train", self.data.train), ("validation", self.data.val))
-                           if spec for f in (local_files(spec) or [])]
+        sources = (("train", self.data.train), ("validation", self.data.val))
+        self.data_files = [file_record(f, role) for role, spec in sources if spec for f in (local_files(spec) or [])]
         self.probe_windows = take_windows(make_train(), N_SAVED_WINDOWS)
         if local_files(self.data.train) is not None:
             self.train_windows = ShuffledWindows(take_windows(make_train(), 2 ** 62), cfg.seed)
@@ -227,7 +227,8 @@ class Trainer:
             "recipe": cfg.recipe().to_meta(),
             "best_selected_on": f"{cfg.eval_windows} validation windows after the {N_SAVED_WINDOWS} saved eval "
                                 "windows (disjoint from them)",
-            "data": self.data.describe(), "data_files": self.data_files, "tokenizer": cfg.tokenizer, "code_revision": code_revision(),
+            "data": self.data.describe(), "data_files": self.data_files, "tokenizer": cfg.tokenizer,
+            "code_revision": code_revision(),
             "last_eval": {str(d): v for d, v in self.last_eval.items()}, "best_eval_r_bar": self.best_eval,
             "epochs": self.train_windows.epoch, "wall_seconds": round(self.wall_s, 1),
             "n_params": self.model.num_params(), "world_size": self.world,

@@ -203,7 +203,14 @@ def stored_dtype(files: dict[str, list[str]], path: Path) -> torch.dtype:
 
 # -- memory ---------------------------------------------------------------------------------------
 def available_bytes(device: torch.device) -> int:
-    """Free memory on the device: MemAvailable for the CPU, free CUDA memory for a GPU."""
+    """Free memory on the device: MemAvailable for the CPU, free CUDA memory for a GPU; at most
+    $RECUR_MEMORY_LIMIT bytes when that is set (to keep a shared machine's headroom)."""
+    free = _free_bytes(device)
+    limit = os.environ.get("RECUR_MEMORY_LIMIT")
+    return min(free, int(float(limit))) if limit else free
+
+
+def _free_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
     try:
@@ -267,6 +274,21 @@ def read_config(path: Path) -> tuple[ModelConfig, dict, dict]:
         raise CheckpointError(f"{path / CONFIG}: unreadable ({err})") from err
     cfg, recipe = huginn_config(hf, str(path / CONFIG))
     return cfg, recipe, hf
+
+
+def describe_folder(path: str | Path, device: str | torch.device = "cpu") -> dict:
+    """What a Huginn folder holds, from config.json and the safetensors headers only (no weights
+    read): format, name, recipe, n_params, dtype as stored, the weights' bytes on disk, the memory
+    estimate and the free memory of `device`. Raises CheckpointError for an unusable folder."""
+    path = Path(path)
+    cfg, recipe, hf = read_config(path)
+    files = weight_files(path)
+    dtype = stored_dtype(files, path)
+    est = memory_estimate(cfg, dtype)
+    return {"format": MODEL_TYPE, "preset": "huginn", "name": hf.get("name") or path.name, "recipe": recipe,
+            "n_params": est["n_params"], "dtype": str(dtype).removeprefix("torch."),
+            "weights_bytes": sum((path / f).stat().st_size for f in files), "memory_estimate": est,
+            "free_bytes": available_bytes(torch.device(device))}
 
 
 def load_huginn(path: str | Path, device: str | torch.device = "cpu", dtype=None,

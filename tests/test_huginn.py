@@ -5,6 +5,7 @@ code in the hub's format, with that code's logits after r = 1..32 loops from a z
 initial state. No transformers and no ../shared needed.
 """
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -235,3 +236,55 @@ def test_windows_from_a_text(tmp_path):
     assert ev.shape[1] == pr.shape[1] == 17 and ev.shape[0] >= 1 and pr.shape[0] >= 1
     with pytest.raises(CheckpointError, match="at least 2 windows"):
         ck.use_text("tiny", seq_len=16)
+
+
+# -- the app ----------------------------------------------------------------------------------------
+def _app(monkeypatch, tmp_path, **env):
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+    st.cache_resource.clear()  # a model another test loaded stays cached in this process
+    monkeypatch.delenv("RECUR_CHECKPOINT", raising=False)
+    monkeypatch.delenv("RECUR_CHECKPOINTS", raising=False)
+    monkeypatch.setenv("RECUR_SHIPPED", str(tmp_path / "none"))
+    monkeypatch.setenv("RECUR_CACHE_DIR", str(tmp_path / "cache"))
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    at = AppTest.from_file("../app.py", default_timeout=300)
+    at.run()
+    at.text_input(key="typed_path_input").input(str(FIXTURE)).run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def test_app_opens_the_fixture_folder_and_draws_the_token_strip(monkeypatch, tmp_path):
+    at = _app(monkeypatch, tmp_path)
+    picker = at.selectbox(key="checkpoint_path")
+    assert picker.value == str(FIXTURE.resolve())
+    assert "params · float32" in picker.format_func(picker.value)
+    assert any("on disk · needs ≈" in c.value and "on cpu" in c.value for c in at.sidebar.caption)
+    bodies = [el.proto.body for el in at.html if 'data-testid="token-strip"' in el.proto.body]
+    assert len(bodies) == 1
+    ck = load_checkpoint(FIXTURE)
+    ids = ck.tokenizer().encode(at.session_state["text"]).ids[:ck.config.max_seq_len]  # the app truncates
+    depths = [int(d) for d in re.findall(r'data-testid="token" data-pos="\d+" data-depth="(\d+)"', bodies[0])]
+    r_max = ck.meta["recipe"]["r_max"]
+    expected = ConvergenceExit(1e-3, r_max=r_max).exit_depth(trace(ck, np.array(ids), 32, seed=0, cache=False))
+    assert depths == expected[0].tolist()
+
+
+def test_app_explains_a_model_too_large(monkeypatch, tmp_path):
+    at = _app(monkeypatch, tmp_path, RECUR_MEMORY_LIMIT="100000")
+    assert any("too large for this machine" in e.value for e in at.error)
+    assert any("too large" in c.value for c in at.sidebar.caption)
+
+
+def test_analyze_cli_takes_windows_from_a_text(tmp_path):
+    from recur_core.analyze import main
+    text = tmp_path / "text.txt"
+    text.write_text("The little dog ran to the park, and the cat sat on the warm wall in the sun. " * 10)
+    report = main([str(FIXTURE), "--text", str(text), "--seq-len", "24", "--windows", "4", "--max-loops", "6",
+                   "--n-boot", "20", "--probe-windows", "4", "--probe-tokens", "16", "--dtype", "float32",
+                   "--out", str(tmp_path / "report"), "--cache-dir", str(tmp_path / "cache")])
+    assert report["settings"]["windows"] == 4 and report["settings"]["seq_len"] == 24
+    assert report["checkpoint"]["checkpoint_id"] == load_checkpoint(FIXTURE).checkpoint_id
+    assert len(report["elasticity"]["loss"]) == 6

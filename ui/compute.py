@@ -58,6 +58,7 @@ class Model:
     n_params: int
     vocab_size: int
     id_mismatch: str | None = None  # set when meta.json's id is not the weights' hash
+    has_windows: bool = True  # False for folders that ship no eval windows (Huginn): pasted text only
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -107,7 +108,8 @@ def open_model(path: str, device: str) -> Model:
     return Model(path=path, checkpoint_id=ckpt.checkpoint_id, device=device, meta=ckpt.meta,
                  r_max=loops_max, r_bar=max(1, min(round(float(recipe.get("r_bar", loops_max))), loops_max)),
                  loops=max(MIN_TRACE_LOOPS, loops_max), max_seq_len=ckpt.config.max_seq_len,
-                 n_params=ckpt.model.num_params(), vocab_size=ckpt.config.vocab_size, id_mismatch=mismatch)
+                 n_params=ckpt.model.num_params(), vocab_size=ckpt.config.vocab_size, id_mismatch=mismatch,
+                 has_windows=(Path(path) / "eval_windows.safetensors").is_file())
 
 
 def _ckpt(path: str, ckpt_id: str, device: str):

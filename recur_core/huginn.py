@@ -188,9 +188,12 @@ def _open(file: Path):
         raise CheckpointError(f"{file}: not a readable safetensors file (truncated or corrupt?): {err}") from err
 
 
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+
+
 def stored_dtype(files: dict[str, list[str]], path: Path) -> torch.dtype:
     """The dtype the embedding is stored in (config.json's torch_dtype can be wrong)."""
-    names = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+    names = {code: dtype for dtype, code in _SAFETENSORS_DTYPES.items()}
     for file, tensors in files.items():
         with _open(path / file) as f:
             if "transformer.wte.weight" in f.keys():
@@ -343,7 +346,11 @@ def _read_weights(path: Path, files: dict[str, list[str]], cfg: ModelConfig, dty
                 if shape != shapes[name]:
                     raise CheckpointError(f"{path / file}: {name} has shape {shape} in the weights, "
                                           f"{shapes[name]} expected from config.json")
-                t = f.get_tensor(name).to(device=device, dtype=dtype)
+                if f.get_slice(name).get_dtype() == _SAFETENSORS_DTYPES[dtype] and device.type == "cpu":
+                    t = f.get_tensor(name)  # a lazily mapped view of the file: no copy
+                else:  # converted alone, from its own short-lived mapping, so the source pages go
+                    with _open(path / file) as one:
+                        t = one.get_tensor(name).to(device=device, dtype=dtype)
                 state.update(huginn_tensors(name, t, cfg))
                 seen.add(name)
     missing = sorted(set(shapes) - seen)

@@ -19,7 +19,9 @@
     which the readout multiplies together), the achieved FLOP rate, and the fraction of the matmul
     peak measured in the same run (best of 5 float32 2048^3 torch.mm, same threads).
 
-    python bench/bench_huginn.py [--skip-load] [--skip-trace] [--loops 32] [--tokens 256]
+    python bench/bench_huginn.py [--skip-load] [--skip-trace] [--loops 32] [--tokens 256] [--threads N]
+On a shared, loaded 2-core machine --threads 1 is the stable figure: with 2 threads every small op
+pays thread-synchronisation latency whenever another process holds a core.
 Last line: a JSON object with the figures.
 """
 from __future__ import annotations
@@ -156,7 +158,10 @@ def main():
     p.add_argument("--skip-trace", action="store_true")
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--loops", type=int, default=32)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.child:
         print(json.dumps(measure_load(*args.child)))
         return

@@ -24,7 +24,8 @@ import streamlit as st
 from recur_core import CheckpointError, load_checkpoint
 from recur_core import analysis
 from recur_core.cache import TraceCache
-from recur_core.policies import ConvergenceExit, LinearRouter, Uniform
+from recur_core.policies import (ArgmaxStable, ConvergenceExit, CosineExit, EntropyDiff, LatentDiff, LinearRouter,
+                                 ReverseKLExit, Uniform)
 from recur_core.probe import load_or_train_probes
 from recur_core.stats import Bootstrap
 from recur_core.trace import Trace, trace
@@ -72,6 +73,8 @@ class Model:
 # -- checkpoints ------------------------------------------------------------------------------------
 def weights_stamp(path: str) -> str:
     f = Path(path) / "model.safetensors"
+    if not f.exists() and (Path(path) / "model.safetensors.index.json").exists():  # sharded (Huginn)
+        f = Path(path) / "model.safetensors.index.json"
     try:
         s = f.stat()
     except OSError:
@@ -228,6 +231,20 @@ def a1(eps: float, r_max: int) -> ConvergenceExit:
 
 def a2(path: str, ckpt_id: str, device: str, kind: str, tau: float, r_max: int) -> LinearRouter:
     return LinearRouter(probes(path, ckpt_id, device)[kind], tau, r_max=r_max)
+
+
+# Huginn's exit criteria: (policy class, its knob's label, Huginn's "auto" threshold)
+HUGINN_CRITERIA = {
+    "entropy-diff": (EntropyDiff, "δ: halt once |H(p_i) − H(p_{i−1})| < δ [nats]", 1e-3),
+    "argmax-stability": (ArgmaxStable, "n: halt once the argmax is unchanged for n loops", 5),
+    "cosine": (CosineExit, "δ: halt once 1 − cos(s_i, s_{i−1}) < δ", 1e-3),
+    "KL, Huginn's direction": (ReverseKLExit, "ε: halt once KL(p_{i−1} ‖ p_i) < ε [nats] (reverse of A1's)", 1e-3),
+    "latent-diff": (LatentDiff, "δ: halt once ‖s_i − s_{i−1}‖ / ‖s_i‖ < δ", 0.03),
+}
+
+
+def huginn_policy(name: str, threshold: float, r_max: int):
+    return HUGINN_CRITERIA[name][0](threshold, r_max=r_max)
 
 
 @dataclass

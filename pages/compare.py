@@ -31,7 +31,8 @@ with cols[2]:
         tau = st.slider("τ: halt once the predicted chance of change < τ", 0.0, 1.0, 0.5, 0.01, key="cmp_tau")
         policies.append(("A2", f"A2 {kind} τ={tau:.2f}", compute.a2(*m.key, kind, tau, m.r_max)))
     else:
-        st.info(f"A2 needs r_max ≥ 2 to train its probe (this checkpoint has r_max = {m.r_max}).")
+        st.info(f"A2 needs r_max ≥ 2 to train its probe (this checkpoint has r_max = {m.r_max})." if m.has_windows
+                else "A2's probe is trained on the checkpoint's training-side windows, and this folder ships none.")
 
 for col, (family, label, policy) in zip(cols, policies):
     with col:

@@ -288,3 +288,14 @@ def test_analyze_cli_takes_windows_from_a_text(tmp_path):
     assert report["settings"]["windows"] == 4 and report["settings"]["seq_len"] == 24
     assert report["checkpoint"]["checkpoint_id"] == load_checkpoint(FIXTURE).checkpoint_id
     assert len(report["elasticity"]["loss"]) == 6
+
+
+def test_every_page_opens_the_fixture_folder(monkeypatch, tmp_path):
+    """No eval / probe windows ship with it: pages use the pasted text, A2 and elasticity say why not."""
+    at = _app(monkeypatch, tmp_path)
+    for page in ("compare", "generate", "curve", "convergence", "classes", "elasticity", "training"):
+        at.switch_page(f"pages/{page}.py").run()
+        assert not at.exception, (page, [e.message for e in at.exception])
+        assert not at.error, (page, [e.value for e in at.error])
+    at.switch_page("pages/compare.py").run()
+    assert any("ships none" in i.value for i in at.info)

@@ -168,10 +168,11 @@ class StagedProgress(Progress):
 # -- traces -----------------------------------------------------------------------------------------
 @st.cache_resource(max_entries=6, show_spinner=False)
 def probes(path: str, ckpt_id: str, device: str) -> dict:
-    """A2's router probes (argmax and KL labels), from recur_core's probe cache or trained now."""
+    """A2's router probes (argmax and KL labels), from recur_core's probe cache or trained now; none
+    when r_max < 2 or the checkpoint ships no training-side (probe) windows to train them on."""
     ckpt = _ckpt(path, ckpt_id, device)
     r_max = int(ckpt.meta.get("recipe", {}).get("r_max", MIN_TRACE_LOOPS))
-    if r_max < 2:
+    if r_max < 2 or not (Path(path) / "probe_windows.safetensors").is_file():
         return {}
     bar = Progress("Training the A2 router probes (once per checkpoint)")
     try:

@@ -34,8 +34,22 @@ WEIGHTS, CONFIG, TOKENIZER, META = "model.safetensors", "config.json", "tokenize
 EVAL_WINDOWS, PROBE_WINDOWS, METRICS = "eval_windows.safetensors", "probe_windows.safetensors", "metrics.jsonl"
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 class CheckpointError(ValueError):
     """A checkpoint directory is missing, corrupt, or does not match its config."""
+
+
+def resolve_dtype(dtype) -> torch.dtype | None:
+    """None, a torch dtype, or a name ("bfloat16", "bf16", "float16", "fp16", "float32", ...)."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    name = str(dtype).removeprefix("torch.")
+    name = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}.get(name, name)
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    return DTYPES[name]
 
 
 @dataclass
@@ -208,7 +222,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", dtype=
     model.load_state_dict(state)
     model.to(device).eval()
     ckpt_id = checkpoint_id(config, state)
-    if dtype is not None and huginn.resolve_dtype(dtype) != torch.float32:
-        model.to(huginn.resolve_dtype(dtype))
+    if resolve_dtype(dtype) not in (None, torch.float32):
+        model.to(resolve_dtype(dtype))
         ckpt_id = checkpoint_id(config, model.state_dict())  # other weights, other traces
     return Checkpoint(path, config, model, meta, path / TOKENIZER, ckpt_id)

@@ -39,14 +39,14 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import CONFIG, TOKENIZER, Checkpoint, CheckpointError, check_state_dict, checkpoint_id
+from .checkpoint import (CONFIG, TOKENIZER, Checkpoint, CheckpointError, check_state_dict, checkpoint_id,
+                         resolve_dtype)
 from .config import ModelConfig
 from .model import LoopedLM
 
 MODEL_TYPE = "huginn_raven"
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # What the mapping covers: every other value of these config keys is refused, not guessed.
 SUPPORTED = {"block_class_name": "SandwichBlock", "norm_class_name": "RMSNorm_llama", "mlp_class_name": "GatedMLP",
              "nonlin_name": "SiLU", "injection_type": "linear", "bias": False, "state_init": "like-init"}
@@ -93,6 +93,9 @@ def huginn_config(hf: dict, where: str = "config.json") -> tuple[ModelConfig, di
         if isinstance(err, CheckpointError):
             raise
         raise CheckpointError(f"{where}: not a usable Huginn config ({type(err).__name__}: {err})") from err
+    if cfg.qk_bias and cfg.n_kv_heads != cfg.n_heads:  # the reference adds one (n_heads, hd) bias to k too
+        raise CheckpointError(f"{where}: qk_bias with {cfg.n_kv_heads} key/value heads for {cfg.n_heads} query "
+                              "heads is not supported (the reference needs them equal)")
     mean = int(hf.get("mean_recurrence", 32))
     # r_max = 2 x the mean recurrence (ours): Huginn's papers evaluate up to about twice the mean
     recipe = {"r_bar": mean, "r_max": 2 * mean, "k": hf.get("mean_backprop_depth")}
@@ -258,17 +261,6 @@ def check_fits(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, path:
 
 
 # -- loading --------------------------------------------------------------------------------------
-def resolve_dtype(dtype) -> torch.dtype | None:
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    name = str(dtype).removeprefix("torch.")
-    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
-    name = aliases.get(name, name)
-    if name not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    return DTYPES[name]
-
-
 def read_config(path: Path) -> tuple[ModelConfig, dict, dict]:
     """(ModelConfig, recipe, the raw config.json dict) of a Huginn folder."""
     try:
@@ -279,10 +271,10 @@ def read_config(path: Path) -> tuple[ModelConfig, dict, dict]:
     return cfg, recipe, hf
 
 
-def describe_folder(path: str | Path, device: str | torch.device = "cpu") -> dict:
+def describe_folder(path: str | Path) -> dict:
     """What a Huginn folder holds, from config.json and the safetensors headers only (no weights
-    read): format, name, recipe, n_params, dtype as stored, the weights' bytes on disk, the memory
-    estimate and the free memory of `device`. Raises CheckpointError for an unusable folder."""
+    read): format, name, recipe, n_params, dtype as stored, the weights' bytes on disk and the
+    memory estimate. Raises CheckpointError for an unusable folder."""
     path = Path(path)
     cfg, recipe, hf = read_config(path)
     files = weight_files(path)
@@ -290,8 +282,7 @@ def describe_folder(path: str | Path, device: str | torch.device = "cpu") -> dic
     est = memory_estimate(cfg, dtype)
     return {"format": MODEL_TYPE, "preset": "huginn", "name": hf.get("name") or path.name, "recipe": recipe,
             "n_params": est["n_params"], "dtype": str(dtype).removeprefix("torch."),
-            "weights_bytes": sum((path / f).stat().st_size for f in files), "memory_estimate": est,
-            "free_bytes": available_bytes(torch.device(device))}
+            "weights_bytes": sum((path / f).stat().st_size for f in files), "memory_estimate": est}
 
 
 def load_huginn(path: str | Path, device: str | torch.device = "cpu", dtype=None,

@@ -177,6 +177,16 @@ def test_bfloat16_on_request(huginn):
     assert (logits.float() - REF["logits_zero_state_r1"]).abs().max() < 0.2
 
 
+def test_dtype_comes_from_the_tensors_not_config_json(tmp_path):
+    folder = copy_fixture(tmp_path / "bf16", weights=False)  # its config.json says torch_dtype float32
+    tensors = load_file(str(FIXTURE / "model.safetensors"))
+    save_file({k: v.to(torch.bfloat16) for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    ck = load_checkpoint(folder)
+    assert ck.meta["dtype"] == "bfloat16"
+    assert {p.dtype for p in ck.model.parameters()} == {torch.bfloat16}
+    assert load_checkpoint(folder, dtype="float32").model.embed.weight.dtype == torch.float32
+
+
 # -- the workbench on it --------------------------------------------------------------------------
 def test_trace_and_exits_on_the_fixture(huginn, tmp_path):
     ids = REF["input_ids"].numpy()

@@ -22,7 +22,8 @@ batch (window n in `teacher_forced`, the one sequence of `generate`) uses
 `init_state(1, max_seq_len, Generator().manual_seed(noise_seed(seed, n)))[:, t]`. Sampling uses a
 separate generator seeded with `seed`, so a seeded generation repeats exactly.
 
-The caches (`LoopKVCache`), all preallocated to max_seq_len:
+The caches (`LoopKVCache`), all preallocated to max_seq_len (`generate`: to the prompt plus the new
+tokens, which keeps a large model's per-loop caches small):
   prelude   K/V per prelude layer, as in any decoder.
   core      K/V per (loop i, core layer l): the entry of position j is what layer l's attention at
             loop i reads for j. A token that ran loop i wrote its own entry there.
@@ -282,7 +283,8 @@ class Decoder:
     """One decoding session over B rows: a cache, the fused weights, and the per-step loop."""
 
     def __init__(self, model: LoopedLM, policy, *, batch: int = 1, max_loops: int, kv_rule: str = "latest",
-                 noise: Tensor, weights: DecodeWeights | None = None, check_every: int = 1):
+                 noise: Tensor, weights: DecodeWeights | None = None, check_every: int = 1,
+                 max_len: int | None = None):
         if kv_rule not in KV_RULES:
             raise ValueError(f"kv_rule must be one of {KV_RULES}, got {kv_rule!r}")
         if check_every < 1:
@@ -297,7 +299,7 @@ class Decoder:
         self.first_readout = max(0, self.min_loops - check_every) if self.needs_readout else None
         cfg = model.cfg
         dev, dtype = self.w.embed.device, self.w.embed.dtype
-        self.cache = LoopKVCache(cfg, batch, self.cap, cfg.max_seq_len, dev, dtype)
+        self.cache = LoopKVCache(cfg, batch, self.cap, max_len or cfg.max_seq_len, dev, dtype)
         self.noise = noise.to(device=dev, dtype=dtype)  # (B, max_seq_len, d)
         self.readouts = 0
 
@@ -612,7 +614,7 @@ def generate(ckpt_or_model, prompt, max_new_tokens: int, policy=None, *, kv_rule
     cap = default_max_loops(policy, ckpt, max_loops)
     policy = policy if policy is not None else Uniform(cap)
     dec = Decoder(model, policy, max_loops=cap, kv_rule=kv_rule, noise=_row_noise(model, [0], seed),
-                  weights=weights, check_every=check_every)
+                  weights=weights, check_every=check_every, max_len=len(prompt_ids) + max_new_tokens)
     sampler = torch.Generator().manual_seed(seed)
     sample = dict(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p)
     device = dec.w.embed.device

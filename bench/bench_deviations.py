@@ -12,6 +12,7 @@ Last line: one JSON object with every figure.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -46,25 +47,20 @@ def sampler_figures(draws: int) -> dict:
     return out
 
 
-def truncated_noise(model):
-    """init_state with a normal truncated at +-3 std (rejection: an exact truncated normal)."""
-    def init(batch, seq_len, generator=None, device=None, positions=None):
-        noise = torch.randn(batch, model.cfg.max_seq_len, model.cfg.d_model, generator=generator)
-        outside = noise.abs() > 3
-        while outside.any():
-            noise[outside] = torch.randn(int(outside.sum()), generator=generator)
-            outside = noise.abs() > 3
-        return noise[:, :seq_len] * model.cfg.state_init_std
-    return init
+def with_truncated_noise(model) -> LoopedLM:
+    """The same weights with the config variant state_init "trunc_normal" (Huginn's: cut at +-3 std)."""
+    other = LoopedLM(dataclasses.replace(model.cfg, state_init="trunc_normal"))
+    other.load_state_dict(model.state_dict())
+    return other.eval()
 
 
 @torch.no_grad()
-def mean_loss(model, windows, init, seed: int, depths=(1, 2, 4, 8), batch=16) -> dict[int, float]:
+def mean_loss(model, windows, seed: int, depths=(1, 2, 4, 8), batch=16) -> dict[int, float]:
     gen = torch.Generator().manual_seed(seed)
     total, n = {d: 0.0 for d in depths}, 0
     for s in range(0, len(windows), batch):
         x, y = windows[s:s + batch, :-1], windows[s:s + batch, 1:]
-        e, state = model.prelude(x), init(*x.shape, generator=gen)
+        e, state = model.prelude(x), model.init_state(*x.shape, generator=gen)
         for i in range(1, max(depths) + 1):
             state = model.core_step(state, e)
             if i in total:
@@ -76,9 +72,9 @@ def mean_loss(model, windows, init, seed: int, depths=(1, 2, 4, 8), batch=16) ->
 
 def noise_figures(ckpt) -> dict:
     model, windows = ckpt.model, ckpt.windows("eval")[:SETTINGS.windows]
-    plain = mean_loss(model, windows, model.init_state, SETTINGS.seed)
-    trunc = mean_loss(model, windows, truncated_noise(model), SETTINGS.seed)
-    other = mean_loss(model, windows, model.init_state, SETTINGS.seed + 1)
+    plain = mean_loss(model, windows, SETTINGS.seed)
+    trunc = mean_loss(with_truncated_noise(model), windows, SETTINGS.seed)
+    other = mean_loss(model, windows, SETTINGS.seed + 1)
     out = {}
     for d in plain:
         out[d] = {"plain": plain[d], "truncated_minus_plain": trunc[d] - plain[d], "seed_change": other[d] - plain[d]}

@@ -4,7 +4,7 @@ meta.json's "recipe" holds r_bar (mean loops per step), r_max (the sampler's cap
 gradients), sigma (the log-normal's spread) and sampler_mean (what the sampler's mean is:
 "r_bar", E[r] = r_bar, ours; or "huginn", E[r] = r_bar + 1, Huginn's code).
 
-One fallback rule for a field a checkpoint does not record: take it from the paper's configuration
+One fallback rule for a field a checkpoint does not record (absent or null): take it from the paper's configuration
 table, where r_max = 4 r_bar, k = r_bar and sigma = 0.5 at both scales (S0: 4 / 16 / 4, S1:
 8 / 32 / 8); with neither r_bar nor r_max, the S1 recipe. sampler_mean defaults to "r_bar", the only
 sampler this project used before the field was recorded. `defaulted` names the fields so filled.
@@ -36,7 +36,7 @@ class Recipe:
 
     @classmethod
     def from_meta(cls, meta: dict | None) -> "Recipe":
-        rec = dict((meta or {}).get("recipe") or {})
+        rec = {k: v for k, v in ((meta or {}).get("recipe") or {}).items() if v is not None}
         given = set(rec)
         if "r_bar" not in rec:
             rec["r_bar"] = rec["r_max"] / PAPER_R_MAX_PER_R_BAR if "r_max" in rec else PAPER_S1_R_BAR

@@ -30,6 +30,15 @@ def test_recipe_reads_meta_and_fills_missing_fields_by_one_rule():
     assert Recipe.from_meta({"recipe": {"r_bar": 40, "r_max": 16}}).depth == 16  # r̄ as a loop count, capped
     with pytest.raises(ValueError, match="sampler_mean"):
         Recipe.from_meta({"recipe": {"r_bar": 4, "sampler_mean": "paper"}})
+    # a null field counts as missing (a Huginn config without mean_backprop_depth)
+    assert Recipe.from_meta({"recipe": {"r_bar": 32, "r_max": 64, "k": None}}).k == 32
+
+
+def test_huginn_folders_record_huginns_sampler():
+    from pathlib import Path
+
+    recipe = load_checkpoint(Path(__file__).parent / "fixtures" / "huginn_tiny").recipe
+    assert recipe.sampler_mean == "huginn" and recipe.sigma == 0.5 and recipe.r_max == 2 * recipe.r_bar
 
 
 def test_every_reader_uses_the_checkpoint_recipe(tiny_ckpt, tmp_path):

@@ -195,3 +195,37 @@ def answer_accuracy(model, ids: torch.Tensor, hops: torch.Tensor, loops: list[in
             ok = model.readout(state).argmax(-1) == targets
             out[i] = {int(h): float(ok[ah == h].float().mean()) for h in torch.unique(ah[ah > 0])}
     return out
+
+
+def eos_id(tokenizer) -> int:
+    """The padding token of hops windows (EOS)."""
+    i = tokenizer.token_to_id("<|endoftext|>")
+    if i is None:
+        raise ValueError("a ground-truth checkpoint's tokenizer needs <|endoftext|> (its padding)")
+    return i
+
+
+def print_ground_truth(gt: dict, p) -> None:
+    """The ground-truth tables of `python -m recur_core.analyze`."""
+    hs, loops = gt["hop_counts"], gt["uniform"]["loops"]
+    p(f"\nGround truth: answer accuracy by hop count (rows) x uniform loops; trained to {gt['max_train_hops']} hops, "
+      f"{gt['n_programs']} programs, {gt['n_answers']} answers")
+    shown = [r for r in loops if r in (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32) or r == gt["r_bar"]]
+    p("  hops " + "".join(f"{r:>6d}" for r in shown))
+    for h in hs:
+        row = gt["uniform"]["accuracy_by_hops"][str(h)]
+        p(f"  {h:4d} " + "".join(f"{row[r - 1]:6.2f}" for r in shown))
+    p(f"  target accuracy (A0 at r_bar {gt['r_bar']} - {100 * gt['tolerance']:.0f} pt): {gt['target_accuracy']:.3f}; "
+      f"smallest uniform depth reaching it: {gt['best_uniform_depth']}")
+    p("  policy      threshold  answer acc  mean loops  vs A0@r_bar  vs best uniform  Spearman(exit, hops) [95% CI]")
+    for name, pol in gt["policies"].items():
+        sp = pol["spearman_exit_vs_hops"]
+        best = pol["vs_best_uniform_loops_ratio"]
+        p(f"  {name:10s} {_fmt(pol['threshold'], '.3g'):>10s}  {pol['answer_accuracy']:10.3f}  "
+          f"{pol['mean_loops']:10.2f}  {pol['vs_a0_rbar_loops_ratio']:10.2f}x  {_fmt(best, '.2f', 'x'):>15s}  "
+          f"{_fmt(sp['value'], '.3f')} [{_fmt(sp['ci_low'], '.3f')}, {_fmt(sp['ci_high'], '.3f')}]")
+
+
+def _fmt(x, spec: str, suffix: str = "") -> str:
+    """A number of report.json, which may be None (NaN) or a string (inf)."""
+    return "n/a" if x is None else (x if isinstance(x, str) else format(x, spec) + suffix)

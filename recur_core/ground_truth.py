@@ -130,12 +130,13 @@ def ground_truth_section(tr: Trace, hops: np.ndarray, max_train_hops: int, pad_i
     target = overall[r_bar - 1] - tolerance
     best_uniform = next((r for r in range(1, r_max + 1) if overall[r - 1] >= target), None)
 
-    policies = {}
+    policies, answer_exits = {}, {}
     for name, family in policy_families(r_max, probes, eps_grid, tau_grid).items():
         points = [_point(tr, ah, program, p) for p in family]
         ok = [p for p in points if p["answer_accuracy"] >= target]
         op = min(ok, key=lambda p: p["mean_loops"]) if ok else max(points, key=lambda p: p["answer_accuracy"])
         depth = op["depth"]
+        answer_exits[name] = depth[ah > 0].tolist()
         policies[name] = {
             "threshold": op["threshold"], "matches_a0_rbar": bool(ok),
             "answer_accuracy": op["answer_accuracy"], "mean_loops": op["mean_loops"],
@@ -157,6 +158,9 @@ def ground_truth_section(tr: Trace, hops: np.ndarray, max_train_hops: int, pad_i
                                          for h in hop_values}},
         "target_accuracy": target, "tolerance": tolerance, "best_uniform_depth": best_uniform,
         "policies": policies,
+        "answers": {"hops": ah[ah > 0].tolist(), "program": np.nonzero(ah > 0)[0].tolist(),
+                    "correct_at_r_bar": correct_at(tr, np.full(shape, r_bar))[ah > 0].tolist(),
+                    "exit_depth": answer_exits},
         "extrapolation": {str(h): {"accuracy_at_r_bar": uniform_acc[r_bar].get(h),
                                    "accuracy_at_r_max": uniform_acc[r_max].get(h),
                                    "best_accuracy": max(uniform_acc[r].get(h) for r in range(1, r_max + 1)),
@@ -171,13 +175,6 @@ def _summary(v: np.ndarray) -> dict:
     q = np.quantile(v, [0.25, 0.5, 0.75])
     return {"n": int(len(v)), "mean": float(v.mean()), "q1": float(q[0]), "median": float(q[1]), "q3": float(q[2]),
             "min": int(v.min()), "max": int(v.max())}
-
-
-def exit_depths_by_hops(tr: Trace, hops: np.ndarray, policy: Policy) -> tuple[np.ndarray, np.ndarray]:
-    """(hop counts, exit depths) of every answer token under a policy: the points of a strip plot."""
-    ah = answer_hops(tr, hops)
-    depth = policy.exit_depth(tr)
-    return ah[ah > 0], depth[ah > 0]
 
 
 @torch.no_grad()

@@ -236,3 +236,9 @@ def training_data(dataset: str, tok: Tokenizer, seed: int, window_len: int,
     probe = [program_ids(tok, training_program(task, seed, late + i), window_len)[0] for i in range(n_windows)]
     ground_truth = {GROUND_TRUTH: {"hops": eval_hops, "max_train_hops": torch.tensor([task.max_hops])}}
     return eval_ids, torch.tensor(probe, dtype=torch.int64), HopsStream(task, tok, seed, window_len), ground_truth
+
+
+def random_program(task: HopsTask, seed: int, max_hops: int) -> Program:
+    """A program whose deepest answer has exactly max_hops hops (the other chains: 1..max_hops)."""
+    rng = random.Random(seed)
+    return make_program(rng, [max_hops] + [rng.randint(1, max_hops) for _ in range(task.chains - 1)], task.max_tail)

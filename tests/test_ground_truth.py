@@ -61,3 +61,24 @@ def test_checkpoints_without_ground_truth_have_no_section(tiny_ckpt, tmp_path):
     assert load_ground_truth(tiny_ckpt) is None
     report = main([str(tiny_ckpt), "--out", str(tmp_path), *ANALYZE_ARGS])
     assert "ground_truth" not in report
+
+
+def test_export_writes_the_hops_card(hops_ckpt, tmp_path):
+    from training.export import export
+    dst = tmp_path / "shipped"
+    out = export(hops_ckpt, dst, command="python -m training.run hops", machine="a test")
+    readme = (dst / "README.md").read_text()
+    card = json.loads((dst / "card.json").read_text())
+    assert (dst / "ground_truth.safetensors").is_file() and load_ground_truth(dst) is not None
+    assert "Answer accuracy (%) per hop count × uniform loops" in readme and "(unseen)" in readme
+    assert "python -m training.run hops" in readme
+    assert [g["met"] for g in out["goals"]] == [g["met"] for g in card["goals"]] and len(card["goals"]) == 4
+    gt = card["ground_truth"]
+    assert gt["max_train_hops"] == 3 and gt["n_programs"] == 128 and gt["uniform"]["loops"][-1] == 32
+    for h in gt["hop_counts"]:  # every row of the table is printed from card.json's numbers
+        row = "| " + str(h) + (" (unseen)" if h > 3 else "") + f" | {gt['n_answers_by_hops'][str(h)]} | "
+        assert row in readme
+    # a goal's verdict follows from the measured numbers
+    rb = gt["r_bar"]
+    lowest = min(gt["uniform"]["accuracy_by_hops"][str(h)][rb - 1] for h in gt["hop_counts"] if h <= 3)
+    assert card["goals"][0]["met"] == (lowest >= 0.95)

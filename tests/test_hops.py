@@ -32,20 +32,22 @@ def test_hop_counts_on_hand_written_programs():
 def test_generated_programs_have_distinct_values_and_the_asked_hop_counts():
     rng = random.Random(3)
     for _ in range(200):
-        hops = [rng.randint(1, 6) for _ in range(3)]
-        p = make_program(rng, list(hops), max_tail=2)
+        hops = [rng.randint(1, 10) for _ in range(2)]
+        p = make_program(rng, hops, max_tail=2, decoy_hops=[rng.randint(1, 6) for _ in range(2)])
         assert p.hops == hop_counts(p.text)
         assert sorted(h for h in p.hops if h) == sorted(hops)
-        values = [p.text[i] for i, h in enumerate(p.hops) if h]
-        assert len(set(values)) == 3  # one query per chain, distinct values
+        answers = [p.text[i] for i, h in enumerate(p.hops) if h]
+        literals = [s[2] for s in p.text.split(";") if len(s) == 3 and s[1] == "=" and s[2].isdigit()]
+        assert len(literals) == 4 and len(set(literals)) == 4  # 2 queried chains + 2 decoys, distinct values
+        assert len(set(answers)) == 2 and set(answers) < set(literals)  # no answer follows by elimination
         bound = [s[0] for s in p.text.split(";") if len(s) == 3 and s[1] == "="]
         assert len(bound) == len(set(bound))  # each variable bound once
 
 
 def test_eval_programs_reach_past_training_and_the_curriculum_grows():
-    task = HopsTask(max_hops=8, extra_eval_hops=4, start_hops=2, programs_per_level=10)
-    assert max(max(eval_program(task, 0, i).hops) for i in range(24)) == 12
-    assert task.curriculum_hops(0) == 2 and task.curriculum_hops(25) == 4 and task.curriculum_hops(10 ** 6) == 8
+    task = HopsTask(max_hops=6, extra_eval_hops=4, start_hops=2, programs_per_level=10)
+    assert max(max(eval_program(task, 0, i).hops) for i in range(20)) == 10
+    assert task.curriculum_hops(0) == 2 and task.curriculum_hops(25) == 4 and task.curriculum_hops(10 ** 6) == 6
     early = [max(training_program(task, 0, i).hops) for i in range(10)]
     assert max(early) <= 2
     assert training_program(task, 5, 7).text == training_program(task, 5, 7).text  # seeded
@@ -76,6 +78,8 @@ def test_stream_position_is_its_state_and_loss_weights_favour_answers():
 def test_bad_hops_setting_is_a_clear_error():
     with pytest.raises(ValueError, match="hops setting"):
         HopsTask.parse("hops:nope=3")
+    with pytest.raises(ValueError, match="do not fit"):
+        HopsTask.parse("hops:max_hops=12,chains=3")
 
 
 def test_stopped_and_resumed_hops_run_equals_uninterrupted_run(tmp_path):

@@ -57,7 +57,7 @@ def make_tiny_checkpoint(root: Path, steps: int = 60, trainer_kwargs: dict | Non
     return root / "run" / "latest"
 
 
-TINY_HOPS_DATASET = "hops:max_hops=3,extra_eval_hops=1,chains=2,start_hops=1,programs_per_level=64"
+TINY_HOPS_DATASET = "hops:max_hops=3,extra_eval_hops=1,chains=2,decoys=1,start_hops=1,programs_per_level=64"
 
 
 def make_tiny_hops_checkpoint(root: Path, steps: int = 40, trainer_kwargs: dict | None = None,

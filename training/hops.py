@@ -1,13 +1,15 @@
 """Multi-hop variable-binding programs: a task whose answer tokens need a known number of sequential steps.
 
-A program binds variables in several independent chains, then queries one variable of each chain:
+A program binds variables in several independent chains, then queries one variable in each of
+some of them (the others are decoys):
 
-    <|endoftext|>k=7;d=3;b=k;x=b;q=d;x?7;q?3;
+    <|endoftext|>k=7;d=3;b=k;x=b;m=5;q=d;x?7;q?3;
 
 `k=7` binds a literal (1 hop); `b=k` adds one hop to `k`'s count, so `x` is 3 hops from its value.
 The token after `?` is the answer, and its **hop count** is its ground-truth depth; other tokens
-carry none (0). The chains have distinct values, so the most frequent value cannot score, and each
-chain is queried once, so no earlier answer is a shortcut to a later one. `hop_counts` recovers the
+carry none (0). The chains have distinct values, so the most frequent value cannot score; each
+chain is queried at most once, so no earlier answer is a shortcut to a later one; and unqueried
+decoy chains keep the last answer from following by elimination of the earlier ones. `hop_counts` recovers the
 hop count of every answer from the program text alone, so pasted or hand-edited programs have their
 ground truth too.
 
@@ -16,7 +18,7 @@ seeded by (seed, i), so the stream's state is one integer and resume is exact. A
 the largest hop count with the program index. Held-out evaluation programs use another seed and
 go to hop counts past the training range (extrapolation).
 
-Settings come from the dataset string: `hops` or `hops:max_hops=8,chains=3,...` (see `HopsTask`).
+Settings come from the dataset string: `hops` or `hops:max_hops=6,chains=2,...` (see `HopsTask`).
 """
 from __future__ import annotations
 
@@ -43,9 +45,10 @@ def is_hops(dataset: str) -> bool:
 
 @dataclass(frozen=True)
 class HopsTask:
-    max_hops: int = 8  # H: hop counts 1..H in training
+    max_hops: int = 6  # H: hop counts 1..H in training
     extra_eval_hops: int = 4  # held-out programs go to H + 4
-    chains: int = 3  # independent chains per program, each queried once
+    chains: int = 2  # queried chains per program, each queried once
+    decoys: int = 2  # further chains that are never queried (so that no answer follows by elimination)
     max_tail: int = 2  # variables bound after the queried one in its chain (distractors)
     start_hops: int = 2  # curriculum: the largest hop count starts here ...
     programs_per_level: int = 20_000  # ... and grows by one every this many programs
@@ -66,8 +69,10 @@ class HopsTask:
                 raise ValueError(f"hops setting {item!r}: expected key=value with key in {', '.join(types)}")
             kwargs[key] = float(value) if types[key] == "float" else int(value)
         task = cls(**kwargs)
-        if task.chains > len(VALUES) or task.chains * (task.max_hops + task.extra_eval_hops) > len(VARIABLES) * 3:
-            raise ValueError(f"hops: {task.chains} chains do not fit {len(VALUES)} values / {len(VARIABLES)} variables")
+        need = task.chains * (task.max_hops + task.extra_eval_hops) + task.decoys
+        if task.chains + task.decoys > len(VALUES) or need > len(VARIABLES):
+            raise ValueError(f"hops: {task.chains} + {task.decoys} chains to {task.max_hops + task.extra_eval_hops} hops "
+                             f"do not fit {len(VALUES)} values / {len(VARIABLES)} variables")
         return task
 
     def curriculum_hops(self, index: int) -> int:
@@ -92,23 +97,30 @@ class Program:
     hops: list[int]  # per character of text: the hop count of an answer token, else 0
 
 
-def make_program(rng: random.Random, query_hops: list[int], max_tail: int) -> Program:
-    """Chains with the given hop counts for their queried variable (plus 0..max_tail distractor
-    variables bound after it), interleaved in random order, then one query per chain."""
-    n_vars = len(VARIABLES)
+def make_program(rng: random.Random, query_hops: list[int], max_tail: int, decoy_hops: list[int] = ()) -> Program:
+    """Queried chains with the given hop counts for their queried variable (plus 0..max_tail
+    distractor variables bound after it) and unqueried decoy chains, interleaved in random order
+    (each chain in order), then one query per queried chain in random order.
+
+    Decoys keep the answers from following by elimination: after k answers, 2 + decoys - k values
+    remain possible. Decoys and tails are shortened (to 1 and 0) when the variables run out."""
+    query_hops, decoy_hops = list(query_hops), list(decoy_hops)
     tails = [rng.randint(0, max_tail) for _ in query_hops]
-    while sum(query_hops) + sum(tails) > n_vars:  # drop distractors first, then shorten the longest chain
-        if any(tails):
+    while sum(query_hops) + sum(tails) + sum(decoy_hops) > len(VARIABLES):
+        if any(d > 1 for d in decoy_hops):
+            decoy_hops[decoy_hops.index(max(decoy_hops))] -= 1
+        elif any(tails):
             tails[tails.index(max(tails))] -= 1
         else:
-            query_hops[query_hops.index(max(query_hops))] -= 1
-    names = rng.sample(VARIABLES, sum(query_hops) + sum(tails))
-    values = rng.sample(VALUES, len(query_hops))
+            raise ValueError(f"hop counts {query_hops} with {len(decoy_hops)} decoys need more than "
+                             f"{len(VARIABLES)} variables")
+    lengths = [h + t for h, t in zip(query_hops, tails)] + decoy_hops
+    names = rng.sample(VARIABLES, sum(lengths))
+    values = rng.sample(VALUES, len(lengths))
     chains, at = [], 0
-    for h, t in zip(query_hops, tails):
-        chains.append(names[at:at + h + t])
-        at += h + t
-    # interleave the chains' bindings, keeping each chain's order
+    for n in lengths:
+        chains.append(names[at:at + n])
+        at += n
     order = [c for c, chain in enumerate(chains) for _ in chain]
     rng.shuffle(order)
     next_in_chain = [0] * len(chains)
@@ -161,15 +173,18 @@ def program_ids(tok: Tokenizer, program: Program, window_len: int) -> tuple[list
 def training_program(task: HopsTask, seed: int, index: int) -> Program:
     rng = random.Random(seed * 1_000_003 + index)
     top = task.curriculum_hops(index)
-    return make_program(rng, [rng.randint(1, top) for _ in range(task.chains)], task.max_tail)
+    return make_program(rng, [rng.randint(1, top) for _ in range(task.chains)], task.max_tail,
+                        [rng.randint(1, top) for _ in range(task.decoys)])
 
 
 def eval_program(task: HopsTask, seed: int, index: int) -> Program:
-    """Held-out programs: the first chain cycles through hop counts 1..H+4, the others are uniform."""
+    """Held-out programs: the first chain cycles through hop counts 1..H+4, the other queried chains
+    are uniform over the same range; decoys are uniform over 1..H."""
     rng = random.Random(seed * 1_000_003 + index + EVAL_SEED_OFFSET)
     top = task.max_hops + task.extra_eval_hops
     first = 1 + index % top
-    return make_program(rng, [first] + [rng.randint(1, top) for _ in range(task.chains - 1)], task.max_tail)
+    return make_program(rng, [first] + [rng.randint(1, top) for _ in range(task.chains - 1)], task.max_tail,
+                        [rng.randint(1, task.max_hops) for _ in range(task.decoys)])
 
 
 def eval_windows(task: HopsTask, tok: Tokenizer, seed: int, n: int, window_len: int,
@@ -241,4 +256,5 @@ def training_data(dataset: str, tok: Tokenizer, seed: int, window_len: int,
 def random_program(task: HopsTask, seed: int, max_hops: int) -> Program:
     """A program whose deepest answer has exactly max_hops hops (the other chains: 1..max_hops)."""
     rng = random.Random(seed)
-    return make_program(rng, [max_hops] + [rng.randint(1, max_hops) for _ in range(task.chains - 1)], task.max_tail)
+    return make_program(rng, [max_hops] + [rng.randint(1, max_hops) for _ in range(task.chains - 1)], task.max_tail,
+                        [rng.randint(1, max_hops) for _ in range(task.decoys)])

@@ -8,8 +8,8 @@ import torch
 from recur_core.checkpoint import load_checkpoint, read_safetensors
 from recur_core.ground_truth import load_ground_truth
 from tiny import make_tiny_hops_checkpoint
-from training.hops import (HopsStream, HopsTask, build_tokenizer, eval_program, hop_counts, make_program,
-                           training_program)
+from training.hops import (HopsStream, HopsTask, build_tokenizer, elimination_chance, eval_program, hop_counts,
+                           make_program, training_program)
 
 
 def answers(text: str) -> dict[str, int]:
@@ -52,6 +52,11 @@ def test_eval_programs_reach_past_training_and_the_curriculum_grows():
     assert max(early) <= 2
     assert training_program(task, 5, 7).text == training_program(task, 5, 7).text  # seeded
     assert training_program(task, 5, 7).text != training_program(task, 6, 7).text
+
+
+def test_elimination_chance():
+    # 3 literal values; the first answer has 3 candidates, the second 2 (one value already answered)
+    assert elimination_chance("a=1;b=2;c=3;d=a;d?1;b?2;") == [1 / 3, 1 / 2]
 
 
 def test_tokenizer_is_character_level_and_round_trips():

@@ -258,3 +258,16 @@ def random_program(task: HopsTask, seed: int, max_hops: int) -> Program:
     rng = random.Random(seed)
     return make_program(rng, [max_hops] + [rng.randint(1, max_hops) for _ in range(task.chains - 1)], task.max_tail,
                         [rng.randint(1, max_hops) for _ in range(task.decoys)])
+
+
+def elimination_chance(text: str) -> list[float]:
+    """Per answer of a program, in order: the accuracy of guessing among the literal values not yet
+    answered (what a model that reads the values but does no lookup can get)."""
+    literals = {s[2] for s in text.split(";") if len(s) == 3 and s[1] == "=" and s[2] in VALUES}
+    answered: set[str] = set()
+    out = []
+    for s in text.split(";"):
+        if len(s) == 3 and s[1] == "?":
+            out.append(1.0 / max(1, len(literals - answered)))
+            answered.add(s[2])
+    return out

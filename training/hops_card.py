@@ -10,12 +10,15 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
+
 from recur_core.analysis import EPS_GRID, TAU_GRID, json_safe
 from recur_core.checkpoint import load_checkpoint
 from recur_core.ground_truth import eos_id, ground_truth_section, load_ground_truth
 from recur_core.probe import load_or_train_probes
 from recur_core.stats import Bootstrap
 from recur_core.trace import trace
+from training.hops import elimination_chance
 
 CARD_LOOPS = 32
 TABLE_LOOPS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
@@ -32,6 +35,9 @@ def measure(ckpt_dir: Path, n_boot: int = 1000) -> dict:
                cache=False, progress=True)
     section = ground_truth_section(tr, hops, max_train, eos_id(ckpt.tokenizer()), max(CARD_LOOPS, r_max), r_bar,
                                    Bootstrap(tr.n_windows, n_boot, 0), probes, EPS_GRID, TAU_GRID)
+    tok = ckpt.tokenizer()
+    texts = [tok.decode([i for i in w.tolist() if i != tok.token_to_id("<|endoftext|>")]) for w in ckpt.windows("eval")]
+    section["chance_accuracy"] = float(np.mean([c for t in texts for c in elimination_chance(t)]))
     return json_safe(section)
 
 
@@ -80,8 +86,19 @@ def card(name: str, meta: dict, gt: dict, command: str, machine: str) -> str:
         pol_rows.append(f"| {pname} | {p['threshold']} | {100 * p['answer_accuracy']:.1f}% | {p['mean_loops']:.2f} | "
                         f"{p['vs_a0_rbar_loops_ratio']:.2f}× | {'n/a' if ratio is None else format(ratio, '.2f') + '×'} "
                         f"| {spt}{'' if p['matches_a0_rbar'] else ' (does not match A0@r̄)'} |")
+    verdicts = goals(gt)
     goal_rows = ["| goal | measured | met |", "|---|---|---|"]
-    goal_rows += [f"| {g} | {m} | {'yes' if ok else '**no**'} |" for g, m, ok in goals(gt)]
+    goal_rows += [f"| {g} | {m} | {'yes' if ok else '**no**'} |" for g, m, ok in verdicts]
+    n_met = sum(ok for _, _, ok in verdicts)
+    chance = gt["chance_accuracy"]
+    best_acc = max(gt["uniform"]["answer_accuracy"])
+    status = (f"**Status: {n_met} of {len(verdicts)} goals met** (table at the end). Best answer accuracy at any "
+              f"uniform depth: {100 * best_acc:.1f}%; no-lookup chance (one of the values not yet answered, "
+              f"averaged over answers): {100 * chance:.1f}%.")
+    if best_acc < chance + 0.1:
+        status += (" **The model did not learn the lookups: it is at chance, so depth cannot matter and the "
+                   "exit-depth figures below describe noise.** It is shipped as an honest pilot, so that the "
+                   "Ground truth page and the analysis run on a real checkpoint; see docs/BENCHMARKS.md.")
     extra = "\n".join(f"- {h} hops: {100 * e['accuracy_at_r_bar']:.0f}% at r̄, {100 * e['accuracy_at_r_max']:.0f}% at "
                       f"{gt['r_max']} loops, best {100 * e['best_accuracy']:.0f}% at {e['best_loops']} loops"
                       for h, e in gt["extrapolation"].items())
@@ -89,7 +106,11 @@ def card(name: str, meta: dict, gt: dict, command: str, machine: str) -> str:
 
 Programs bind variables in {meta.get('task', {}).get('chains', 'several')} independent chains and then query one
 variable of each (`k=7;b=k;x=b;` … `x?7;`); an answer's **hop count** (the lookups it needs) is its
-ground-truth depth (`training/hops.py`). Preset `{meta['preset']}` with overrides
+ground-truth depth (`training/hops.py`).
+
+{status}
+
+Preset `{meta['preset']}` with overrides
 `{json.dumps(meta['overrides'])}`: d_model {tc['d_model']}, {tc['n_heads']} heads / {tc['n_kv_heads']} KV
 heads, FFN {tc['ffn_dim']}, prelude/core/coda {tc['n_prelude']}/{tc['n_core']}/{tc['n_coda']} blocks, a
 {meta.get('vocab_size', '')}-token character vocabulary, windows of {tc['seq_len']} tokens. Recipe: r̄

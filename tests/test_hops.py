@@ -51,6 +51,10 @@ def test_eval_programs_reach_past_training_and_the_curriculum_grows():
     early = [max(training_program(task, 0, i).hops) for i in range(10)]
     assert max(early) <= 2
     assert training_program(task, 5, 7).text == training_program(task, 5, 7).text  # seeded
+    warm = HopsTask(recall_programs=5, recall_pairs=8, start_hops=2, programs_per_level=10)
+    recall = training_program(warm, 0, 4)
+    assert [h for h in recall.hops if h] == [1] * 6 and recall.text.count("=") == 8
+    assert warm.curriculum_hops(0) == 2 and max(training_program(warm, 0, 5).hops) <= 2  # then the curriculum
     assert training_program(task, 5, 7).text != training_program(task, 6, 7).text
 
 

@@ -52,6 +52,9 @@ class HopsTask:
     max_tail: int = 2  # variables bound after the queried one in its chain (distractors)
     start_hops: int = 2  # curriculum: the largest hop count starts here ...
     programs_per_level: int = 20_000  # ... and grows by one every this many programs
+    recall_programs: int = 0  # warm start: the first this many programs are associative recall
+    #                           (recall_pairs literal bindings, all but 2 queried: dense answers)
+    recall_pairs: int = 8
     answer_weight: float = 1.0  # loss weight of answer tokens
     other_weight: float = 0.1  # loss weight of the other program tokens (padding: 0)
 
@@ -172,7 +175,9 @@ def program_ids(tok: Tokenizer, program: Program, window_len: int) -> tuple[list
 
 def training_program(task: HopsTask, seed: int, index: int) -> Program:
     rng = random.Random(seed * 1_000_003 + index)
-    top = task.curriculum_hops(index)
+    if index < task.recall_programs:  # 1-hop only, many answers per program, 2 decoys
+        return make_program(rng, [1] * (task.recall_pairs - 2), 0, [1, 1])
+    top = task.curriculum_hops(index - task.recall_programs)
     return make_program(rng, [rng.randint(1, top) for _ in range(task.chains)], task.max_tail,
                         [rng.randint(1, top) for _ in range(task.decoys)])
 

@@ -104,9 +104,9 @@ def card(name: str, meta: dict, gt: dict, command: str, machine: str) -> str:
                       for h, e in gt["extrapolation"].items())
     return f"""# {name}: a looped LM trained on multi-hop variable-binding programs ({meta['n_params']:,} parameters)
 
-Programs bind variables in {meta.get('task', {}).get('chains', 'several')} independent chains and then query one
-variable of each (`k=7;b=k;x=b;` … `x?7;`); an answer's **hop count** (the lookups it needs) is its
-ground-truth depth (`training/hops.py`).
+Programs bind variables in independent chains ({meta['task']['chains']} queried, {meta['task']['decoys']} decoys that are
+never queried) and then query one variable of each queried chain (`k=7;b=k;x=b;` … `x?7;`); an answer's
+**hop count** (the lookups it needs) is its ground-truth depth (`training/hops.py`).
 
 {status}
 
@@ -163,7 +163,7 @@ def export_hops(src: Path, dst: Path, command: str, machine: str) -> dict:
 
     ckpt = load_checkpoint(src)
     task = HopsTask.parse(ckpt.meta["train_config"]["dataset"])
-    meta = {**ckpt.meta, "vocab_size": ckpt.config.vocab_size, "task": {"chains": task.chains + task.decoys}}
+    meta = {**ckpt.meta, "vocab_size": ckpt.config.vocab_size, "task": {"chains": task.chains, "decoys": task.decoys}}
     gt = measure(src)
     verdicts = [{"goal": g, "measured": m, "met": ok} for g, m, ok in goals(gt)]
     summary = {k: v for k, v in gt.items() if k != "answers"}

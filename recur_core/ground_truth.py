@@ -20,7 +20,6 @@ import math
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from .checkpoint import read_safetensors
 from .policies import ConvergenceExit, LatentDiff, LinearRouter, Policy, Uniform
@@ -175,23 +174,6 @@ def _summary(v: np.ndarray) -> dict:
     q = np.quantile(v, [0.25, 0.5, 0.75])
     return {"n": int(len(v)), "mean": float(v.mean()), "q1": float(q[0]), "median": float(q[1]), "q3": float(q[2]),
             "min": int(v.min()), "max": int(v.max())}
-
-
-@torch.no_grad()
-def answer_accuracy(model, ids: torch.Tensor, hops: torch.Tensor, loops: list[int], seed: int = 0) -> dict:
-    """Quick monitor while training: {loops: {hop: accuracy}} on windows (N, T+1) with their hops."""
-    model.eval()
-    inputs, targets, ah = ids[:, :-1], ids[:, 1:], hops[:, 1:]
-    gen = torch.Generator().manual_seed(seed)
-    e = model.prelude(inputs)
-    state = model.init_state(*inputs.shape, generator=gen)
-    out = {}
-    for i in range(1, max(loops) + 1):
-        state = model.core_step(state, e)
-        if i in loops:
-            ok = model.readout(state).argmax(-1) == targets
-            out[i] = {int(h): float(ok[ah == h].float().mean()) for h in torch.unique(ah[ah > 0])}
-    return out
 
 
 def eos_id(tokenizer) -> int:

@@ -219,7 +219,7 @@ class HopsStream:
         self.position += n
         batch = torch.tensor(rows, dtype=torch.int64)
         pad = self.tok.token_to_id(PAD)
-        used = int((batch != pad).sum(1).max()) + 1  # the program plus one target after its end
+        used = int((batch != pad).sum(1).max()) + 1  # the leading EOS and the longest program
         return batch[:, :min(used, self.window_len)]
 
     def loss_weights(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

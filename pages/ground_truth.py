@@ -24,8 +24,8 @@ best = gt["best_uniform_depth"]
 c = st.columns(4)
 c[0].metric(f"Answer accuracy at r̄ = {m.r_bar}", f"{gt['uniform']['answer_accuracy'][m.r_bar - 1]:.1%}",
             help=f"Over {gt['n_answers']} answers of {gt['n_programs']} held-out programs.")
-c[1].metric("Spearman(A1 exit, hops)", "n/a" if sp["value"] is None else f"{sp['value']:.2f}",
-            help=f"95% bootstrap CI over programs: [{sp['ci_low']}, {sp['ci_high']}]")
+c[1].metric("Spearman(A1 exit, hops)", ground_truth.fmt_rho(sp).split(" [")[0],
+            help=f"With its 95% bootstrap CI over programs: {ground_truth.fmt_rho(sp)}")
 c[2].metric("Smallest uniform depth reaching the target", f"{best}" if best else "none",
             help=f"Target: answer accuracy ≥ {gt['target_accuracy']:.1%} (A0 at r̄ minus 1 point).")
 c[3].metric("A1 mean loops", f"{a1['mean_loops']:.2f}",

@@ -25,6 +25,14 @@ POLICY_COLORS = {**FAMILY_COLORS, "latent": "#e45756"}
 EOS_PIECE = "␄"  # how the program's leading <|endoftext|> is drawn
 
 
+def fmt_rho(estimate: dict) -> str:
+    """A Spearman estimate as text; n/a where it is undefined (NaN / None: constant exit depths)."""
+    v = estimate["value"]
+    if v is None or v != v:
+        return "n/a (exit depth constant)"
+    return f"{v:.2f} [{estimate['ci_low']:.2f}, {estimate['ci_high']:.2f}]"
+
+
 def has_ground_truth(path: str) -> bool:
     return load_ground_truth(path) is not None
 
@@ -89,8 +97,7 @@ def exit_vs_hops(gt: dict) -> go.Figure:
     hops = np.asarray(gt["answers"]["hops"])
     for name, depths in gt["answers"]["exit_depth"].items():
         pol = gt["policies"][name]
-        sp = pol["spearman_exit_vs_hops"]["value"]
-        label = f"{POLICY_NAMES.get(name, name)} · ρ = {'n/a' if sp is None else format(sp, '.2f')}"
+        label = f"{POLICY_NAMES.get(name, name)} · ρ = {fmt_rho(pol['spearman_exit_vs_hops'])}"
         fig.add_trace(go.Box(x=hops, y=depths, name=label, boxpoints="all", jitter=0.4, pointpos=0,
                              marker=dict(size=3, color=POLICY_COLORS.get(name, "#888")),
                              line=dict(color=POLICY_COLORS.get(name, "#888"))))

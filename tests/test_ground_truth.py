@@ -51,6 +51,15 @@ def test_analyze_adds_the_ground_truth_section(hops_ckpt, tmp_path):
         if pol["matches_a0_rbar"]:
             assert pol["answer_accuracy"] >= gt["target_accuracy"]
     assert set(gt["extrapolation"]) == {"4"}  # the eval programs' one hop count past training
+    # every documented ground_truth key is in the report (docs/REPORT_KEYS.md)
+    import test_analysis_cli as cli
+    keys = [k for k in cli.documented_keys() if k.startswith("ground_truth")]
+    assert len(keys) > 25
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cli, "PLACEHOLDERS", {"<policy>": ["A1", "latent", "A2_argmax", "A2_kl"],
+                                         "<h>": [str(h) for h in gt["hop_counts"]]})
+        for key in keys:
+            cli.check_path(report, key.split("."), "")
     best = gt["best_uniform_depth"]
     assert gt["uniform"]["answer_accuracy"][best - 1] >= gt["target_accuracy"]
     assert all(a < gt["target_accuracy"] for a in gt["uniform"]["answer_accuracy"][:best - 1])

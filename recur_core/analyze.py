@@ -18,6 +18,7 @@ from .analysis import (MOVING_KL, allocation, convergence, elasticity, fast_vs_e
                        operating_threshold, token_classes, vocab_classes)
 from .cache import TraceCache
 from .checkpoint import load_checkpoint
+from .ground_truth import eos_id, ground_truth_section, load_ground_truth, print_ground_truth
 from .policies import ConvergenceExit, LinearRouter, Uniform
 from .probe import DEFAULT_LABEL_EPS, load_or_train_probes
 from .settings import SETTINGS
@@ -100,6 +101,10 @@ def main(argv=None) -> dict:
             tr, vocab_classes(ckpt.tokenizer(), ckpt.config.vocab_size),
             ConvergenceExit(class_eps, r_max=r_max), boot)},
     }
+    gt = load_ground_truth(args.checkpoint)
+    if gt is not None:  # a checkpoint whose answer tokens have known hop counts (training/hops.py)
+        report["ground_truth"] = ground_truth_section(tr, *gt, eos_id(ckpt.tokenizer()), r_max, r_bar, boot,
+                                                      probes, SETTINGS.eps_grid, SETTINGS.tau_grid)
     timing["analysis_s"] = time.perf_counter() - t0
 
     if args.exact:
@@ -179,6 +184,8 @@ def print_tables(report: dict, file) -> None:
     for name in ("whitespace", "numeral", "punctuation", "word", "other"):
         c = tc[name]
         p(f"  {name:12s} {_ci(c['mean_exit_depth'], c['ci_low'], c['ci_high'], 2)}   ({c['n_tokens']} tokens)")
+    if "ground_truth" in report:
+        print_ground_truth(report["ground_truth"], p)
     if "exact" in report:
         p(f"\nFast vs exact (masking harness) on {report['exact']['windows']} windows: gap = exact - fast")
         for row in report["exact"]["points"]:

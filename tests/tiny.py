@@ -55,3 +55,23 @@ def make_tiny_checkpoint(root: Path, steps: int = 60, trainer_kwargs: dict | Non
     Trainer("demo", cfg, settings, DataSpec(str(train), str(val)), root / "run", progress=False,
             **(trainer_kwargs or {})).train()
     return root / "run" / "latest"
+
+
+TINY_HOPS_DATASET = "hops:max_hops=3,extra_eval_hops=1,chains=2,decoys=1,start_hops=1,programs_per_level=64"
+
+
+def make_tiny_hops_checkpoint(root: Path, steps: int = 40, trainer_kwargs: dict | None = None,
+                              **overrides: str) -> Path:
+    """A tiny model trained for seconds on multi-hop programs (training/hops.py); a checkpoint
+    with ground truth. Returns the checkpoint dir."""
+    from training.data import DataSpec
+    from training.presets import PRESETS
+    from training.trainer import Trainer
+
+    settings = {**TINY_SETTINGS, "tokenizer": "hops", "dataset": TINY_HOPS_DATASET, "seq_len": "64",
+                "r_bar": "3", "r_max": "6", **overrides}
+    cfg = PRESETS["hops"].with_overrides(settings)
+    cfg = cfg.with_overrides({"max_tokens": str(steps * cfg.batch_size * cfg.seq_len)})
+    Trainer("hops", cfg, settings, DataSpec(cfg.dataset), root / "run", progress=False,
+            **(trainer_kwargs or {})).train()
+    return root / "run" / "latest"

@@ -20,6 +20,7 @@ import numpy as np
 from recur_core.analysis import convergence, elasticity
 from recur_core.checkpoint import (CONFIG, EVAL_WINDOWS, META, METRICS, PROBE_WINDOWS, TOKENIZER, WEIGHTS,
                                    atomic_write_dir, load_checkpoint)
+from recur_core.ground_truth import GROUND_TRUTH
 from recur_core.recipe import Recipe
 from recur_core.settings import SETTINGS
 from recur_core.stats import Bootstrap
@@ -213,7 +214,11 @@ settings of `recur_core/settings.py` (noise seed {SETTINGS.seed}, 95% bootstrap 
 
 
 def export(src: Path, dst: Path, command: str, machine: str, compare: Path | None = None) -> dict:
-    """compare: a shipped checkpoint trained with another r̄, for the saturation section."""
+    """compare: a shipped checkpoint trained with another r̄, for the saturation section. A
+    checkpoint with ground truth (multi-hop programs) gets its own card (training/hops_card.py)."""
+    if (src / GROUND_TRUTH).is_file():
+        from .hops_card import export_hops
+        return export_hops(src, dst, command, machine)
     ckpt = load_checkpoint(src)
     meta = {**ckpt.meta, "vocab_size": ckpt.config.vocab_size}
     m = measure(src)

@@ -24,8 +24,11 @@ def train_bpe(docs: Iterable[str], vocab_size: int) -> Tokenizer:
 
 
 def load_tokenizer(spec: str, docs_for_training: Iterable[str] | None = None) -> Tokenizer:
-    """spec: "bpe:<vocab>" trains on docs_for_training; a shipped name (SHIPPED); a tokenizer.json
-    path; or a hub id."""
+    """spec: "hops" (the character vocabulary of training/hops.py); "bpe:<vocab>" trains on
+    docs_for_training; a shipped name (SHIPPED); a tokenizer.json path; or a hub id."""
+    if spec == "hops":
+        from .hops import build_tokenizer
+        return build_tokenizer()
     if spec.startswith("bpe:"):
         if docs_for_training is None:
             raise ValueError("training a BPE needs documents")

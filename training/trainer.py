@@ -29,6 +29,7 @@ from recur_core.checkpoint import (EVAL_WINDOWS, METRICS, PROBE_WINDOWS, load_ch
                                    recover_interrupted, save_checkpoint)
 from recur_core.model import LoopedLM
 
+from . import hops
 from .data import (DataError, DataSpec, ShuffledWindows, StreamedWindows, local_files, pack_windows,
                    take_windows)
 from .depth_sampler import sample_depth
@@ -157,15 +158,21 @@ class Trainer:
         self.tokenizer = self._tokenizer()
         eos = eos_id(self.tokenizer)
         window_len = cfg.seq_len + 1
+        self.ground_truth = {}
         make_train = lambda: pack_windows(self.data.train_docs(), self.tokenizer, window_len, eos)
-        self.eval_windows, self.select_windows = self._validation_windows(window_len, eos)
         sources = (("train", self.data.train), ("validation", self.data.val))
         self.data_files = [file_record(f, role) for role, spec in sources if spec for f in (local_files(spec) or [])]
-        self.probe_windows = take_windows(make_train(), N_SAVED_WINDOWS)
-        if local_files(self.data.train) is not None:
-            self.train_windows = ShuffledWindows(take_windows(make_train(), 2 ** 62), cfg.seed)
+        if hops.is_hops(self.data.train):  # generated programs, with per-token hop counts
+            (self.eval_windows, self.select_windows, self.probe_windows, self.train_windows,
+             self.ground_truth) = hops.training_data(self.data.train, self.tokenizer, cfg.seed, window_len,
+                                                     n_select=cfg.eval_windows)
         else:
-            self.train_windows = StreamedWindows(make_train)
+            self.eval_windows, self.select_windows = self._validation_windows(window_len, eos)
+            self.probe_windows = take_windows(make_train(), N_SAVED_WINDOWS)
+            if local_files(self.data.train) is not None:
+                self.train_windows = ShuffledWindows(take_windows(make_train(), 2 ** 62), cfg.seed)
+            else:
+                self.train_windows = StreamedWindows(make_train)
         torch.manual_seed(cfg.seed)
         self.model = LoopedLM(cfg.model_config(self.tokenizer.get_vocab_size())).to(self.device)
         self.opt = make_optimizer(self.model, cfg, self.device)
@@ -190,7 +197,9 @@ class Trainer:
     def _tokenizer(self):
         if self.resume:
             return load_tokenizer(str(self._latest() / "tokenizer.json"))
-        if not self.cfg.tokenizer.startswith("bpe:") or self.world == 1:
+        if not self.cfg.tokenizer.startswith("bpe:"):
+            return load_tokenizer(self.cfg.tokenizer)
+        if self.world == 1:
             return load_tokenizer(self.cfg.tokenizer, self.data.train_docs())
         # multi-process BPE training: rank 0 trains, the others read its file
         path = self.out / "tokenizer.json"
@@ -237,7 +246,8 @@ class Trainer:
     def save(self, which: str) -> None:
         if not self.is_main:
             return
-        extra_tensors = {EVAL_WINDOWS: {"ids": self.eval_windows}, PROBE_WINDOWS: {"ids": self.probe_windows}}
+        extra_tensors = {EVAL_WINDOWS: {"ids": self.eval_windows}, PROBE_WINDOWS: {"ids": self.probe_windows},
+                         **self.ground_truth}
         info = {"step": self.step, "tokens_seen": self.tokens_seen, "best_eval": self.best_eval,
                 "data": self.train_windows.state(), "wall_s": self.wall_s}
         extra_files = {METRICS: self.out / METRICS}
@@ -267,7 +277,12 @@ class Trainer:
         gen = torch.Generator().manual_seed((cfg.seed * 1_000_003 + self.step) * 64 + self.rank)
         with autocast_context(self.device, cfg.autocast):
             logits = self.ddp(inputs, r, gen, backprop_depth=cfg.backprop_depth)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        if hasattr(self.train_windows, "loss_weights"):  # e.g. answers weighted above other tokens
+            weights = self.train_windows.loss_weights(inputs, targets).to(self.device).flatten()
+            ce = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none")
+            loss = (ce * weights).sum() / weights.sum()
+        else:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
         if not torch.isfinite(loss):
             raise NonFiniteLoss(f"loss became {loss.item()} at step {self.step} (r = {r})")
         self.opt.zero_grad(set_to_none=True)

@@ -66,7 +66,8 @@ class TokenView:
 
 def tooltip(pos: int, piece: str, depth: int, converged: bool, r_max: int, kl: float | None = None,
             prediction: str | None = None, prob: float | None = None, loss: float | None = None,
-            policy: str = "") -> str:
+            policy: str = "", note: str | None = None) -> str:
+    """The strip's native tooltip; note: an extra line (e.g. a token's ground-truth hop count)."""
     lines = [f"#{pos}  {plain_visible(piece)!r}",
              f"exit depth: {depth} loop{'s' if depth != 1 else ''}" +
              ("" if converged else f" (never converged: stopped at r_max = {r_max})")]
@@ -78,6 +79,8 @@ def tooltip(pos: int, piece: str, depth: int, converged: bool, r_max: int, kl: f
         lines.append(f"top prediction: {plain_visible(prediction)!r}" + (f" (p = {prob:.2f})" if prob is not None else ""))
     if loss is not None:
         lines.append(f"next-token loss at exit: {loss:.3f} nats")
+    if note:
+        lines.append(note)
     return "\n".join(lines)
 
 

@@ -39,7 +39,7 @@ def strip_views(model: compute.Model, table: pd.DataFrame, policy: str) -> list[
         views.append(TokenView(row.token, int(row.exit_depth), bool(row.converged), tooltip(
             int(row.position), row.token, int(row.exit_depth), bool(row.converged), model.r_max,
             kl=float(row.kl_at_exit), prediction=row.top_prediction, prob=float(row.top_prob), loss=loss,
-            policy=policy)))
+            policy=policy, note=getattr(row, "ground_truth", None))))
     return views
 
 

@@ -1,0 +1,77 @@
+"""The Ground truth page under AppTest, on a tiny model trained for seconds on multi-hop programs."""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from tiny import make_tiny_hops_checkpoint
+from training.hops import hop_counts
+
+TIMEOUT = 300
+
+
+@pytest.fixture(scope="module")
+def hops_env(tiny_ckpt, tmp_path_factory):
+    hops_ckpt = make_tiny_hops_checkpoint(tmp_path_factory.mktemp("hops_app"), steps=30)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RECUR_CHECKPOINT", str(hops_ckpt))
+        mp.setenv("RECUR_CHECKPOINTS", str(tiny_ckpt))
+        mp.setenv("RECUR_CACHE_DIR", str(tmp_path_factory.mktemp("trace_cache")))
+        mp.setenv("RECUR_SHIPPED", str(tmp_path_factory.mktemp("no_shipped_checkpoints")))
+        yield {"hops": Path(hops_ckpt).resolve(), "tiny": Path(tiny_ckpt).resolve()}
+
+
+def open_page() -> AppTest:
+    at = AppTest.from_file("../app.py", default_timeout=TIMEOUT)
+    at.run()
+    at.switch_page("pages/ground_truth.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def tooltips(at: AppTest) -> list[str]:
+    body = next(el.proto.body for el in at.html if 'data-testid="token-strip"' in el.proto.body)
+    return [t.replace("&#x27;", "'") for t in re.findall(r'title="([^"]*)"', body)]
+
+
+def test_ground_truth_page_plots_and_tooltips(hops_env):
+    at = open_page()
+    assert not at.error
+    figs = [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+    boxes = next(f for f in figs if any(t.get("type") == "box" for t in f["data"]))
+    assert len(boxes["data"]) == 4  # A1, latent, A2 (argmax labels), A2 (KL labels)
+    lines = next(f for f in figs if f["layout"]["title"]["text"].startswith("Answer accuracy against loops"))
+    assert len(lines["data"]) == 4  # hop counts 1..3 trained, 4 unseen
+    assert any(m.label.startswith("Spearman") for m in at.metric)
+    # the picked program's `?` tokens say their answer's hop count, as the parser computes it
+    program = at.selectbox(key="gt_pick").value
+    text = at.session_state["gt_programs"][program]
+    expected = [h for h in hop_counts(text) if h]
+    notes = [int(m) for t in tooltips(at) for m in re.findall(r"predicts an answer (\d+) hops deep", t)]
+    assert notes == expected and notes
+
+
+def test_new_random_program_has_the_chosen_max_hop_count(hops_env):
+    at = open_page()
+    n = len(at.session_state["gt_programs"])
+    at.number_input(key="gt_max_hops").set_value(3).run()
+    at.button(key="gt_new").click().run()
+    assert not at.exception
+    assert len(at.session_state["gt_programs"]) == n + 1 and at.selectbox(key="gt_pick").value == n
+    assert max(hop_counts(at.session_state["gt_programs"][n])) == 3
+    notes = [int(m) for t in tooltips(at) for m in re.findall(r"predicts an answer (\d+) hops deep", t)]
+    assert max(notes) == 3
+
+
+def test_checkpoint_without_ground_truth_says_so(hops_env):
+    at = AppTest.from_file("../app.py", default_timeout=TIMEOUT)
+    at.run()
+    at.selectbox(key="checkpoint_path").set_value(str(hops_env["tiny"])).run()
+    at.switch_page("pages/ground_truth.py").run()
+    assert not at.exception
+    assert any("no ground truth" in i.value for i in at.info)

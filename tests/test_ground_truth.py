@@ -1,0 +1,93 @@
+"""recur_core.ground_truth: rank correlation, and the report's ground_truth section on a tiny model
+trained for seconds on multi-hop programs (present only for checkpoints with ground truth)."""
+import json
+
+import numpy as np
+import pytest
+
+from recur_core.ground_truth import load_ground_truth, spearman
+from tiny import make_tiny_hops_checkpoint
+
+ANALYZE_ARGS = ["--windows", "12", "--max-loops", "6", "--n-boot", "40", "--probe-windows", "8",
+                "--probe-tokens", "16", "--no-cache", "--batch-size", "12"]
+
+
+@pytest.fixture(scope="module")
+def hops_ckpt(tmp_path_factory):
+    return make_tiny_hops_checkpoint(tmp_path_factory.mktemp("hops"), steps=30)
+
+
+def test_spearman_matches_pearson_of_ranks_with_ties():
+    x = np.array([1, 2, 2, 3, 5, 4])
+    y = np.array([1, 1, 2, 3, 3, 6])
+    rx = np.array([1, 2.5, 2.5, 4, 6, 5])
+    ry = np.array([1.5, 1.5, 3, 4.5, 4.5, 6])
+    assert spearman(x, y) == pytest.approx(np.corrcoef(rx, ry)[0, 1])
+    assert spearman(x, -x) == pytest.approx(-1.0)
+    assert np.isnan(spearman(x, np.ones_like(x)))
+
+
+def test_analyze_adds_the_ground_truth_section(hops_ckpt, tmp_path):
+    from recur_core.analyze import main
+    report = main([str(hops_ckpt), "--out", str(tmp_path), *ANALYZE_ARGS])
+    gt = json.loads((tmp_path / "report.json").read_text())["ground_truth"]
+    assert gt == report["ground_truth"]
+    hops, max_train = load_ground_truth(hops_ckpt)
+    answer_hops = hops[:12, 1:]
+    assert gt["max_train_hops"] == max_train == 3
+    assert gt["hop_counts"] == sorted(set(answer_hops[answer_hops > 0].tolist()))
+    assert gt["n_answers"] == int((answer_hops > 0).sum())
+    assert gt["uniform"]["loops"] == list(range(1, 7))
+    for h in gt["hop_counts"]:
+        accs = gt["uniform"]["accuracy_by_hops"][str(h)]
+        assert len(accs) == 6 and all(0 <= a <= 1 for a in accs)
+    assert set(gt["policies"]) == {"A1", "latent", "A2_argmax", "A2_kl"}
+    for pol in gt["policies"].values():
+        assert {"threshold", "answer_accuracy", "mean_loops", "exit_depth_by_hops", "spearman_exit_vs_hops",
+                "vs_a0_rbar_loops_ratio", "vs_best_uniform_loops_ratio", "accuracy_by_hops", "curve"} <= set(pol)
+        sp = pol["spearman_exit_vs_hops"]
+        assert set(sp) == {"value", "ci_low", "ci_high"}
+        assert 1 <= pol["mean_loops"] <= 6
+        if pol["matches_a0_rbar"]:
+            assert pol["answer_accuracy"] >= gt["target_accuracy"]
+    assert set(gt["extrapolation"]) == {"4"}  # the eval programs' one hop count past training
+    # every documented ground_truth key is in the report (docs/REPORT_KEYS.md)
+    import test_analysis_cli as cli
+    keys = [k for k in cli.documented_keys() if k.startswith("ground_truth")]
+    assert len(keys) > 25
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cli, "PLACEHOLDERS", {"<policy>": ["A1", "latent", "A2_argmax", "A2_kl"],
+                                         "<h>": [str(h) for h in gt["hop_counts"]]})
+        for key in keys:
+            cli.check_path(report, key.split("."), "")
+    best = gt["best_uniform_depth"]
+    assert gt["uniform"]["answer_accuracy"][best - 1] >= gt["target_accuracy"]
+    assert all(a < gt["target_accuracy"] for a in gt["uniform"]["answer_accuracy"][:best - 1])
+
+
+def test_checkpoints_without_ground_truth_have_no_section(tiny_ckpt, tmp_path):
+    from recur_core.analyze import main
+    assert load_ground_truth(tiny_ckpt) is None
+    report = main([str(tiny_ckpt), "--out", str(tmp_path), *ANALYZE_ARGS])
+    assert "ground_truth" not in report
+
+
+def test_export_writes_the_hops_card(hops_ckpt, tmp_path):
+    from training.export import export
+    dst = tmp_path / "shipped"
+    out = export(hops_ckpt, dst, command="python -m training.run hops", machine="a test")
+    readme = (dst / "README.md").read_text()
+    card = json.loads((dst / "card.json").read_text())
+    assert (dst / "ground_truth.safetensors").is_file() and load_ground_truth(dst) is not None
+    assert "Answer accuracy (%) per hop count × uniform loops" in readme and "(unseen)" in readme
+    assert "python -m training.run hops" in readme
+    assert [g["met"] for g in out["goals"]] == [g["met"] for g in card["goals"]] and len(card["goals"]) == 4
+    gt = card["ground_truth"]
+    assert gt["max_train_hops"] == 3 and gt["n_programs"] == 128 and gt["uniform"]["loops"][-1] == 32
+    for h in gt["hop_counts"]:  # every row of the table is printed from card.json's numbers
+        row = "| " + str(h) + (" (unseen)" if h > 3 else "") + f" | {gt['n_answers_by_hops'][str(h)]} | "
+        assert row in readme
+    # a goal's verdict follows from the measured numbers
+    rb = gt["r_bar"]
+    lowest = min(gt["uniform"]["accuracy_by_hops"][str(h)][rb - 1] for h in gt["hop_counts"] if h <= 3)
+    assert card["goals"][0]["met"] == (lowest >= 0.95)

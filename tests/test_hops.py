@@ -1,0 +1,104 @@
+"""The multi-hop program task: hop counts on hand-written programs, the generator, the tokenizer,
+and exact resume of a run trained on the generated stream."""
+import random
+
+import pytest
+import torch
+
+from recur_core.checkpoint import load_checkpoint, read_safetensors
+from recur_core.ground_truth import load_ground_truth
+from tiny import make_tiny_hops_checkpoint
+from training.hops import (HopsStream, HopsTask, build_tokenizer, elimination_chance, eval_program, hop_counts,
+                           make_program, training_program)
+
+
+def answers(text: str) -> dict[str, int]:
+    """{queried variable: hop count} read off hop_counts (the answer sits 2 characters after it)."""
+    h = hop_counts(text)
+    return {text[i - 2]: h[i] for i in range(len(text)) if h[i]}
+
+
+def test_hop_counts_on_hand_written_programs():
+    assert answers("k=7;b=k;x=b;m=3;q=x;q?7;b?7;m?3;") == {"q": 4, "b": 2, "m": 1}
+    # interleaved chains; a variable bound to a deeper one is one more hop
+    assert answers("a=1;c=2;d=c;b=a;e=d;f=e;f?2;b?1;") == {"f": 4, "b": 2}
+    # only the answer position carries the count; other tokens carry 0
+    h = hop_counts("a=1;b=a;b?1;")
+    assert h == [0] * 10 + [2, 0]
+    # an unbound variable (or one bound to an unbound one) has no ground truth
+    assert answers("a=z;a?3;x?1;") == {}
+
+
+def test_generated_programs_have_distinct_values_and_the_asked_hop_counts():
+    rng = random.Random(3)
+    for _ in range(200):
+        hops = [rng.randint(1, 10) for _ in range(2)]
+        p = make_program(rng, hops, max_tail=2, decoy_hops=[rng.randint(1, 6) for _ in range(2)])
+        assert p.hops == hop_counts(p.text)
+        assert sorted(h for h in p.hops if h) == sorted(hops)
+        answers = [p.text[i] for i, h in enumerate(p.hops) if h]
+        literals = [s[2] for s in p.text.split(";") if len(s) == 3 and s[1] == "=" and s[2].isdigit()]
+        assert len(literals) == 4 and len(set(literals)) == 4  # 2 queried chains + 2 decoys, distinct values
+        assert len(set(answers)) == 2 and set(answers) < set(literals)  # no answer follows by elimination
+        bound = [s[0] for s in p.text.split(";") if len(s) == 3 and s[1] == "="]
+        assert len(bound) == len(set(bound))  # each variable bound once
+
+
+def test_eval_programs_reach_past_training_and_the_curriculum_grows():
+    task = HopsTask(max_hops=6, extra_eval_hops=4, start_hops=2, programs_per_level=10)
+    assert max(max(eval_program(task, 0, i).hops) for i in range(20)) == 10
+    assert task.curriculum_hops(0) == 2 and task.curriculum_hops(25) == 4 and task.curriculum_hops(10 ** 6) == 6
+    early = [max(training_program(task, 0, i).hops) for i in range(10)]
+    assert max(early) <= 2
+    assert training_program(task, 5, 7).text == training_program(task, 5, 7).text  # seeded
+    warm = HopsTask(recall_programs=5, recall_pairs=8, start_hops=2, programs_per_level=10)
+    recall = training_program(warm, 0, 4)
+    assert [h for h in recall.hops if h] == [1] * 6 and recall.text.count("=") == 8
+    assert warm.curriculum_hops(0) == 2 and max(training_program(warm, 0, 5).hops) <= 2  # then the curriculum
+    assert training_program(task, 5, 7).text != training_program(task, 6, 7).text
+
+
+def test_elimination_chance():
+    # 3 literal values; the first answer has 3 candidates, the second 2 (one value already answered)
+    assert elimination_chance("a=1;b=2;c=3;d=a;d?1;b?2;") == [1 / 3, 1 / 2]
+
+
+def test_tokenizer_is_character_level_and_round_trips():
+    tok = build_tokenizer()
+    text = "k=7;b=k;b?7;"
+    enc = tok.encode(text)
+    assert enc.tokens == list(text) and tok.decode(enc.ids) == text
+    assert tok.token_to_id("<|endoftext|>") == 0
+
+
+def test_stream_position_is_its_state_and_loss_weights_favour_answers():
+    task, tok = HopsTask(), build_tokenizer()
+    a = HopsStream(task, tok, seed=1, window_len=129)
+    a.next_batch(5)
+    b = HopsStream(task, tok, seed=1, window_len=129)
+    b.load_state(a.state())
+    batch = a.next_batch(4)
+    assert torch.equal(batch, b.next_batch(4))
+    w = a.loss_weights(batch[:, :-1], batch[:, 1:])
+    is_answer = batch[:, :-1] == tok.token_to_id("?")
+    assert (w[is_answer] == task.answer_weight).all() and (w[~is_answer] < task.answer_weight).all()
+
+
+def test_bad_hops_setting_is_a_clear_error():
+    with pytest.raises(ValueError, match="hops setting"):
+        HopsTask.parse("hops:nope=3")
+    with pytest.raises(ValueError, match="do not fit"):
+        HopsTask.parse("hops:max_hops=12,chains=3")
+
+
+def test_stopped_and_resumed_hops_run_equals_uninterrupted_run(tmp_path):
+    straight = make_tiny_hops_checkpoint(tmp_path / "a", steps=16)
+    make_tiny_hops_checkpoint(tmp_path / "b", steps=16, trainer_kwargs={"stop_at_step": 7})
+    resumed = make_tiny_hops_checkpoint(tmp_path / "b", steps=16, trainer_kwargs={"resume": True})
+    a, b = read_safetensors(straight / "model.safetensors"), read_safetensors(resumed / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    state = load_checkpoint(resumed).meta
+    assert state["step"] == 16
+    hops, max_train = load_ground_truth(resumed)
+    assert max_train == 3 and hops.max() == 4  # eval programs go one hop past training
+    assert hops.shape == tuple(load_checkpoint(resumed).windows("eval").shape)

@@ -1,0 +1,281 @@
+"""Multi-hop variable-binding programs: a task whose answer tokens need a known number of sequential steps.
+
+A program binds variables in several independent chains, then queries one variable in each of
+some of them (the others are decoys):
+
+    <|endoftext|>k=7;d=3;b=k;x=b;m=5;q=d;x?7;q?3;
+
+`k=7` binds a literal (1 hop); `b=k` adds one hop to `k`'s count, so `x` is 3 hops from its value.
+The token after `?` is the answer, and its **hop count** is its ground-truth depth; other tokens
+carry none (0). The chains have distinct values, so the most frequent value cannot score; each
+chain is queried at most once, so no earlier answer is a shortcut to a later one; and unqueried
+decoy chains keep the last answer from following by elimination of the earlier ones. `hop_counts` recovers the
+hop count of every answer from the program text alone, so pasted or hand-edited programs have their
+ground truth too.
+
+The training stream is infinite and needs no data files: program i is drawn from its own RNG,
+seeded by (seed, i), so the stream's state is one integer and resume is exact. A curriculum raises
+the largest hop count with the program index. Held-out evaluation programs use another seed and
+go to hop counts past the training range (extrapolation).
+
+Settings come from the dataset string: `hops` or `hops:max_hops=6,chains=2,...` (see `HopsTask`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+from .data import EOS
+
+VARIABLES = "abcdefghijklmnopqrstuvwxyz"
+VALUES = "0123456789"
+SYMBOLS = "=;?"
+VOCAB = [EOS, *SYMBOLS, *VALUES, *VARIABLES]
+PAD = EOS  # windows are padded with EOS after the program; padded positions are not trained
+EVAL_SEED_OFFSET, PROBE_SEED_OFFSET = 1_000_000_007, 2_000_000_011
+
+
+def is_hops(dataset: str) -> bool:
+    return dataset == "hops" or dataset.startswith("hops:")
+
+
+@dataclass(frozen=True)
+class HopsTask:
+    max_hops: int = 6  # H: hop counts 1..H in training
+    extra_eval_hops: int = 4  # held-out programs go to H + 4
+    chains: int = 2  # queried chains per program, each queried once
+    decoys: int = 2  # further chains that are never queried (so that no answer follows by elimination)
+    max_tail: int = 2  # variables bound after the queried one in its chain (distractors)
+    start_hops: int = 2  # curriculum: the largest hop count starts here ...
+    programs_per_level: int = 20_000  # ... and grows by one every this many programs
+    recall_programs: int = 0  # warm start: the first this many programs are associative recall
+    #                           (recall_pairs literal bindings, all but 2 queried: dense answers)
+    recall_pairs: int = 8
+    answer_weight: float = 1.0  # loss weight of answer tokens
+    other_weight: float = 0.1  # loss weight of the other program tokens (padding: 0)
+
+    @classmethod
+    def parse(cls, dataset: str) -> "HopsTask":
+        """`hops` or `hops:key=value,...` with HopsTask's fields."""
+        if not is_hops(dataset):
+            raise ValueError(f"not a hops dataset: {dataset!r}")
+        _, _, spec = dataset.partition(":")
+        types = {f.name: f.type for f in dataclasses.fields(cls)}
+        kwargs = {}
+        for item in filter(None, spec.split(",")):
+            key, sep, value = item.partition("=")
+            if not sep or key not in types:
+                raise ValueError(f"hops setting {item!r}: expected key=value with key in {', '.join(types)}")
+            kwargs[key] = float(value) if types[key] == "float" else int(value)
+        task = cls(**kwargs)
+        need = task.chains * (task.max_hops + task.extra_eval_hops) + task.decoys
+        if task.chains + task.decoys > len(VALUES) or need > len(VARIABLES):
+            raise ValueError(f"hops: {task.chains} + {task.decoys} chains to {task.max_hops + task.extra_eval_hops} hops "
+                             f"do not fit {len(VALUES)} values / {len(VARIABLES)} variables")
+        return task
+
+    def curriculum_hops(self, index: int) -> int:
+        """The largest hop count of training program `index`."""
+        return min(self.max_hops, self.start_hops + index // self.programs_per_level)
+
+
+# -- tokenizer -----------------------------------------------------------------------------------
+def build_tokenizer() -> Tokenizer:
+    """Character-level: every character of a program is one token; EOS is token 0."""
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(VOCAB)}, unk_token=EOS))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([EOS])
+    return tok
+
+
+# -- programs -------------------------------------------------------------------------------------
+@dataclass
+class Program:
+    text: str  # without the leading EOS
+    hops: list[int]  # per character of text: the hop count of an answer token, else 0
+
+
+def make_program(rng: random.Random, query_hops: list[int], max_tail: int, decoy_hops: list[int] = ()) -> Program:
+    """Queried chains with the given hop counts for their queried variable (plus 0..max_tail
+    distractor variables bound after it) and unqueried decoy chains, interleaved in random order
+    (each chain in order), then one query per queried chain in random order.
+
+    Decoys keep the answers from following by elimination: after k answers, 2 + decoys - k values
+    remain possible. Decoys and tails are shortened (to 1 and 0) when the variables run out."""
+    query_hops, decoy_hops = list(query_hops), list(decoy_hops)
+    tails = [rng.randint(0, max_tail) for _ in query_hops]
+    while sum(query_hops) + sum(tails) + sum(decoy_hops) > len(VARIABLES):
+        if any(d > 1 for d in decoy_hops):
+            decoy_hops[decoy_hops.index(max(decoy_hops))] -= 1
+        elif any(tails):
+            tails[tails.index(max(tails))] -= 1
+        else:
+            raise ValueError(f"hop counts {query_hops} with {len(decoy_hops)} decoys need more than "
+                             f"{len(VARIABLES)} variables")
+    lengths = [h + t for h, t in zip(query_hops, tails)] + decoy_hops
+    names = rng.sample(VARIABLES, sum(lengths))
+    values = rng.sample(VALUES, len(lengths))
+    chains, at = [], 0
+    for n in lengths:
+        chains.append(names[at:at + n])
+        at += n
+    order = [c for c, chain in enumerate(chains) for _ in chain]
+    rng.shuffle(order)
+    next_in_chain = [0] * len(chains)
+    statements = []
+    for c in order:
+        i = next_in_chain[c]
+        rhs = values[c] if i == 0 else chains[c][i - 1]
+        statements.append(f"{chains[c][i]}={rhs};")
+        next_in_chain[c] += 1
+    queries = [f"{chains[c][h - 1]}?{values[c]};" for c, h in enumerate(query_hops)]
+    rng.shuffle(queries)
+    text = "".join(statements + queries)
+    return Program(text, hop_counts(text))
+
+
+def hop_counts(text: str) -> list[int]:
+    """Per character of a program: the hop count of the answer after `v?`, else 0.
+
+    A literal binding `v=7` is 1 hop; `v=u` is one more than `u`. An answer to an unbound variable
+    (or to a variable bound to an unbound one) has no ground truth (0)."""
+    hops = [0] * len(text)
+    depth: dict[str, int] = {}
+    pos = 0
+    for stmt in text.split(";"):
+        if len(stmt) == 3 and stmt[0] in VARIABLES:
+            lhs, op, rhs = stmt
+            if op == "=" and rhs in VALUES:
+                depth[lhs] = 1
+            elif op == "=" and rhs in VARIABLES:
+                if rhs in depth:
+                    depth[lhs] = depth[rhs] + 1
+                else:
+                    depth.pop(lhs, None)
+            elif op == "?" and lhs in depth:
+                hops[pos + 2] = depth[lhs]
+        pos += len(stmt) + 1
+    return hops
+
+
+def program_ids(tok: Tokenizer, program: Program, window_len: int) -> tuple[list[int], list[int]]:
+    """(ids, hops) of one window: EOS, the program, EOS padding to window_len."""
+    ids = [tok.token_to_id(EOS)] + tok.encode(program.text).ids
+    hops = [0] + program.hops
+    if len(ids) > window_len:
+        raise ValueError(f"a program of {len(ids)} tokens does not fit a window of {window_len}")
+    pad = window_len - len(ids)
+    return ids + [tok.token_to_id(PAD)] * pad, hops + [0] * pad
+
+
+def training_program(task: HopsTask, seed: int, index: int) -> Program:
+    rng = random.Random(seed * 1_000_003 + index)
+    if index < task.recall_programs:  # 1-hop only, many answers per program, 2 decoys
+        return make_program(rng, [1] * (task.recall_pairs - 2), 0, [1, 1])
+    top = task.curriculum_hops(index - task.recall_programs)
+    return make_program(rng, [rng.randint(1, top) for _ in range(task.chains)], task.max_tail,
+                        [rng.randint(1, top) for _ in range(task.decoys)])
+
+
+def eval_program(task: HopsTask, seed: int, index: int) -> Program:
+    """Held-out programs: the first chain cycles through hop counts 1..H+4, the other queried chains
+    are uniform over the same range; decoys are uniform over 1..H."""
+    rng = random.Random(seed * 1_000_003 + index + EVAL_SEED_OFFSET)
+    top = task.max_hops + task.extra_eval_hops
+    first = 1 + index % top
+    return make_program(rng, [first] + [rng.randint(1, top) for _ in range(task.chains - 1)], task.max_tail,
+                        [rng.randint(1, task.max_hops) for _ in range(task.decoys)])
+
+
+def eval_windows(task: HopsTask, tok: Tokenizer, seed: int, n: int, window_len: int,
+                 offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, hops), each n x window_len, of held-out programs offset .. offset + n - 1."""
+    rows = [program_ids(tok, eval_program(task, seed, offset + i), window_len) for i in range(n)]
+    return (torch.tensor([r[0] for r in rows], dtype=torch.int64),
+            torch.tensor([r[1] for r in rows], dtype=torch.int64))
+
+
+def answer_mask(inputs: torch.Tensor, tok: Tokenizer) -> torch.Tensor:
+    """True where the next token is an answer (the input token is `?`)."""
+    return inputs == tok.token_to_id("?")
+
+
+class HopsStream:
+    """The infinite training stream; `position` (programs drawn) is its whole state."""
+
+    def __init__(self, task: HopsTask, tok: Tokenizer, seed: int, window_len: int):
+        self.task, self.tok, self.seed, self.window_len = task, tok, seed, window_len
+        self.position = 0
+
+    def next_batch(self, n: int) -> torch.Tensor:
+        """n programs, padded to the longest in the batch (not to the window: saves compute)."""
+        rows = [program_ids(self.tok, training_program(self.task, self.seed, self.position + i), self.window_len)[0]
+                for i in range(n)]
+        self.position += n
+        batch = torch.tensor(rows, dtype=torch.int64)
+        pad = self.tok.token_to_id(PAD)
+        used = int((batch != pad).sum(1).max()) + 1  # the leading EOS and the longest program
+        return batch[:, :min(used, self.window_len)]
+
+    def loss_weights(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Per target token: answer_weight on answers, other_weight on other program tokens, 0 on padding."""
+        pad = self.tok.token_to_id(PAD)
+        w = torch.full(targets.shape, self.task.other_weight)
+        w[answer_mask(inputs, self.tok)] = self.task.answer_weight
+        w[(targets == pad) & (inputs == pad)] = 0.0
+        return w
+
+    @property
+    def epoch(self) -> float:
+        return float("nan")  # an infinite stream has no epochs
+
+    def state(self) -> dict:
+        return {"position": self.position, "kind": "hops"}
+
+    def load_state(self, state: dict) -> None:
+        self.position = int(state["position"])
+
+
+GROUND_TRUTH = "ground_truth.safetensors"  # {"hops": N x window_len}, aligned with the eval windows
+
+
+def training_data(dataset: str, tok: Tokenizer, seed: int, window_len: int, n_windows: int = 128,
+                  n_select: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, HopsStream, dict]:
+    """(eval windows, selection windows, probe windows, training stream, extra checkpoint tensors).
+
+    Eval windows are held-out programs (hop counts to H + 4); the selection windows best/ is chosen
+    on are the held-out programs right after them (disjoint); probe windows (for A2's router) are
+    training-distribution programs from indices the stream never reaches."""
+    task = HopsTask.parse(dataset)
+    eval_ids, eval_hops = eval_windows(task, tok, seed, n_windows, window_len)
+    select_ids, _ = eval_windows(task, tok, seed, n_select, window_len, offset=n_windows)
+    late = 10 ** 12  # past any training run: the curriculum is complete there
+    probe = [program_ids(tok, training_program(task, seed, late + i), window_len)[0] for i in range(n_windows)]
+    ground_truth = {GROUND_TRUTH: {"hops": eval_hops, "max_train_hops": torch.tensor([task.max_hops])}}
+    return (eval_ids, select_ids, torch.tensor(probe, dtype=torch.int64), HopsStream(task, tok, seed, window_len),
+            ground_truth)
+
+
+def random_program(task: HopsTask, seed: int, max_hops: int) -> Program:
+    """A program whose deepest answer has exactly max_hops hops (the other chains: 1..max_hops)."""
+    rng = random.Random(seed)
+    return make_program(rng, [max_hops] + [rng.randint(1, max_hops) for _ in range(task.chains - 1)], task.max_tail,
+                        [rng.randint(1, max_hops) for _ in range(task.decoys)])
+
+
+def elimination_chance(text: str) -> list[float]:
+    """Per answer of a program, in order: the accuracy of guessing among the literal values not yet
+    answered (what a model that reads the values but does no lookup can get)."""
+    literals = {s[2] for s in text.split(";") if len(s) == 3 and s[1] == "=" and s[2] in VALUES}
+    answered: set[str] = set()
+    out = []
+    for s in text.split(";"):
+        if len(s) == 3 and s[1] == "?":
+            out.append(1.0 / max(1, len(literals - answered)))
+            answered.add(s[2])
+    return out

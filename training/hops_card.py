@@ -1,0 +1,180 @@
+"""The model card of a checkpoint trained on multi-hop programs (training/hops.py), for training.export.
+
+Every number is measured here with the product's own code (recur_core.trace, recur_core.probe,
+recur_core.ground_truth) on the checkpoint's 128 held-out eval programs, and judged against the
+goals of the multi-hop checkpoint (issue 10). Unmet goals are stated as such.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from recur_core.analysis import json_safe
+from recur_core.checkpoint import load_checkpoint
+from recur_core.ground_truth import eos_id, ground_truth_section, load_ground_truth
+from recur_core.probe import load_or_train_probes
+from recur_core.settings import SETTINGS
+from recur_core.stats import Bootstrap
+from recur_core.trace import trace
+from training.hops import elimination_chance
+
+CARD_LOOPS = 32
+TABLE_LOOPS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
+
+
+def measure(ckpt_dir: Path, n_boot: int = SETTINGS.n_boot) -> dict:
+    """The ground_truth section (as in report.json) on all 128 eval programs, to CARD_LOOPS loops."""
+    ckpt = load_checkpoint(ckpt_dir)
+    hops, max_train = load_ground_truth(ckpt_dir)
+    r_max, r_bar, seed = ckpt.recipe.r_max, round(ckpt.recipe.r_bar), SETTINGS.seed
+    probes = load_or_train_probes(ckpt, r_max, seed, cache=False, progress=True)
+    tr = trace(ckpt, ckpt.windows("eval").numpy(), max(CARD_LOOPS, r_max), seed=seed, probes=list(probes.values()),
+               cache=False, progress=True)
+    section = ground_truth_section(tr, hops, max_train, eos_id(ckpt.tokenizer()), max(CARD_LOOPS, r_max), r_bar,
+                                   Bootstrap(tr.n_windows, n_boot, seed), probes, SETTINGS.eps_grid, SETTINGS.tau_grid)
+    tok = ckpt.tokenizer()
+    texts = [tok.decode([i for i in w.tolist() if i != tok.token_to_id("<|endoftext|>")]) for w in ckpt.windows("eval")]
+    section["chance_accuracy"] = float(np.mean([c for t in texts for c in elimination_chance(t)]))
+    return json_safe(section)
+
+
+def goals(gt: dict) -> list[tuple[str, str, bool]]:
+    """(goal, measured, met) for the goals of issue 10 that are pass/fail."""
+    acc = gt["uniform"]["accuracy_by_hops"]
+    rb, H = gt["r_bar"], gt["max_train_hops"]
+    trained = [h for h in gt["hop_counts"] if h <= H]
+    at_rbar = {h: acc[str(h)][rb - 1] for h in trained}
+    deep_at_1 = {h: acc[str(h)][0] for h in gt["hop_counts"] if 4 <= h <= H}
+    a1 = gt["policies"]["A1"]["spearman_exit_vs_hops"]
+    best = min(gt["policies"].items(), key=lambda kv: (not kv[1]["matches_a0_rbar"], kv[1]["mean_loops"]))
+    ratio = best[1]["vs_best_uniform_loops_ratio"]
+    return [
+        (f"answer accuracy at r̄ = {rb} ≥ 95% for every hop count ≤ {H}",
+         f"lowest {min(at_rbar.values()):.1%} (at {min(at_rbar, key=at_rbar.get)} hops)", min(at_rbar.values()) >= 0.95),
+        ("answer accuracy at 1 loop ≤ 50% for hop counts ≥ 4",
+         f"highest {max(deep_at_1.values()):.1%}" if deep_at_1 else "no such hop counts", bool(deep_at_1) and
+         max(deep_at_1.values()) <= 0.5),
+        ("Spearman(A1 exit depth, hop count) ≥ 0.7",
+         "n/a" if a1["value"] is None else f"{a1['value']:.3f} [{a1['ci_low']:.3f}, {a1['ci_high']:.3f}]",
+         a1["value"] is not None and a1["value"] >= 0.7),
+        ("a policy matches A0@r̄ within 1 point with mean loops ≤ 0.5× the smallest uniform depth reaching it",
+         f"{best[0]}: {best[1]['mean_loops']:.2f} loops vs uniform {gt['best_uniform_depth']} "
+         f"({'n/a' if ratio is None else format(ratio, '.2f')}×)" + ("" if best[1]["matches_a0_rbar"] else
+                                                                     ", and it does not match A0@r̄"),
+         bool(best[1]["matches_a0_rbar"] and ratio is not None and ratio <= 0.5)),
+    ]
+
+
+def card(name: str, meta: dict, gt: dict, command: str, machine: str) -> str:
+    tc = meta["train_config"]
+    acc = gt["uniform"]["accuracy_by_hops"]
+    loops = [r for r in TABLE_LOOPS if r <= gt["r_max"]]
+    header = "| hops | answers | " + " | ".join(f"{r}" for r in loops) + " |"
+    rows = [header, "|" + "---|" * (len(loops) + 2)]
+    for h in gt["hop_counts"]:
+        mark = "" if h <= gt["max_train_hops"] else " (unseen)"
+        rows.append(f"| {h}{mark} | {gt['n_answers_by_hops'][str(h)]} | "
+                    + " | ".join(f"{100 * acc[str(h)][r - 1]:.0f}" for r in loops) + " |")
+    pol_rows = ["| policy | threshold | answer acc. | mean loops (all tokens) | vs A0@r̄ | vs best uniform "
+                f"({gt['best_uniform_depth']}) | Spearman(exit, hops) [95% CI] |", "|---|---|---|---|---|---|---|"]
+    for pname, p in gt["policies"].items():
+        sp, ratio = p["spearman_exit_vs_hops"], p["vs_best_uniform_loops_ratio"]
+        spt = "n/a" if sp["value"] is None else f"{sp['value']:.3f} [{sp['ci_low']:.3f}, {sp['ci_high']:.3f}]"
+        pol_rows.append(f"| {pname} | {p['threshold']} | {100 * p['answer_accuracy']:.1f}% | {p['mean_loops']:.2f} | "
+                        f"{p['vs_a0_rbar_loops_ratio']:.2f}× | {'n/a' if ratio is None else format(ratio, '.2f') + '×'} "
+                        f"| {spt}{'' if p['matches_a0_rbar'] else ' (does not match A0@r̄)'} |")
+    verdicts = goals(gt)
+    goal_rows = ["| goal | measured | met |", "|---|---|---|"]
+    goal_rows += [f"| {g} | {m} | {'yes' if ok else '**no**'} |" for g, m, ok in verdicts]
+    n_met = sum(ok for _, _, ok in verdicts)
+    chance = gt["chance_accuracy"]
+    best_acc = max(gt["uniform"]["answer_accuracy"])
+    status = (f"**Status: {n_met} of {len(verdicts)} goals met** (table at the end). Best answer accuracy at any "
+              f"uniform depth: {100 * best_acc:.1f}%; no-lookup chance (one of the values not yet answered, "
+              f"averaged over answers): {100 * chance:.1f}%.")
+    if best_acc < chance + 0.1:
+        status += (" **The model did not learn the lookups: it is at chance, so depth cannot matter and the "
+                   "exit-depth figures below describe noise.** It is shipped as an honest pilot, so that the "
+                   "Ground truth page and the analysis run on a real checkpoint; see docs/BENCHMARKS.md.")
+    extra = "\n".join(f"- {h} hops: {100 * e['accuracy_at_r_bar']:.0f}% at r̄, {100 * e['accuracy_at_r_max']:.0f}% at "
+                      f"{gt['r_max']} loops, best {100 * e['best_accuracy']:.0f}% at {e['best_loops']} loops"
+                      for h, e in gt["extrapolation"].items())
+    return f"""# {name}: a looped LM trained on multi-hop variable-binding programs ({meta['n_params']:,} parameters)
+
+Programs bind variables in independent chains ({meta['task']['chains']} queried, {meta['task']['decoys']} decoys that are
+never queried) and then query one variable of each queried chain (`k=7;b=k;x=b;` … `x?7;`); an answer's
+**hop count** (the lookups it needs) is its ground-truth depth (`training/hops.py`).
+
+{status}
+
+Preset `{meta['preset']}` with overrides
+`{json.dumps(meta['overrides'])}`: d_model {tc['d_model']}, {tc['n_heads']} heads / {tc['n_kv_heads']} KV
+heads, FFN {tc['ffn_dim']}, prelude/core/coda {tc['n_prelude']}/{tc['n_core']}/{tc['n_coda']} blocks, a
+{meta.get('vocab_size', '')}-token character vocabulary, windows of {tc['seq_len']} tokens. Recipe:
+{meta['recipe_text']}, lr {tc['lr']}. Where this recipe and the runtime differ from the paper:
+[Deviations from the paper](../../README.md#deviations-from-the-paper).
+
+- **Data**: `{tc['dataset']}`, generated on the fly (seeded; no data files), trained on hop counts
+  1..{gt['max_train_hops']}; the 128 eval programs are held out (another seed) and go to
+  {max(gt['hop_counts'])} hops.
+- **Training**: {meta['step']} steps ({meta['tokens_seen']:,} window tokens) in {meta['wall_seconds'] / 60:.0f}
+  minutes on {machine}.
+- **Reproduce**: `{command}`
+- **Checkpoint id**: `{meta['checkpoint_id']}` (code revision {meta['code_revision']}).
+
+## Answer accuracy (%) per hop count × uniform loops, on the 128 held-out programs
+
+Measured by `python -m training.export` with `recur_core.ground_truth` (noise seed 0); the same
+numbers as the `ground_truth` section of `python -m recur_core.analyze`.
+
+{chr(10).join(rows)}
+
+## Exit policies against the hop counts (fast path, each at its operating point)
+
+Operating point: the cheapest threshold whose answer accuracy is within 1 point of A0 at r̄
+({100 * gt['target_accuracy']:.1f}%); best uniform: the smallest uniform depth reaching that accuracy
+(**{gt['best_uniform_depth']}** loops). Mean loops are over every program token (answers are a few
+percent of them); Spearman is over answer tokens, with a 95% bootstrap CI over programs.
+
+{chr(10).join(pol_rows)}
+
+## Extrapolation past the trained hop counts
+
+{extra or '- (no eval program goes past the trained hop counts)'}
+
+## Against the goals
+
+{chr(10).join(goal_rows)}
+
+## License
+
+Weights, tokenizer and the generated programs are ours (no third-party data).
+"""
+
+
+def export_hops(src: Path, dst: Path, command: str, machine: str) -> dict:
+    """Ship a multi-hop checkpoint: its files plus the ground truth, with the card measured here."""
+    from recur_core.checkpoint import atomic_write_dir
+    from recur_core.ground_truth import GROUND_TRUTH
+    from training.export import SHIPPED_FILES
+    from training.hops import HopsTask
+
+    ckpt = load_checkpoint(src)
+    task = HopsTask.parse(ckpt.meta["train_config"]["dataset"])
+    meta = {**ckpt.meta, "vocab_size": ckpt.config.vocab_size, "task": {"chains": task.chains, "decoys": task.decoys},
+            "recipe_text": ckpt.recipe.describe()}
+    gt = measure(src)
+    verdicts = [{"goal": g, "measured": m, "met": ok} for g, m, ok in goals(gt)]
+    summary = {k: v for k, v in gt.items() if k != "answers"}
+
+    def write(tmp: Path):
+        for name in (*SHIPPED_FILES, GROUND_TRUTH):
+            shutil.copyfile(src / name, tmp / name)
+        (tmp / "README.md").write_text(card(dst.name, meta, gt, command, machine))
+        (tmp / "card.json").write_text(json.dumps({"ground_truth": summary, "goals": verdicts}, indent=2) + "\n")
+
+    atomic_write_dir(dst, write)
+    return {"goals": verdicts}

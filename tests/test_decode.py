@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from recur_core.decode import (KV_RULES, Decoder, DecodeWeights, full_depth_logits, generate, generation_drift,
-                               sample_next, teacher_forced)
+from recur_core.decode import (KV_RULES, Decoder, full_depth_logits, generate, generation_drift, sample_next,
+                               teacher_forced)
 from recur_core.policies import ConvergenceExit, LatentDiff, LoopSignals, Uniform
 from recur_core.trace import noise_seed
 
 ROOT = Path(__file__).resolve().parents[1]
-TOL = 2e-5  # float32 reordering (fused q/k/v, rope as a matmul, split adapter)
+TOL = 2e-5  # float32 reordering (cached attention over a slab, masks)
 SEED = 3
 
 
@@ -179,18 +179,18 @@ def test_cache_entries_of_halted_tokens(ckpt, windows, kv_rule):
     for t in range(ids.shape[1]):
         dec.step(ids[:, t], t)
     T = ids.shape[1]
-    core = dec.cache.core[..., :T, :]  # (2, loops, n_core, B, Hkv, T, hd)
+    core = dec.cache.core[..., :T, :]  # (2, n_core, B, loops, Hkv, T, hd)
     exits = dec.cache.exit_loop[:, :T]
-    at_exit, later = core[:, 0], core[:, 1]  # loop 1 entries and loop 2 entries
+    at_exit, later = core[:, :, :, 0], core[:, :, :, 1]  # loop 1 entries and loop 2 entries
     halted_at_1 = (exits == 1)[None, None, :, None, :, None].expand_as(at_exit)
     assert halted_at_1.any()
     same = (later == at_exit)[halted_at_1]
     if kv_rule == "latest":
         assert same.all()
-        assert dec.cache.filled[:T].tolist() == [cap] * T
+        assert (dec.cache.filled[:, :T] == cap).all()
     else:
         assert not same.all()
-        assert (dec.cache.filled[:T] >= 2).all()  # loop 2 was filled for every position a later token needed
+        assert (dec.cache.filled[:, :T] >= 2).all()  # loop 2 was filled for every position a later token needed
 
 
 def mixed_eps(ckpt, windows, check_every, cap):
@@ -289,13 +289,6 @@ def test_text_prompt_and_pieces(ckpt):
     assert gen.text == "".join(gen.pieces) and len(gen.pieces) == len(gen.ids) == 6
     tok = ckpt.tokenizer()
     assert tok.decode(gen.prompt_ids + gen.ids).endswith(gen.text)
-
-
-def test_prepared_weights_are_reusable(ckpt, windows):
-    w = DecodeWeights(ckpt.model)
-    a = generate(ckpt, windows[0, :8], 6, Uniform(3), greedy=True, weights=w)
-    b = generate(ckpt, windows[0, :8], 6, Uniform(3), greedy=True)
-    assert a.ids == b.ids
 
 
 def test_too_long_raises(ckpt):

@@ -40,8 +40,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from recur_core import load_checkpoint  # noqa: E402
-from recur_core.decode import (DecodeWeights, generate, generation_drift,  # noqa: E402
-                               teacher_forced)
+from recur_core.decode import generate, generation_drift, teacher_forced  # noqa: E402
 from recur_core.harness import run_exact  # noqa: E402
 from recur_core.policies import ConvergenceExit, LatentDiff, LinearRouter, Uniform  # noqa: E402
 from recur_core.probe import load_or_train_probes  # noqa: E402
@@ -108,8 +107,8 @@ class CostModel:
 class Calibrator:
     """Teacher-forced losses of policies on the calibration windows (memoised)."""
 
-    def __init__(self, ckpt, windows, cap, seed, batch, weights):
-        self.ckpt, self.windows, self.cap, self.seed, self.batch, self.w = ckpt, windows, cap, seed, batch, weights
+    def __init__(self, ckpt, windows, cap, seed, batch):
+        self.ckpt, self.windows, self.cap, self.seed, self.batch = ckpt, windows, cap, seed, batch
         self.memo = {}
 
     def evaluate(self, policy, kv_rule="latest", mode=None, check_every=1):
@@ -120,7 +119,7 @@ class Calibrator:
         if key not in self.memo:
             t = time.perf_counter()
             tf = teacher_forced(self.ckpt, self.windows, policy, kv_rule, seed=self.seed, max_loops=self.cap,
-                                batch_size=self.batch, mode=mode, weights=self.w, check_every=check_every)
+                                batch_size=self.batch, mode=mode, check_every=check_every)
             self.memo[key] = tf
             label = repr(policy) + (f" every {check_every}" if check_every > 1 else "")
             log(f"    {label:66s} {kv_rule:9s} {mode:7s} loss {tf.loss:.5f}  "
@@ -168,19 +167,19 @@ class Spec:
     def __init__(self, policy, kv_rule="latest", check_every=1):
         self.policy, self.kv_rule, self.check_every = policy, kv_rule, check_every
 
-    def run(self, ckpt, prompt, new_tokens, cap, seed, weights, keep_logits=False):
+    def run(self, ckpt, prompt, new_tokens, cap, seed, keep_logits=False):
         return generate(ckpt, prompt, new_tokens, self.policy, greedy=True, seed=seed, max_loops=cap,
-                        weights=weights, kv_rule=self.kv_rule, check_every=self.check_every,
+                        kv_rule=self.kv_rule, check_every=self.check_every,
                         keep_logits=keep_logits)
 
 
-def time_specs(ckpt, prompts, specs, new_tokens, repeats, cap, seed, weights):
+def time_specs(ckpt, prompts, specs, new_tokens, repeats, cap, seed):
     """specs {name: Spec} -> ({name: generations of the first repeat}, {name: tokens/s per repeat}).
     Every prompt runs every spec, in an order rotated per prompt and repeat."""
     gens = {name: [] for name in specs}
     tps = {name: [] for name in specs}
     for spec in specs.values():  # warm-up
-        spec.run(ckpt, prompts[0], min(new_tokens, 4), cap, seed, weights)
+        spec.run(ckpt, prompts[0], min(new_tokens, 4), cap, seed)
     names = list(specs)
     for rep in range(repeats):
         steps = {name: 0 for name in names}
@@ -188,7 +187,7 @@ def time_specs(ckpt, prompts, specs, new_tokens, repeats, cap, seed, weights):
         for i, prompt in enumerate(prompts):
             k = (rep + i) % len(names)
             for name in names[k:] + names[:k]:
-                g = specs[name].run(ckpt, prompt, new_tokens, cap, seed, weights, keep_logits=rep == 0)
+                g = specs[name].run(ckpt, prompt, new_tokens, cap, seed, keep_logits=rep == 0)
                 steps[name] += g.decode_steps
                 secs[name] += g.decode_s
                 if rep == 0:
@@ -220,7 +219,6 @@ def bench_checkpoint(path, args) -> dict:
     cfg, recipe = ckpt.config, ckpt.meta.get("recipe", {})
     r_bar = int(round(recipe.get("r_bar", 4)))
     cap = args.max_loops or int(recipe.get("r_max", 4 * r_bar))
-    weights = DecodeWeights(ckpt.model)
     windows = ckpt.windows("eval")
     n_cal = min(args.windows, len(windows) - 1)
     cal_windows = windows[:n_cal]
@@ -234,7 +232,7 @@ def bench_checkpoint(path, args) -> dict:
         f"{cfg.n_coda}, vocab {cfg.vocab_size}; r_bar {r_bar}, loop cap {cap}; {torch.get_num_threads()} thread(s))")
     log(f"calibration: {n_cal} eval windows x {windows.shape[1] - 1} tokens, teacher-forced, KV rule 'latest'")
 
-    cal = Calibrator(ckpt, cal_windows, cap, args.seed, args.tf_batch, weights)
+    cal = Calibrator(ckpt, cal_windows, cap, args.seed, args.tf_batch)
     a0 = cal.evaluate(Uniform(r_bar))
     target = a0.loss + args.tolerance
     log(f"  target: A0@{r_bar} loss {a0.loss:.5f} + {args.tolerance} = {target:.5f}")
@@ -280,7 +278,7 @@ def bench_checkpoint(path, args) -> dict:
     names = list(specs)
     log(f"timing: {len(prompts)} prompts x {prompt_len} tokens, {args.new_tokens} new tokens, greedy, batch 1, "
         f"{args.repeats} interleaved repeat(s)")
-    gens, tps = time_specs(ckpt, prompts, specs, args.new_tokens, args.repeats, cap, args.seed, weights)
+    gens, tps = time_specs(ckpt, prompts, specs, args.new_tokens, args.repeats, cap, args.seed)
 
     cost = CostModel(cfg)
     base = names[0]

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +39,7 @@ from bench_decode import DELTA_GRID, EPS_GRID, TAU_GRID, Calibrator, CostModel, 
 from recur_core import load_checkpoint  # noqa: E402
 from recur_core.policies import ConvergenceExit, LatentDiff, LinearRouter, Uniform  # noqa: E402
 from recur_core.probe import load_or_train_probes  # noqa: E402
-from recur_core.serve import Pool, Request  # noqa: E402
+from recur_core.serve import Request, serve  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -96,13 +95,9 @@ def calibrate(ckpt, args, cap, r_bar):
 
 def serve_run(ckpt, prompts, policy, slots, args, cap, new_tokens=None):
     """(completions, wall seconds, fraction of mixed-loop steps) of every prompt through one pool."""
-    new_tokens = new_tokens or args.new_tokens
-    pool = Pool(ckpt, slots, max_loops=cap, max_len=args.prompt_len + args.new_tokens, keep_logits=False)
-    for prompt in prompts:
-        pool.submit(Request(prompt, new_tokens, policy, seed=args.seed, greedy=True))
-    t = time.perf_counter()
-    done = pool.run()
-    return [done[i] for i in sorted(done)], time.perf_counter() - t, pool.mixed_steps / max(pool.steps, 1)
+    reqs = [Request(prompt, new_tokens or args.new_tokens, policy, seed=args.seed, greedy=True) for prompt in prompts]
+    run = serve(ckpt, reqs, slots, max_loops=cap, max_len=args.prompt_len + args.new_tokens, keep_logits=False)
+    return run.completions, run.wall_s, run.mixed_steps / max(run.steps, 1)
 
 
 def proxy_cost(cost: CostModel, completions, policy) -> float:

@@ -320,17 +320,51 @@ class Pool:
         return []
 
 
-def serve(ckpt_or_model, requests, slots: int = 8, **pool_kwargs) -> list[Completion]:
-    """Run requests through a Pool; returns their completions in order. A request the pool refuses
-    gets a Completion with `error` set; the others run as usual."""
+@dataclass
+class ServeRun:
+    """What `serve` returns: the completions in request order, the wall time of the run (prefills
+    included) and how many core steps mixed loop indices."""
+
+    completions: list[Completion]
+    wall_s: float
+    steps: int
+    mixed_steps: int
+
+    def __iter__(self):
+        return iter(self.completions)
+
+    def __getitem__(self, i: int) -> Completion:
+        return self.completions[i]
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(c.ids) for c in self.completions)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else float("nan")
+
+    @property
+    def mean_loops(self) -> float:
+        """Mean exit loop of the tokens decoded in the pool (each request's first comes from its prefill)."""
+        loops = [x for c in self.completions for x in c.decode_exit_loops]
+        return sum(loops) / len(loops) if loops else float("nan")
+
+
+def serve(ckpt_or_model, requests, slots: int = 8, **pool_kwargs) -> ServeRun:
+    """Run requests through a Pool; returns their completions in request order. A request the pool
+    refuses gets a Completion with `error` set; the others run as usual."""
     pool = Pool(ckpt_or_model, slots, **pool_kwargs)
-    ids, out = [], []
+    ids, errors = [], []
     for req in requests:
         try:
             ids.append(pool.submit(req))
         except ValueError as err:
             ids.append(None)
-            out.append(str(err))
+            errors.append(str(err))
+    t = time.perf_counter()
     done = pool.run()
-    errors = iter(out)
-    return [done[i] if i is not None else Completion(-1, error=next(errors)) for i in ids]
+    wall = time.perf_counter() - t
+    errors = iter(errors)
+    return ServeRun([done[i] if i is not None else Completion(-1, error=next(errors)) for i in ids], wall,
+                    pool.steps, pool.mixed_steps)

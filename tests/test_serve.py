@@ -150,3 +150,27 @@ def test_bench_serve_runs_on_tiny(tiny_ckpt, tmp_path):
             assert all(figure in r for r in row.values()), figure
     for figure in ("tok/s", "FLOP-proxy", "realized", "p50", "p95", "best uniform"):
         assert figure in out.stdout, figure
+
+
+def test_generate_page_pool_mode(tiny_ckpt):
+    import re
+
+    from streamlit.testing.v1 import AppTest
+    at = AppTest.from_file(str(ROOT / "pages" / "generate.py"), default_timeout=120)
+    at.session_state["checkpoint_path"] = str(tiny_ckpt)
+    at.run()
+    at.toggle[0].set_value(True).run()
+    at.text_area[0].input("Lily saw a\nTom had\nBen found a red")
+    next(s for s in at.slider if s.label == "Loop cap").set_value(3)
+    next(s for s in at.slider if s.label == "New tokens").set_value(5)
+    next(s for s in at.slider if s.label.startswith("Pool size")).set_value(2)
+    at.button[0].click().run()
+    assert not at.exception
+    strips = [str(h.proto) for h in at.get("html") if "token-strip" in str(h.proto)]
+    assert len(strips) == 3
+    for s in strips:
+        depths = [int(d) for d in re.findall(r'data-depth=\\"(\d+)\\"', s)]
+        assert len(depths) == 5 and all(1 <= d <= 3 for d in depths)
+    labels = [x.label for x in at.metric]
+    assert any("pool of 2" in label and "tokens/s" in label for label in labels)
+    assert any(label.startswith("Uniform") and "same pool" in label for label in labels)

@@ -132,14 +132,15 @@ class HaltSchedule:
     def wants_readout(self, loop: int) -> bool:
         return self.first_readout is not None and (loop == self.first_readout or self.is_check(loop))
 
-    def halt(self, loop: int, new: Tensor, old: Tensor, kl: Tensor | None) -> Tensor:
-        """The halt decision after `loop` (bool (B, T)) from the states before / after it."""
+    def halt(self, loop: int, new: Tensor, old: Tensor, kl: Tensor | None, change: Tensor | None = None) -> Tensor:
+        """The halt decision after `loop` (bool (B, T)) from the states before / after it (change:
+        relative_change(new, old) when the caller has it already)."""
         if loop >= self.cap:
             return torch.ones(new.shape[:2], dtype=torch.bool, device=new.device)
         if not self.is_check(loop):
             return torch.zeros(new.shape[:2], dtype=torch.bool, device=new.device)
-        signals = LoopSignals(state=new, state_change=relative_change(new, old), kl_prev=kl)
-        return self.policy.halt(loop, signals)
+        change = relative_change(new, old) if change is None else change
+        return self.policy.halt(loop, LoopSignals(state=new, state_change=change, kl_prev=kl))
 
 
 def kl_nats(logp: Tensor, logp_prev: Tensor) -> Tensor:

@@ -37,6 +37,7 @@ from torch import Tensor
 from .decode import Decoder, _encode, _row_noise, check_lengths, default_max_loops, kl_nats, resolve, sample_next
 from .kv import GatherKV, LoopKVCache
 from .policies import Uniform
+from .trace import relative_change
 
 
 @dataclass
@@ -158,7 +159,9 @@ class Pool:
     def submit(self, request: Request) -> int:
         """Queue a request; returns its id. A request the pool cannot run raises ValueError here,
         before it touches any state (the other sequences are unaffected)."""
-        prompt_ids, _ = _encode(request.prompt, self.ckpt, self.tokenizer)
+        if isinstance(request.prompt, str) and self.tokenizer is None and self.ckpt is not None:
+            self.tokenizer = self.ckpt.tokenizer()
+        prompt_ids, _ = _encode(request.prompt, None, self.tokenizer)
         check_lengths(len(prompt_ids), request.max_new_tokens, self.max_len)
         if any(not 0 <= i < self.model.cfg.vocab_size for i in prompt_ids):
             raise ValueError(f"prompt token ids must be in [0, {self.model.cfg.vocab_size})")
@@ -295,12 +298,13 @@ class Pool:
             sc = s.schedule
             groups.setdefault((id(sc.policy), sc.cap, sc.every, s.loop), []).append(i)
         halted = [False] * len(seqs)
+        change = relative_change(new, old)
         for idx in groups.values():
             first = seqs[idx[0]]
             kls = [seqs[i].kl for i in idx]
             kl = torch.cat(kls) if all(k is not None for k in kls) else None
             rows = torch.tensor(idx, device=self.device)
-            stop = first.schedule.halt(first.loop, new[rows], old[rows], kl)
+            stop = first.schedule.halt(first.loop, new[rows], old[rows], kl, change[rows])
             for i, h in zip(idx, stop[:, 0].tolist()):
                 halted[i] = bool(h)
         return halted

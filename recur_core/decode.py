@@ -21,13 +21,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .checkpoint import Checkpoint
-from .kv import KV_RULES, LoopKVCache, SlabKV, kv_rule as named_rule
+from .kv import LoopKVCache, SlabKV, kv_rule as named_rule
 from .model import LoopedLM
 from .policies import LoopSignals, Uniform
 from .trace import noise_seed, relative_change
-
-__all__ = ["KV_RULES", "Decoder", "HaltSchedule", "generate", "teacher_forced", "sample_next", "logit_drift",
-           "generation_drift", "full_depth_logits", "Generation", "TeacherForced"]
 
 
 # -- results -----------------------------------------------------------------------------------------

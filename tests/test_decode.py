@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from recur_core.decode import (KV_RULES, Decoder, full_depth_logits, generate, generation_drift, sample_next,
-                               teacher_forced)
+from recur_core.decode import Decoder, full_depth_logits, generate, generation_drift, sample_next, teacher_forced
+from recur_core.kv import KV_RULES
 from recur_core.policies import ConvergenceExit, LatentDiff, LoopSignals, Uniform
 from recur_core.trace import noise_seed
 

@@ -10,7 +10,9 @@ under "recompute" (= the masking harness) at nearly the same mean loops. This sc
   4. the keys a halted token leaves for later loops: under "latest" the entry of its exit loop
      (computed from s_{e-1}: the noise state for a loop-1 exit), under "recompute" the entry its
      frozen exit state writes at loop i; both against the uniform run's entry at loop i;
-  5. the oracle bound: each token at its best loop of the uniform run (the fast path's context).
+  5. the oracle bound: each token at its best loop of the uniform run (the fast path's context);
+  6. a control that separates the rule from the policy: A2's own exits, and the same exits shuffled
+     within each window (same depth distribution, tokens chosen at random), under both rules.
 
     python bench/kv_rule_gap.py [--ckpt checkpoints/demo-r8] [--tau 0.671]
 """
@@ -32,11 +34,24 @@ from recur_core import load_checkpoint  # noqa: E402
 from recur_core.analysis import TOKEN_CLASSES, vocab_classes  # noqa: E402
 from recur_core.decode import Decoder, _row_noise, teacher_forced  # noqa: E402
 from recur_core.harness import run_exact  # noqa: E402
-from recur_core.policies import LinearRouter, Uniform  # noqa: E402
+from recur_core.policies import LinearRouter, Policy, Uniform  # noqa: E402
 from recur_core.probe import load_or_train_probes  # noqa: E402
 from recur_core.trace import trace  # noqa: E402
 
 TAU_GRID = (0.9, 0.8, 0.7, 0.671, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05)
+
+
+class GivenExits(Policy):
+    """Halts token (n, t) of a whole-set prefill at exits[n, t]: a fixed exit pattern (control)."""
+
+    threshold_name = "label"
+
+    def __init__(self, exits: torch.Tensor, label: str):
+        super().__init__(1, None)
+        self.exits, self.label = exits, label
+
+    def _rule_online(self, loop, signals):
+        return self.exits.to(signals.state_change.device) == loop
 
 
 def log(*a):
@@ -53,6 +68,7 @@ def parse_args(argv=None):
     p.add_argument("--tolerance", type=float, default=0.002)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--control-only", action="store_true", help="run only section 6")
     return p.parse_args(argv)
 
 
@@ -89,6 +105,10 @@ def main(argv=None):
     probe = load_or_train_probes(ckpt, cap, args.seed, kinds=("kl",))["kl"]
     a2 = lambda tau: LinearRouter(probe, tau, r_max=cap)  # noqa: E731
     out = {}
+    if args.control_only:
+        out["control"] = control(ckpt, cal, a2(args.tau), cap, r_bar, args.seed)
+        print(json.dumps(out, default=float))
+        return
 
     # 1. the rules at the issue's tau -------------------------------------------------------------
     log(f"== 1. A2 tau {args.tau} on {len(cal)} calibration windows (cap {cap})")
@@ -196,7 +216,25 @@ def main(argv=None):
         f"over 1..{r_bar}: {best_r.mean():.5f}; fast-path A0@{r_bar} {ce[..., r_bar - 1].mean():.5f}")
     out["oracle"] = dict(all_loops=float(best.mean()), upto_r_bar=float(best_r.mean()),
                          mean_best_loop=float(ce.argmin(-1).mean() + 1), fast_a0=float(ce[..., r_bar - 1].mean()))
+    out["control"] = control(ckpt, cal, a2(args.tau), cap, r_bar, args.seed)
     print(json.dumps(out, default=float))
+
+
+def control(ckpt, cal, policy, cap, r_bar, seed) -> dict:
+    """Section 6: the policy's exits (under "latest") replayed, and shuffled within each window."""
+    log(f"== 6. control: fixed exit patterns under both rules, {len(cal)} calibration windows")
+    run = lambda p, rule: teacher_forced(ckpt, cal, p, rule, seed=seed, max_loops=cap, mode="prefill",  # noqa: E731
+                                         batch_size=len(cal))
+    exits = run(policy, "latest").exit_loop
+    g = torch.Generator().manual_seed(seed)
+    shuffled = torch.stack([row[torch.randperm(row.numel(), generator=g)] for row in exits])
+    out = {"a0": run(Uniform(r_bar), "latest").loss}
+    for label, ex in (("policy exits", exits), ("shuffled exits", shuffled)):
+        res = {rule: run(GivenExits(ex, label), rule) for rule in ("latest", "recompute")}
+        out[label] = {rule: r.loss for rule, r in res.items()}
+        log(f"{label:15s} (mean loops {ex.float().mean():.3f}): latest {res['latest'].loss:.5f}, recompute "
+            f"{res['recompute'].loss:.5f}, gap {res['latest'].loss - res['recompute'].loss:+.5f}; A0@{r_bar} {out['a0']:.5f}")
+    return out
 
 
 if __name__ == "__main__":

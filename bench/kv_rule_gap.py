@@ -68,7 +68,7 @@ def parse_args(argv=None):
     p.add_argument("--tolerance", type=float, default=0.002)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--control-only", action="store_true", help="run only section 6")
+    p.add_argument("--sections", default="1,2,3,4,5,6", help="which sections to run (3 needs 1)")
     return p.parse_args(argv)
 
 
@@ -78,6 +78,7 @@ def tf(ckpt, windows, policy, rule, cap, seed, first=0):
                           first_window=first)
 
 
+@torch.inference_mode()
 def keys_at(ckpt, windows, policy, rule, cap, seed):
     """(core keys (n_core, N, loops, Hkv, T, hd), exits (N, T), loops filled (N, T)) of a prefill."""
     ids = windows[:, :-1]
@@ -105,12 +106,20 @@ def main(argv=None):
     probe = load_or_train_probes(ckpt, cap, args.seed, kinds=("kl",))["kl"]
     a2 = lambda tau: LinearRouter(probe, tau, r_max=cap)  # noqa: E731
     out = {}
-    if args.control_only:
+    sections = {int(x) for x in args.sections.split(",")}
+    if 1 in sections:
+        out.update(section_1_3(ckpt, cal, held, a2, args, cap, r_bar, sections))
+    if 4 in sections:
+        out["keys"] = section_keys(ckpt, cal, a2, args, cap, r_bar)
+    if 5 in sections:
+        out["oracle"] = section_oracle(ckpt, cal, args, cap, r_bar)
+    if 6 in sections:
         out["control"] = control(ckpt, cal, a2(args.tau), cap, r_bar, args.seed)
-        print(json.dumps(out, default=float))
-        return
+    print(json.dumps(out, default=float))
 
-    # 1. the rules at the issue's tau -------------------------------------------------------------
+
+def section_1_3(ckpt, cal, held, a2, args, cap, r_bar, sections) -> dict:
+    out = {}
     log(f"== 1. A2 tau {args.tau} on {len(cal)} calibration windows (cap {cap})")
     a0 = tf(ckpt, cal, Uniform(r_bar), "latest", cap, args.seed)
     lat = tf(ckpt, cal, a2(args.tau), "latest", cap, args.seed)
@@ -145,6 +154,8 @@ def main(argv=None):
         out["calibrated"][rule] = dict(tau=tau, cal_loss=res.loss, cal_loops=res.mean_loops, held_loss=h.loss,
                                        held_loops=h.mean_loops)
 
+    if 3 not in sections:
+        return out
     # 3. per-token decomposition of the gap at the issue's tau ---------------------------------------
     log(f"== 3. per-token gap latest - recompute at tau {args.tau}, calibration windows")
     gap = (lat.ce - rec.ce).numpy()
@@ -183,14 +194,17 @@ def main(argv=None):
             out["by_class"][name] = dict(share_tokens=float(m.mean()), mean_gap=float(gap[m].mean()),
                                          share_of_gap=float(gap[m].sum() / total))
 
-    # 4. the keys halted tokens leave ---------------------------------------------------------------
+    return out
+
+
+def section_keys(ckpt, cal, a2, args, cap, r_bar) -> list:
     log(f"== 4. keys read for halted tokens, {args.key_windows} windows, against the uniform run's")
     kw = cal[:args.key_windows]
     k_uni, _, _ = keys_at(ckpt, kw, Uniform(cap), "latest", cap, args.seed)
     k_lat, e_lat, _ = keys_at(ckpt, kw, a2(args.tau), "latest", cap, args.seed)
     k_rec, e_rec, filled = keys_at(ckpt, kw, a2(args.tau), "recompute", cap, args.seed)
     n_loops = int(filled.min())
-    out["keys"] = []
+    out = []
     for e in (1, 2):
         for i in sorted({e + 1, min(r_bar, n_loops), n_loops}):
             if i <= e or i > n_loops:
@@ -203,10 +217,13 @@ def main(argv=None):
             d_rec, c_rec = rel(sel(k_rec), sel(k_uni))
             log(f"  exit {e}, read at loop {i:2d}: latest vs uniform rel. dist {d_lat:.3f} (cos {c_lat:.3f}); "
                 f"recompute vs uniform {d_rec:.3f} (cos {c_rec:.3f})  [{int(m.sum())} tokens]")
-            out["keys"].append(dict(exit=e, loop=i, latest_rel=d_lat, latest_cos=c_lat, recompute_rel=d_rec,
+            out.append(dict(exit=e, loop=i, latest_rel=d_lat, latest_cos=c_lat, recompute_rel=d_rec,
                                     recompute_cos=c_rec, tokens=int(m.sum())))
 
-    # 5. oracle ----------------------------------------------------------------------------------------
+    return out
+
+
+def section_oracle(ckpt, cal, args, cap, r_bar) -> dict:
     log("== 5. oracle: each token at its best loop of the uniform run (calibration windows)")
     tr = trace(ckpt, cal, cap, args.seed)
     ce = np.asarray(tr.ce)  # (N, T, loops)
@@ -214,10 +231,8 @@ def main(argv=None):
     best_r = ce[..., :r_bar].min(axis=-1)
     log(f"oracle over loops 1..{cap}: {best.mean():.5f} (mean best loop {ce.argmin(-1).mean() + 1:.2f}); "
         f"over 1..{r_bar}: {best_r.mean():.5f}; fast-path A0@{r_bar} {ce[..., r_bar - 1].mean():.5f}")
-    out["oracle"] = dict(all_loops=float(best.mean()), upto_r_bar=float(best_r.mean()),
-                         mean_best_loop=float(ce.argmin(-1).mean() + 1), fast_a0=float(ce[..., r_bar - 1].mean()))
-    out["control"] = control(ckpt, cal, a2(args.tau), cap, r_bar, args.seed)
-    print(json.dumps(out, default=float))
+    return dict(all_loops=float(best.mean()), upto_r_bar=float(best_r.mean()),
+                mean_best_loop=float(ce.argmin(-1).mean() + 1), fast_a0=float(ce[..., r_bar - 1].mean()))
 
 
 def control(ckpt, cal, policy, cap, r_bar, seed) -> dict:

@@ -27,6 +27,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -57,6 +58,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-loops", type=int, default=None, help="loop cap (default: the recipe's r_max)")
     p.add_argument("--no-a2", action="store_true", help="skip A2 (its probe is trained on first use)")
+    p.add_argument("--calibration", default=None,
+                   help="JSON file of the calibration: read if it exists (the search is skipped), else written")
     p.add_argument("--quick", action="store_true",
                    help="a smoke run: 6 requests, 8 new tokens, 8-token prompts, pools 1 and 3, 4 windows")
     args = p.parse_args(argv)
@@ -71,8 +74,33 @@ def log(*a):
     print(*a, flush=True)
 
 
+def policy_of(kind: str, threshold: float, cap: int, probe=None):
+    return {"uniform": lambda: Uniform(int(threshold)), "a1": lambda: ConvergenceExit(threshold, r_max=cap),
+            "latent": lambda: LatentDiff(threshold, r_max=cap),
+            "a2": lambda: LinearRouter(probe, threshold, r_max=cap)}[kind]()
+
+
 def calibrate(ckpt, args, cap, r_bar):
-    """{name: (policy, teacher-forced result)}, the target loss and the best uniform depth."""
+    """{name: (policy, teacher-forced result, matched)}, the target loss, the best uniform depth and
+    the number of calibration windows; read from / written to --calibration when given."""
+    path = Path(args.calibration) if args.calibration else None
+    probe = None if args.no_a2 else load_or_train_probes(ckpt, cap, args.seed, kinds=("kl",))["kl"]
+    if path is not None and path.exists():
+        saved = json.loads(path.read_text())
+        log(f"  calibration read from {path}: target {saved['target']:.5f} ({saved['windows']} windows)")
+        configs = {name: (policy_of(kind, th, cap, probe), SimpleNamespace(loss=loss, mean_loops=loops), ok)
+                   for name, (kind, th, loss, loops, ok) in saved["configs"].items()
+                   if not (kind == "a2" and args.no_a2)}
+        return configs, saved["target"], saved["best_uniform"], saved["windows"]
+    configs, target, best_u, n_cal, kinds = search(ckpt, args, cap, r_bar, probe)
+    if path is not None:
+        path.write_text(json.dumps(dict(target=target, best_uniform=best_u, windows=n_cal, configs={
+            name: [kinds[name][0], kinds[name][1], tf.loss, tf.mean_loops, ok]
+            for name, (_, tf, ok) in configs.items()}), indent=1))
+    return configs, target, best_u, n_cal
+
+
+def search(ckpt, args, cap, r_bar, probe):
     windows = ckpt.windows("eval")
     n_cal = min(args.windows, len(windows) - 1)
     cal = Calibrator(ckpt, windows[:n_cal], cap, args.seed, args.tf_batch)
@@ -82,15 +110,15 @@ def calibrate(ckpt, args, cap, r_bar):
     best_u = next((r for r in range(1, r_bar + 1) if cal.evaluate(Uniform(r)).loss <= target), r_bar)
     configs = {f"A0@{r_bar}": (Uniform(r_bar), a0, True)}
     configs[f"A0@{best_u} (best uniform)"] = (Uniform(best_u), cal.evaluate(Uniform(best_u)), True)
-    eps, a1, ok = cal.match(lambda th: ConvergenceExit(th, r_max=cap), EPS_GRID, target, args.bisect)
-    configs[f"A1 eps={eps:.3g}"] = (ConvergenceExit(eps, r_max=cap), a1, ok)
-    delta, lat, ok = cal.match(lambda th: LatentDiff(th, r_max=cap), DELTA_GRID, target, args.bisect)
-    configs[f"latent delta={delta:.3g}"] = (LatentDiff(delta, r_max=cap), lat, ok)
-    if not args.no_a2:
-        probe = load_or_train_probes(ckpt, cap, args.seed, kinds=("kl",))["kl"]
-        tau, a2, ok = cal.match(lambda th: LinearRouter(probe, th, r_max=cap), TAU_GRID, target, args.bisect)
-        configs[f"A2 tau={tau:.3g}"] = (LinearRouter(probe, tau, r_max=cap), a2, ok)
-    return configs, target, best_u, n_cal
+    kinds = {f"A0@{r_bar}": ("uniform", r_bar), f"A0@{best_u} (best uniform)": ("uniform", best_u)}
+    grids = [("a1", "A1 eps", EPS_GRID), ("latent", "latent delta", DELTA_GRID)]
+    if probe is not None:
+        grids.append(("a2", "A2 tau", TAU_GRID))
+    for kind, label, grid in grids:
+        th, tf, ok = cal.match(lambda x: policy_of(kind, x, cap, probe), grid, target, args.bisect)  # noqa: B023
+        name = f"{label}={th:.3g}"
+        configs[name], kinds[name] = (policy_of(kind, th, cap, probe), tf, ok), (kind, th)
+    return configs, target, best_u, n_cal, kinds
 
 
 def serve_run(ckpt, prompts, policy, slots, args, cap, new_tokens=None):

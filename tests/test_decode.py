@@ -13,7 +13,8 @@ import torch
 
 from recur_core.decode import Decoder, full_depth_logits, generate, generation_drift, sample_next, teacher_forced
 from recur_core.kv import KV_RULES
-from recur_core.policies import ConvergenceExit, LatentDiff, LoopSignals, Uniform
+from recur_core.policies import ConvergenceExit, LatentDiff, LinearRouter, LoopSignals, Uniform
+from recur_core.probe import Probe
 from recur_core.trace import noise_seed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,6 +166,20 @@ def test_latest_rule_is_huginns_rule_and_differs_from_the_harness(ckpt, windows)
         assert torch.equal(tf.exit_loop, ref_exits)
         torch.testing.assert_close(tf.logits, ref_logits, atol=TOL, rtol=0)
     assert not torch.allclose(tf.logits, harness_logits, atol=1e-6, rtol=0)  # "latest" is not the harness
+
+
+def test_router_prefill_equals_decoding_under_both_rules(ckpt, windows):
+    """A2 (a state probe) under either rule: the parallel prefill that benchmarks use to score it is
+    token-by-token decoding, so neither rule's loss can come from positions seeing later ones."""
+    g = torch.Generator().manual_seed(0)
+    d = ckpt.config.d_model
+    probe = Probe(torch.randn(d + 1, generator=g), 0.0, torch.zeros(d + 1), torch.ones(d + 1), "kl", 1e-3)
+    policy = LinearRouter(probe, 0.5, r_max=6)
+    for kv_rule in KV_RULES:
+        par = teacher_forced(ckpt, windows, policy, kv_rule, seed=SEED, mode="prefill", keep_logits=True)
+        seq = teacher_forced(ckpt, windows, policy, kv_rule, seed=SEED, mode="decode", keep_logits=True)
+        assert 1 < len(par.exit_loop.unique()) and torch.equal(par.exit_loop, seq.exit_loop)
+        torch.testing.assert_close(par.logits, seq.logits, atol=TOL, rtol=0)
 
 
 @pytest.mark.parametrize("kv_rule", KV_RULES)

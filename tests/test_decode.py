@@ -323,7 +323,8 @@ def test_bench_decode_runs_on_tiny(tiny_ckpt, tmp_path):
     for key in ("realized_speedup", "flop_proxy_speedup", "mean_loops_a1", "loss_a0", "loss_a1",
                 "realized_speedup_latent", "flop_proxy_speedup_latent", "mean_loops_latent", "loss_latent",
                 "loss_a0_at_mean_loops_a1", "tokens_per_s", "wall_s", "drift", "realized_speedup_a2",
-                "realized_speedup_a1_every", "loss_harness_a1", "tokens_per_s_latent_recompute"):
+                "realized_speedup_a1_every", "loss_harness_a1", "tokens_per_s_latent_recompute",
+                "mean_loops_a2_recompute", "tau_a2_recompute"):
         assert key in result, key
     text = out.stdout
     for figure in ("tok/s", "FLOP-proxy", "realized", "mean loops", "harness", "drift", "KV rules"):

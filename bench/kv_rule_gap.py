@@ -32,7 +32,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from recur_core import load_checkpoint  # noqa: E402
 from recur_core.analysis import TOKEN_CLASSES, vocab_classes  # noqa: E402
-from recur_core.decode import Decoder, _row_noise, teacher_forced  # noqa: E402
+from recur_core.decode import Decoder, row_noise, teacher_forced  # noqa: E402
 from recur_core.harness import run_exact  # noqa: E402
 from recur_core.policies import LinearRouter, Policy, Uniform  # noqa: E402
 from recur_core.probe import load_or_train_probes  # noqa: E402
@@ -83,7 +83,7 @@ def keys_at(ckpt, windows, policy, rule, cap, seed):
     """(core keys (n_core, N, loops, Hkv, T, hd), exits (N, T), loops filled (N, T)) of a prefill."""
     ids = windows[:, :-1]
     dec = Decoder(ckpt.model, policy, batch=len(ids), max_loops=cap, kv_rule=rule,
-                  noise=_row_noise(ckpt.model, range(len(ids)), seed))
+                  noise=row_noise(ckpt.model, range(len(ids)), seed))
     _, exits = dec.prefill(ids)
     T = ids.shape[1]
     return dec.cache.core[0, ..., :T, :].clone(), exits, dec.cache.filled[:, :T].copy()

@@ -289,7 +289,7 @@ def sample_next(logits: Tensor, generator: torch.Generator | None, *, greedy: bo
 
 
 # -- public API --------------------------------------------------------------------------------------
-def _row_noise(model: LoopedLM, rows, seed: int) -> Tensor:
+def row_noise(model: LoopedLM, rows, seed: int) -> Tensor:
     """(len(rows), max_seq_len, d): the full forward's noise of each row (window index) at every position."""
     return torch.cat([model.init_state(1, model.cfg.max_seq_len, torch.Generator().manual_seed(noise_seed(seed, n)))
                       for n in rows])
@@ -306,7 +306,7 @@ def check_lengths(prompt_len: int, max_new_tokens: int, max_len: int) -> None:
                          f"(max_seq_len {max_len})")
 
 
-def _encode(prompt, ckpt: Checkpoint | None, tokenizer):
+def encode_prompt(prompt, ckpt: Checkpoint | None, tokenizer):
     if isinstance(prompt, str):
         tokenizer = tokenizer or (ckpt.tokenizer() if ckpt is not None else None)
         if tokenizer is None:
@@ -355,11 +355,11 @@ def generate(ckpt_or_model, prompt, max_new_tokens: int, policy=None, *, kv_rule
     A1: it reads out only there, and its kl_prev becomes KL(p_i || p_{i-n})).
     """
     model, ckpt = resolve(ckpt_or_model)
-    prompt_ids, tokenizer = _encode(prompt, ckpt, tokenizer)
+    prompt_ids, tokenizer = encode_prompt(prompt, ckpt, tokenizer)
     check_lengths(len(prompt_ids), max_new_tokens, model.cfg.max_seq_len)
     cap = default_max_loops(policy, ckpt, max_loops)
     policy = policy if policy is not None else Uniform(cap)
-    dec = Decoder(model, policy, max_loops=cap, kv_rule=kv_rule, noise=_row_noise(model, [0], seed),
+    dec = Decoder(model, policy, max_loops=cap, kv_rule=kv_rule, noise=row_noise(model, [0], seed),
                   check_every=check_every)
     sampler = torch.Generator().manual_seed(seed)
     sample = dict(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p)
@@ -421,7 +421,7 @@ def teacher_forced(ckpt_or_model, windows, policy, kv_rule: str = "latest", *, s
         rows = range(start, min(start + batch_size, N))
         ids = windows[start:rows.stop].to(device)
         dec = Decoder(model, policy, batch=len(rows), max_loops=cap, kv_rule=kv_rule,
-                      noise=_row_noise(model, [first_window + n for n in rows], seed), check_every=check_every)
+                      noise=row_noise(model, [first_window + n for n in rows], seed), check_every=check_every)
         if mode == "prefill":
             logits, ex = dec.prefill(ids[:, :-1])
         else:

@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .decode import Decoder, _encode, _row_noise, check_lengths, default_max_loops, kl_nats, resolve, sample_next
-from .kv import GatherKV, LoopKVCache
+from .decode import (Decoder, HaltSchedule, check_lengths, default_max_loops, encode_prompt, kl_nats, resolve,
+                     row_noise, sample_next)
+from .kv import GatherKV, LoopKVCache, kv_rule
 from .policies import Uniform
 from .trace import relative_change
 
@@ -161,14 +162,13 @@ class Pool:
         before it touches any state (the other sequences are unaffected)."""
         if isinstance(request.prompt, str) and self.tokenizer is None and self.ckpt is not None:
             self.tokenizer = self.ckpt.tokenizer()
-        prompt_ids, _ = _encode(request.prompt, None, self.tokenizer)
+        prompt_ids, _ = encode_prompt(request.prompt, None, self.tokenizer)
         check_lengths(len(prompt_ids), request.max_new_tokens, self.max_len)
         if any(not 0 <= i < self.model.cfg.vocab_size for i in prompt_ids):
             raise ValueError(f"prompt token ids must be in [0, {self.model.cfg.vocab_size})")
         policy = request.policy if request.policy is not None else Uniform(self.max_loops)
-        cap = policy.cap(self.max_loops)  # raises if its min_loops exceeds the budget
-        if cap < 1:
-            raise ValueError("the policy allows no loop")
+        HaltSchedule(policy, self.max_loops, request.check_every)  # raises on min_loops > budget, check_every < 1
+        kv_rule(request.kv_rule)  # raises on an unknown rule
         rid = self.next_id
         self.next_id += 1
         self.waiting.append((rid, request, prompt_ids, policy))
@@ -226,7 +226,7 @@ class Pool:
             admitted = time.perf_counter()
             self.cache.reset_row(slot)
             dec = Decoder(self.model, policy, max_loops=self.max_loops, kv_rule=req.kv_rule,
-                          noise=_row_noise(self.model, [0], req.seed), check_every=req.check_every,
+                          noise=row_noise(self.model, [0], req.seed), check_every=req.check_every,
                           cache=self.cache.row(slot))
             seq = _Sequence(rid, slot, req, dec, prompt_ids, self.keep_logits)
             seq.out.admitted_s = admitted

@@ -117,6 +117,10 @@ def test_bad_requests_get_clear_errors_and_leave_the_others_alone(ckpt, windows)
         pool.submit(Request([1] * max_len, 2))
     with pytest.raises(ValueError, match="exceed the context"):
         pool.submit(Request([1] * 10, max_len))
+    with pytest.raises(ValueError, match="kv_rule"):
+        pool.submit(Request([1, 2], 2, kv_rule="oldest"))
+    with pytest.raises(ValueError, match="min_loops"):
+        pool.submit(Request([1, 2], 2, Uniform(CAP + 1)))
     ids.append(pool.submit(good[2]))
     done = pool.run()
     for rid, req in zip(ids, good):

@@ -129,20 +129,22 @@ class HaltSchedule:
     def wants_readout(self, loop: int) -> bool:
         return self.first_readout is not None and (loop == self.first_readout or self.is_check(loop))
 
-    def halt(self, loop: int, new: Tensor, old: Tensor, kl: Tensor | None, change: Tensor | None = None) -> Tensor:
-        """The halt decision after `loop` (bool (B, T)) from the states before / after it (change:
-        relative_change(new, old) when the caller has it already)."""
+    def halt(self, loop: int, new: Tensor, old: Tensor, readout: dict | None, change: Tensor | None = None) -> Tensor:
+        """The halt decision after `loop` (bool (B, T)) from the states before / after it, the
+        readout signals (`readout_signals`, None without a readout at this loop) and change:
+        relative_change(new, old) when the caller has it already."""
         if loop >= self.cap:
             return torch.ones(new.shape[:2], dtype=torch.bool, device=new.device)
         if not self.is_check(loop):
             return torch.zeros(new.shape[:2], dtype=torch.bool, device=new.device)
         change = relative_change(new, old) if change is None else change
-        return self.policy.halt(loop, LoopSignals(state=new, state_change=change, kl_prev=kl))
+        return self.policy.halt(loop, LoopSignals(state=new, state_change=change, **(readout or {})))
 
 
-def kl_nats(logp: Tensor, logp_prev: Tensor) -> Tensor:
-    """KL(p || p_prev) in nats per token from log-probabilities, clamped at 0 (float rounding)."""
-    return (logp.exp() * (logp - logp_prev)).sum(-1).clamp_min(0.0)
+def readout_signals(logp: Tensor, logp_prev: Tensor) -> dict:
+    """The LoopSignals fields a readout gives, from log-probabilities of this and the previous
+    readout: kl_prev = KL(p || p_prev) in nats per token, clamped at 0 (float rounding)."""
+    return {"kl_prev": (logp.exp() * (logp - logp_prev)).sum(-1).clamp_min(0.0)}
 
 
 class Decoder:
@@ -199,14 +201,14 @@ class Decoder:
             new = self._core_loop(state, inject, loop, pos)
             if halted is not None:
                 new = torch.where(halted[..., None], state, new)
-            kl = logits = None
+            signals = logits = None
             if sched.wants_readout(loop):
                 logits = self._readout(new, pos)
                 logp = torch.log_softmax(logits.float(), dim=-1)
                 if logp_prev is not None:
-                    kl = kl_nats(logp, logp_prev)
+                    signals = readout_signals(logp, logp_prev)
                 logp_prev = logp
-            stop = sched.halt(loop, new, state, kl)
+            stop = sched.halt(loop, new, state, signals)
             state = new
             if halted is None:  # batch 1: this token is done when it halts
                 if bool(stop):
@@ -249,13 +251,13 @@ class Decoder:
         for loop in range(1, self.cap + 1):
             keep = self.rule.prefill_keep(cache, loop, halted)
             new = torch.where(halted[..., None], state, self._core_loop(state, inject, loop, pos, keep))
-            kl = None
+            signals = None
             if sched.wants_readout(loop):
                 logp = torch.log_softmax(self._readout(new, pos).float(), dim=-1)
                 if logp_prev is not None:
-                    kl = kl_nats(logp, logp_prev)
+                    signals = readout_signals(logp, logp_prev)
                 logp_prev = logp
-            stop = sched.halt(loop, new, state, kl) & ~halted
+            stop = sched.halt(loop, new, state, signals) & ~halted
             exits[stop] = loop
             halted |= stop
             state = new

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .decode import (Decoder, HaltSchedule, check_lengths, default_max_loops, encode_prompt, kl_nats, resolve,
+from .decode import (Decoder, HaltSchedule, check_lengths, default_max_loops, encode_prompt, readout_signals, resolve,
                      row_noise, sample_next)
 from .kv import GatherKV, LoopKVCache, kv_rule
 from .policies import Uniform
@@ -103,7 +103,7 @@ class _Sequence:
         self.pos = len(prompt_ids)
         self.loop = 0
         self.readouts_before = 0
-        self.state = self.inject = self.logp_prev = self.logits = self.kl = None
+        self.state = self.inject = self.logp_prev = self.logits = self.signals = None
 
     @property
     def schedule(self):
@@ -204,7 +204,7 @@ class Pool:
         new = self._core(seqs, old)
         for i, s in enumerate(seqs):
             s.loop += 1
-            s.state, s.logits, s.kl = new[i:i + 1], None, None
+            s.state, s.logits, s.signals = new[i:i + 1], None, None
         reading = [s for s in seqs if s.schedule.wants_readout(s.loop)]
         if reading:
             self._read(reading, kl=True)
@@ -275,8 +275,8 @@ class Pool:
         return self.model.core_step(state, None, positions=pos[:, None], kv=kv, inject=inject)
 
     def _read(self, seqs, kl: bool) -> None:
-        """Coda + head for these rows (each writes its coda entry); sets s.logits (V,) and, with kl,
-        s.kl = KL(p_now || p_prev) in nats where a previous readout exists."""
+        """Coda + head for these rows (each writes its coda entry); sets s.logits (1, 1, V) and, with
+        kl, s.signals = readout_signals(p_now, p_prev) where a previous readout exists."""
         slots, pos = self._rows(seqs)
         mask = GatherKV.causal_mask(pos)
         kv = [GatherKV(k, v, slots, pos, mask) for k, v in self.cache.coda_slabs()]
@@ -288,7 +288,7 @@ class Pool:
             if kl:
                 logp = torch.log_softmax(s.logits.float(), dim=-1)
                 if s.logp_prev is not None:
-                    s.kl = kl_nats(logp, s.logp_prev)
+                    s.signals = readout_signals(logp, s.logp_prev)
                 s.logp_prev = logp
 
     def _halts(self, seqs, new: Tensor, old: Tensor) -> list[bool]:
@@ -301,10 +301,10 @@ class Pool:
         change = relative_change(new, old)
         for idx in groups.values():
             first = seqs[idx[0]]
-            kls = [seqs[i].kl for i in idx]
-            kl = torch.cat(kls) if all(k is not None for k in kls) else None
+            sigs = [seqs[i].signals for i in idx]
+            readout = None if any(x is None for x in sigs) else {k: torch.cat([x[k] for x in sigs]) for k in sigs[0]}
             rows = torch.tensor(idx, device=self.device)
-            stop = first.schedule.halt(first.loop, new[rows], old[rows], kl, change[rows])
+            stop = first.schedule.halt(first.loop, new[rows], old[rows], readout, change[rows])
             for i, h in zip(idx, stop[:, 0].tolist()):
                 halted[i] = bool(h)
         return halted

@@ -138,27 +138,36 @@ class HaltSchedule:
         if not self.is_check(loop):
             return torch.zeros(new.shape[:2], dtype=torch.bool, device=new.device)
         change = relative_change(new, old) if change is None else change
-        return self.policy.halt(loop, LoopSignals(state=new, state_change=change, **(readout or {})))
+        cosine = 1 - F.cosine_similarity(new.float(), old.float(), dim=-1, eps=1e-30)
+        return self.policy.halt(loop, LoopSignals(state=new, state_change=change, cosine_change=cosine,
+                                                  **(readout or {})))
 
 
 def readout_signals(logp: Tensor, logp_prev: Tensor) -> dict:
     """The LoopSignals fields a readout gives, from log-probabilities of this and the previous
-    readout: kl_prev = KL(p || p_prev) in nats per token, clamped at 0 (float rounding)."""
-    return {"kl_prev": (logp.exp() * (logp - logp_prev)).sum(-1).clamp_min(0.0)}
+    readout: kl_prev = KL(p || p_prev) and kl_prev_reverse = KL(p_prev || p) in nats per token,
+    clamped at 0 (float rounding); entropy (nats) and argmax of p."""
+    p = logp.exp()
+    return {"kl_prev": (p * (logp - logp_prev)).sum(-1).clamp_min(0.0),
+            "kl_prev_reverse": (logp_prev.exp() * (logp_prev - logp)).sum(-1).clamp_min(0.0),
+            "entropy": -(p * logp).sum(-1), "argmax": logp.argmax(-1)}
 
 
 class Decoder:
     """One decoding session over B rows in lockstep: a cache, a halting schedule and a KV rule."""
 
     def __init__(self, model: LoopedLM, policy, *, batch: int = 1, max_loops: int, kv_rule="latest",
-                 noise: Tensor, check_every: int = 1, cache: LoopKVCache | None = None):
+                 noise: Tensor, check_every: int = 1, cache: LoopKVCache | None = None, max_len: int | None = None):
+        """max_len: the context the cache holds (default max_seq_len; generate sizes it to the prompt
+        plus the new tokens, which keeps a large model's per-loop caches small)."""
         self.model, self.policy, self.B = model, policy, batch
         self.rule = named_rule(kv_rule)
         self.schedule = HaltSchedule(policy, max_loops, check_every)
         self.cap = self.schedule.cap
         cfg = model.cfg
         weight = model.embed.weight
-        self.cache = cache or LoopKVCache(cfg, batch, self.cap, cfg.max_seq_len, weight.device, weight.dtype)
+        self.cache = cache or LoopKVCache(cfg, batch, self.cap, max_len or cfg.max_seq_len, weight.device,
+                                          weight.dtype)
         self.positions = torch.arange(cfg.max_seq_len, device=weight.device)
         self.noise = noise.to(device=weight.device, dtype=weight.dtype)  # (B, max_seq_len, d)
         self.readouts = 0
@@ -362,7 +371,7 @@ def generate(ckpt_or_model, prompt, max_new_tokens: int, policy=None, *, kv_rule
     cap = default_max_loops(policy, ckpt, max_loops)
     policy = policy if policy is not None else Uniform(cap)
     dec = Decoder(model, policy, max_loops=cap, kv_rule=kv_rule, noise=row_noise(model, [0], seed),
-                  check_every=check_every)
+                  check_every=check_every, max_len=len(prompt_ids) + max_new_tokens)
     sampler = torch.Generator().manual_seed(seed)
     sample = dict(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p)
     device = model.embed.weight.device

@@ -24,7 +24,8 @@ from .checkpoint import Checkpoint
 from .model import LoopedLM
 from .policies import LoopSignals, Policy
 from .readout import readout_stats
-from .trace import NO_TARGET, loop_readout, progress_bar, relative_change, resolve_model, split_inputs, window_noise
+from .trace import (NO_TARGET, cosine_change, loop_readout, progress_bar, relative_change, resolve_model, split_inputs,
+                    window_noise)
 
 
 @dataclass
@@ -75,10 +76,12 @@ def _exact_batch(model: LoopedLM, inputs, targets, noise, policy: Policy, cap: i
     converged = torch.zeros_like(frozen)
     for loop in range(1, cap + 1):
         new = model.core_step(state, e, freeze=frozen)
-        signals = LoopSignals(state=new, state_change=relative_change(new, state))
+        signals = LoopSignals(state=new, state_change=relative_change(new, state),
+                              cosine_change=cosine_change(new, state))
         if policy.needs_readout:
             h_prev, stats = loop_readout(model, new, h_prev, None)
-            signals.kl_prev = stats.kl_prev
+            signals.kl_prev, signals.kl_prev_reverse = stats.kl_prev, stats.kl_prev_reverse
+            signals.entropy, signals.argmax = stats.entropy, stats.argmax
         met = policy.rule_met(loop, signals) & ~frozen
         halt = met | ~frozen if loop == cap else met
         exit_depth[halt] = loop

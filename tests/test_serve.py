@@ -178,3 +178,17 @@ def test_generate_page_pool_mode(tiny_ckpt):
     labels = [x.label for x in at.metric]
     assert any("pool of 2" in label and "tokens/s" in label for label in labels)
     assert any(label.startswith("Uniform") and "same pool" in label for label in labels)
+
+
+def test_pool_on_a_huginn_format_model():
+    """The pool runs the model's own blocks, so Huginn's variants (interleaved RoPE at per-row
+    positions, q/k biases, sandwich prelude / coda, embedding scale) decode as generate does."""
+    from recur_core import load_checkpoint
+    from recur_core.policies import EntropyDiff
+    huginn = load_checkpoint(ROOT / "tests" / "fixtures" / "huginn_tiny")
+    reqs = [Request(list(range(3 + 2 * i, 9 + 3 * i)), 5, policy, seed=i, greedy=True)
+            for i, policy in enumerate([Uniform(3), EntropyDiff(1e-2, r_max=8), LatentDiff(0.05, r_max=8)])]
+    for req, c in zip(reqs, serve(huginn, reqs, slots=2, max_loops=8)):
+        gen = generate(huginn, req.prompt, req.max_new_tokens, req.policy, seed=req.seed, greedy=True, max_loops=8)
+        assert c.ids == gen.ids and c.exit_loops == gen.exit_loops
+        torch.testing.assert_close(c.logits, gen.logits, atol=1e-4, rtol=0)

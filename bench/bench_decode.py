@@ -44,6 +44,7 @@ from recur_core.decode import generate, generation_drift, teacher_forced  # noqa
 from recur_core.harness import run_exact  # noqa: E402
 from recur_core.policies import ConvergenceExit, LatentDiff, LinearRouter, Uniform  # noqa: E402
 from recur_core.probe import load_or_train_probes  # noqa: E402
+from recur_core.settings import SETTINGS  # noqa: E402
 
 DEFAULT_CKPTS = ("checkpoints/demo-r8", "checkpoints/demo")
 # thresholds tried (descending: fewest loops first) before bisecting between the last miss and the first match
@@ -63,7 +64,7 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--bisect", type=int, default=3, help="bisection steps after the grid")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=SETTINGS.seed)
     p.add_argument("--max-loops", type=int, default=None, help="loop cap (default: the recipe's r_max)")
     p.add_argument("--tf-batch", type=int, default=8, help="windows decoded in lockstep")
     p.add_argument("--no-a2", action="store_true",
@@ -216,9 +217,9 @@ def run_cost(cost: CostModel, gen, spec: Spec) -> float:
 # -- one checkpoint --------------------------------------------------------------------------------
 def bench_checkpoint(path, args) -> dict:
     ckpt = load_checkpoint(path)
-    cfg, recipe = ckpt.config, ckpt.meta.get("recipe", {})
-    r_bar = int(round(recipe.get("r_bar", 4)))
-    cap = args.max_loops or int(recipe.get("r_max", 4 * r_bar))
+    cfg = ckpt.config
+    r_bar = ckpt.recipe.depth
+    cap = args.max_loops or ckpt.recipe.r_max
     windows = ckpt.windows("eval")
     n_cal = min(args.windows, len(windows) - 1)
     cal_windows = windows[:n_cal]

@@ -143,9 +143,9 @@ def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     ckpt = load_checkpoint(args.ckpt)
-    cfg, recipe = ckpt.config, ckpt.meta.get("recipe", {})
-    r_bar = int(round(recipe.get("r_bar", 4)))
-    cap = args.max_loops or int(recipe.get("r_max", 4 * r_bar))
+    cfg = ckpt.config
+    r_bar = ckpt.recipe.depth
+    cap = args.max_loops or ckpt.recipe.r_max
     windows = ckpt.windows("eval")
     prompt_len = max(1, min(args.prompt_len, cfg.max_seq_len - args.new_tokens + 1, windows.shape[1]))
     args.prompt_len = prompt_len

@@ -99,8 +99,7 @@ def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     ckpt = load_checkpoint(args.ckpt)
-    recipe = ckpt.meta.get("recipe", {})
-    r_bar, cap = int(round(recipe.get("r_bar", 4))), int(recipe.get("r_max", 16))
+    r_bar, cap = ckpt.recipe.depth, ckpt.recipe.r_max
     windows = ckpt.windows("eval")
     cal, held = windows[:args.cal], windows[args.cal:args.cal + args.held]
     probe = load_or_train_probes(ckpt, cap, args.seed, kinds=("kl",))["kl"]

@@ -30,11 +30,11 @@ if mode == "fast":
     where = f"{res['n_windows']} window(s) × {res['seq_len']} tokens, fast path"
 else:
     n = 1 if ids is not None else st.select_slider("Windows for the exact harness", [4, 8, 16, 32, 64, 128],
-                                                   value=compute.EXACT_WINDOWS, key="exact_windows")
+                                                   value=compute.S.exact_windows, key="exact_windows")
     res = compute.sweep_exact(*m.key, ids, m.r_max, n)
     points = views.exact_points(res["rows"])
     where = (f"{res['n_windows']} window(s), exact masking harness; ε at one value per decade, τ at "
-             f"{len(compute.EXACT_TAU)} values")
+             f"{len(compute.S.exact_tau_grid)} values")
 cur = views.point_at(points["A1"], eps)
 a0 = {int(p["threshold"]): p for p in points["A0"]}
 ref = (m.r_bar, a0[m.r_bar]["loss"]) if m.r_bar in a0 else None

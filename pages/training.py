@@ -18,6 +18,9 @@ c[0].metric("Steps", f"{int(meta.get('step', train['step'].max())):,}")
 c[1].metric("Tokens trained", f"{int(meta.get('tokens_seen', train['tokens'].max())):,}")
 c[2].metric("Last train loss", f"{train['loss'].iloc[-1]:.3f} nats")
 c[3].metric("Wall time", f"{meta.get('wall_seconds', float('nan')) / 60:.1f} min")
+st.caption(f"Recipe: {m.recipe.describe()}. `best/` chosen on "
+           + (meta["best_selected_on"] if meta.get("best_selected_on") else
+              "the first periodic-eval windows of the saved eval windows (a run older than disjoint selection)") + ".")
 
 left, right = st.columns(2)
 with left:
@@ -29,11 +32,15 @@ with right:
     charts.show(charts.line(train, "step", "r", "Sampled recursion depth r per logged step", "step", "r [loops]",
                             color="#f58518", mode="markers"), "sampled_r", key="sampled_r")
     if not evals.empty:
-        n_periodic = int(evals["windows"].iloc[0])  # the periodic evals' window count; a final eval uses all
-        periodic, final = evals[evals["windows"] == n_periodic], evals[evals["windows"] != n_periodic]
+        periodic, final = evals[evals["periodic"]], evals[~evals["periodic"]]
         charts.show(charts.line(periodic, "tokens", "loss", "Eval loss by depth over training", "tokens",
                                 "loss [nats/token]", group="depth"), "eval_by_depth", key="eval_by_depth")
-        st.caption(f"Periodic evals on {n_periodic} validation windows.")
+        if not periodic.empty:
+            n_periodic = int(periodic["windows"].iloc[0])
+            st.caption(f"Periodic evals on {n_periodic} validation windows; they choose `best/`. " + (
+                "These selection windows are disjoint from the saved eval windows that every analysis uses."
+                if (periodic["split"] == "select").all() else
+                f"(An older run: they were the first {n_periodic} of the saved eval windows, which are also analysed.)"))
         if not final.empty:
             last = final[final["step"] == final["step"].max()]
             st.caption(f"Final eval on all {int(last['windows'].iloc[0])} saved windows (step {int(last['step'].iloc[0])}): "

@@ -21,14 +21,12 @@ import numpy as np
 
 from .harness import run_exact
 from .policies import ConvergenceExit, LinearRouter, Policy, Uniform
+from .settings import SETTINGS
 from .stats import Bootstrap
-from .trace import Trace, trace
+from .trace import Trace
 
-MOVING_KL = 1e-3  # a token is "still moving" at loop i while KL(p_i || p_{i-1}) > this (the paper's)
-EPS_GRID = (0.0, 1e-7, 3e-7, 1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0,
-            3.0, 10.0, math.inf)
-TAU_GRID = (0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99,
-            math.inf)
+MOVING_KL = SETTINGS.moving_kl  # still moving at loop i while KL(p_i || p_{i-1}) > this
+EPS_GRID, TAU_GRID = SETTINGS.eps_grid, SETTINGS.tau_grid  # A1's ε and A2's τ sweeps
 TOKEN_CLASSES = ("whitespace", "numeral", "punctuation", "word", "other")
 
 
@@ -299,6 +297,22 @@ def token_classes(tr: Trace, classes_of_vocab: np.ndarray, policy: Policy, boot:
     return out
 
 
+def token_exit_table(tr: Trace, classes_of_vocab: np.ndarray, policy: Policy) -> dict[str, np.ndarray]:
+    """One row per token id that occurs at a scored position: its class, count, mean exit depth and
+    the fraction of its occurrences that converged before the cap (columns as arrays, sorted by
+    class, then by count, descending)."""
+    exits = policy.exits(tr)
+    scored = tr.has_target
+    ids, depth, converged = tr.ids[scored], exits.depth[scored], exits.converged[scored]
+    token_id, inverse, count = np.unique(ids, return_inverse=True, return_counts=True)
+    mean_depth = np.bincount(inverse, weights=depth, minlength=len(token_id)) / count
+    frac_converged = np.bincount(inverse, weights=converged, minlength=len(token_id)) / count
+    cls = classes_of_vocab[token_id]
+    order = np.lexsort((-count, cls))
+    return {"class": np.array(TOKEN_CLASSES)[cls][order], "token_id": token_id[order], "count": count[order],
+            "mean_exit_depth": mean_depth[order], "frac_converged": frac_converged[order]}
+
+
 # -- exact path and the fast/exact gap ----------------------------------------------------------------
 def exact_sums(ckpt_or_model, ids, policy: Policy, max_loops: int, seed: int = 0, progress=None) -> WindowSums:
     result = run_exact(ckpt_or_model, ids, policy, max_loops, seed, progress=progress)
@@ -322,22 +336,20 @@ def fast_vs_exact(ckpt_or_model, ids, tr: Trace, policies: list[Policy], boot: B
     return rows
 
 
-# -- one-call evaluation for the app ------------------------------------------------------------------
-def evaluate_policies(ckpt, ids, *, max_loops: int, seed: int = 0, r_max: int | None = None,
-                      r_bar: int | None = None, eps_grid=EPS_GRID, tau_grid=TAU_GRID, probes: dict | None = None,
-                      n_boot: int = 1000, cache=True, progress=None) -> dict:
-    """A0 / A1 / A2 (fast path) on windows (N, T + 1) or a pasted text (T,), with bootstrap CIs
-    over windows (a single text is one window: its intervals collapse to the point).
-
-    r_max, r_bar default to the checkpoint's recipe. Returns allocation()'s dict plus "trace".
-    """
-    recipe = ckpt.meta.get("recipe", {})
-    r_max = min(r_max or int(recipe.get("r_max", max_loops)), max_loops)
-    r_bar = min(r_bar or round(recipe.get("r_bar", r_max)), r_max)
-    tr = trace(ckpt, ids, max_loops, seed, probes=list((probes or {}).values()), cache=cache, progress=progress)
-    boot = Bootstrap(tr.n_windows, n_boot, seed)
-    return {**allocation(tr, boot, r_max, r_bar, eps_grid=eps_grid, tau_grid=tau_grid, probes=probes),
-            "trace": tr}
+def exact_sweep(ckpt_or_model, ids, tr: Trace, families: dict[str, list[Policy]], boot: Bootstrap,
+                progress=None) -> list[dict]:
+    """fast_vs_exact for every policy of every family, one row each (with its "family").
+    progress(done, total) counts policies. Each policy is one masking-harness run; a harness pass
+    that takes all thresholds of a family at once replaces this loop without changing its rows."""
+    todo = [(name, policy) for name, family in families.items() for policy in family]
+    rows = []
+    for i, (name, policy) in enumerate(todo):
+        if progress is not None:
+            progress(i, len(todo))
+        rows += [{"family": name, **row} for row in fast_vs_exact(ckpt_or_model, ids, tr, [policy], boot)]
+    if progress is not None:
+        progress(len(todo), len(todo))
+    return rows
 
 
 def json_safe(obj):

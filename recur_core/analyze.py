@@ -14,12 +14,13 @@ import sys
 import time
 from pathlib import Path
 
-from .analysis import (EPS_GRID, MOVING_KL, TAU_GRID, allocation, convergence, elasticity, fast_vs_exact,
-                       json_safe, operating_threshold, token_classes, vocab_classes)
+from .analysis import (MOVING_KL, allocation, convergence, elasticity, fast_vs_exact, json_safe,
+                       operating_threshold, token_classes, vocab_classes)
 from .cache import TraceCache
 from .checkpoint import load_checkpoint
 from .policies import ConvergenceExit, LinearRouter, Uniform
 from .probe import DEFAULT_LABEL_EPS, load_or_train_probes
+from .settings import SETTINGS
 from .stats import Bootstrap
 from .trace import trace
 
@@ -31,18 +32,23 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "the checkpoint ships none, e.g. Huginn); alternate windows go to eval and probe")
     p.add_argument("--seq-len", type=int, default=128, help="tokens per window with --text (default 128)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: as stored)")
-    p.add_argument("--windows", type=int, default=128, help="validation windows to analyse (default 128)")
-    p.add_argument("--max-loops", type=int, default=32, help="loops of the uniform trace (default 32)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the noise and the bootstrap")
+    p.add_argument("--windows", type=int, default=SETTINGS.windows,
+                   help=f"validation windows to analyse (default {SETTINGS.windows})")
+    p.add_argument("--max-loops", type=int, default=None,
+                   help=f"loops of the uniform trace (default max({SETTINGS.min_trace_loops}, the recipe's r_max))")
+    p.add_argument("--seed", type=int, default=SETTINGS.seed, help="seed of the noise and the bootstrap")
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None, help="output folder (default: reports/<checkpoint id>)")
     p.add_argument("--batch-size", type=int, default=16, help="windows per forward batch")
-    p.add_argument("--n-boot", type=int, default=1000, help="bootstrap replicates")
-    p.add_argument("--probe-windows", type=int, default=32, help="training-side windows for the A2 probes")
-    p.add_argument("--probe-tokens", type=int, default=64, help="sampled positions per probe window")
+    p.add_argument("--n-boot", type=int, default=SETTINGS.n_boot, help="bootstrap replicates")
+    p.add_argument("--probe-windows", type=int, default=SETTINGS.probe_windows,
+                   help="training-side windows for the A2 probes")
+    p.add_argument("--probe-tokens", type=int, default=SETTINGS.probe_tokens,
+                   help="sampled positions per probe window")
     p.add_argument("--label-eps", type=float, default=DEFAULT_LABEL_EPS, help="threshold of A2's KL labels")
     p.add_argument("--exact", action="store_true", help="also run a few policies in the exact masking harness")
-    p.add_argument("--exact-windows", type=int, default=32, help="windows for --exact (the first ones)")
+    p.add_argument("--exact-windows", type=int, default=SETTINGS.exact_windows,
+                   help="windows for --exact (the first ones)")
     p.add_argument("--cache-dir", default=None, help="trace/probe cache (default $RECUR_CACHE_DIR or ~/.cache/recur_core)")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     p.add_argument("--export-trace", action="store_true", help="also write trace.parquet (one row per token x loop)")
@@ -58,9 +64,10 @@ def main(argv=None) -> dict:
     out = Path(args.out) if args.out else Path("reports") / ckpt.checkpoint_id
     out.mkdir(parents=True, exist_ok=True)
     cache = False if args.no_cache else TraceCache(args.cache_dir)
-    recipe = ckpt.meta.get("recipe", {})
-    r_max = min(int(recipe.get("r_max", args.max_loops)), args.max_loops)
-    r_bar = min(round(recipe.get("r_bar", r_max)), r_max)
+    recipe = ckpt.recipe
+    max_loops = args.max_loops or SETTINGS.trace_loops(recipe)
+    r_max = min(recipe.r_max, max_loops)
+    r_bar = min(recipe.depth, r_max)
     timing = {}
 
     t0 = time.perf_counter()
@@ -70,7 +77,7 @@ def main(argv=None) -> dict:
 
     t0 = time.perf_counter()
     windows = ckpt.windows("eval")[:args.windows]
-    tr = trace(ckpt, windows, args.max_loops, args.seed, probes=list(probes.values()),
+    tr = trace(ckpt, windows, max_loops, args.seed, probes=list(probes.values()),
                batch_size=args.batch_size, cache=cache, progress=True)
     timing["trace_s"] = time.perf_counter() - t0
 
@@ -81,11 +88,11 @@ def main(argv=None) -> dict:
     class_eps = operating_threshold(alloc["curves"]["A1"], a0_rbar_loss, MOVING_KL)
     report = {
         "checkpoint": {"path": str(Path(args.checkpoint).resolve()), "checkpoint_id": ckpt.checkpoint_id,
-                       "recipe": recipe, "step": ckpt.meta.get("step"), "n_params": ckpt.model.num_params()},
-        "settings": {"windows": tr.n_windows, "seq_len": tr.seq_len, "max_loops": args.max_loops,
+                       "recipe": recipe.to_meta(), "recipe_defaulted": list(recipe.defaulted),
+                       "step": ckpt.meta.get("step"), "n_params": ckpt.model.num_params()},
+        "settings": {**SETTINGS.as_dict(), "windows": tr.n_windows, "seq_len": tr.seq_len, "max_loops": max_loops,
                      "seed": args.seed, "r_max": r_max, "r_bar": r_bar, "n_boot": args.n_boot, "ci_level": boot.level,
-                     "eps_grid": list(EPS_GRID), "tau_grid": list(TAU_GRID), "label_eps": args.label_eps,
-                     "moving_threshold": MOVING_KL, "device": args.device, "path": "fast"},
+                     "label_eps": args.label_eps, "device": args.device, "path": "fast"},
         "elasticity": elasticity(tr, boot),
         "convergence": convergence(tr, boot),
         "allocation": {**alloc["report"], "probes": {k: p.metrics for k, p in probes.items()}},

@@ -4,7 +4,7 @@ A checkpoint is a directory holding
     model.safetensors   weights (never a pickle)
     config.json         ModelConfig
     tokenizer.json      a `tokenizers` tokenizer
-    meta.json           preset, overrides, step, tokens seen, recipe (r_bar, r_max, k, sigma),
+    meta.json           preset, overrides, step, tokens seen, recipe (r_bar, r_max, k, sigma, sampler_mean),
                         data source, code revision, last eval, checkpoint_id
     metrics.jsonl       the trainer's log up to this step
     eval_windows.safetensors / probe_windows.safetensors   token-id windows (validation / training side)
@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 
 from .config import ModelConfig
 from .model import LoopedLM
+from .recipe import Recipe
 
 WEIGHTS, CONFIG, TOKENIZER, META = "model.safetensors", "config.json", "tokenizer.json", "meta.json"
 EVAL_WINDOWS, PROBE_WINDOWS, METRICS = "eval_windows.safetensors", "probe_windows.safetensors", "metrics.jsonl"
@@ -61,6 +62,11 @@ class Checkpoint:
     tokenizer_path: Path
     checkpoint_id: str = field(default="")
     text_windows: dict[str, torch.Tensor] = field(default_factory=dict)  # set by use_text
+
+    @property
+    def recipe(self) -> Recipe:
+        """The training recipe from meta.json (missing fields: recur_core.recipe's one fallback rule)."""
+        return Recipe.from_meta(self.meta)
 
     def tokenizer(self):
         from tokenizers import Tokenizer

@@ -99,8 +99,8 @@ def default_max_loops(policy, ckpt: Checkpoint | None, max_loops: int | None) ->
         return int(max_loops)
     if getattr(policy, "r_max", None) is not None:
         return int(policy.r_max)
-    if ckpt is not None and "r_max" in ckpt.meta.get("recipe", {}):
-        return int(ckpt.meta["recipe"]["r_max"])
+    if ckpt is not None:
+        return ckpt.recipe.r_max
     raise ValueError("pass max_loops (a bare model has no recipe r_max)")
 
 

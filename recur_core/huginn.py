@@ -98,7 +98,9 @@ def huginn_config(hf: dict, where: str = "config.json") -> tuple[ModelConfig, di
                               "heads is not supported (the reference needs them equal)")
     mean = int(hf.get("mean_recurrence", 32))
     # r_max = 2 x the mean recurrence (ours): Huginn's papers evaluate up to about twice the mean
-    recipe = {"r_bar": mean, "r_max": 2 * mean, "k": hf.get("mean_backprop_depth")}
+    # Huginn's sampler: sigma 0.5, and its code passes the mean itself, so E[r] = mean + 1 ("huginn")
+    recipe = {"r_bar": mean, "r_max": 2 * mean, "k": hf.get("mean_backprop_depth"), "sigma": 0.5,
+              "sampler_mean": "huginn"}
     return cfg, recipe
 
 

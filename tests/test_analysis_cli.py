@@ -129,21 +129,3 @@ def test_cli_writes_a_report_with_every_documented_key(tiny_ckpt, tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     second = json.loads((tmp_path / "out2" / "report.json").read_text())
     assert second["allocation"] == report["allocation"] and second["elasticity"] == report["elasticity"]
-
-
-def test_evaluate_policies_on_pasted_text(tiny_ckpt, tmp_path):
-    from recur_core import load_checkpoint
-    from recur_core.analysis import evaluate_policies
-    from recur_core.probe import load_or_train_probes
-
-    ckpt = load_checkpoint(tiny_ckpt)
-    probes = load_or_train_probes(ckpt, 4, n_windows=4, tokens_per_window=8, cache=tmp_path)
-    text = ckpt.windows("eval")[0, :20]
-    result = evaluate_policies(ckpt, text, max_loops=4, probes=probes, n_boot=20, cache=tmp_path)
-    assert set(result["curves"]) == {"A0", "A1", "A2_argmax", "A2_kl"}
-    assert result["trace"].ids.shape == (1, 20)
-    a0 = result["report"]["A0"]
-    assert [p["mean_loops"] for p in a0] == [1.0, 2.0, 3.0, 4.0]
-    # 19 scored tokens (the last has no target); one window: the interval collapses to the point
-    np.testing.assert_allclose(a0[1]["loss"], np.nanmean(result["trace"].ce[0, :, 1]), rtol=1e-6)
-    assert a0[1]["ci_low"] == pytest.approx(a0[1]["loss"]) == pytest.approx(a0[1]["ci_high"])

@@ -291,6 +291,8 @@ def test_training_page(app_env):
     evals = next(f for f in figures(at) if f["layout"]["title"]["text"] == "Eval loss by depth over training")
     assert all(len(plotly_values(trace["x"])) == 3 for trace in evals["data"])
     assert any("Final eval on all 128 saved windows (step 60)" in c.value for c in at.caption)
+    # the recipe with its sampler mean, and how best/ was chosen (disjoint from the analysed windows)
+    assert any("sampler mean 'r_bar'" in c.value and "disjoint" in c.value for c in at.caption)
 
 
 @pytest.mark.parametrize("page", PAGES)

@@ -1,10 +1,16 @@
-"""Shipping a checkpoint: the copy, the measured card, and the saturation verdict."""
+"""Shipping a checkpoint: the copy, the measured card, the saturation verdict, and what the card says
+about the data, the recipe, best/ and the deviations from the paper."""
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 from recur_core import load_checkpoint
-from training.export import SHIPPED_FILES, export, saturation_section
+from training.export import DEVIATIONS, SHIPPED_FILES, card, export, saturation_section
+from training.sources import KNOWN
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def flat_after(depth: int, start: float = 3.0, fall: float = 0.05) -> list[float]:
@@ -38,5 +44,47 @@ def test_export_copies_the_checkpoint_and_measures_its_card(tiny_ckpt, tmp_path)
     assert len(loss) == 32 and card["checks"] == pytest.approx(checks)
     assert checks["drop_1_to_r_bar"] == pytest.approx(loss[0] - loss[2])  # tiny r̄ is 3
     readme = (dst / "README.md").read_text()
-    assert f"| 1 | {loss[0]:.4f} [" in readme and "a test machine" in readme
-    assert "CDLA-Sharing-1.0" in readme and "saturation" not in readme
+    assert f"| 1 | {loss[0]:.4f} [" in readme and "a test machine" in readme and "saturation" not in readme
+    # the synthetic corpus is no known source: named by file, size and hash, and said to be unrecorded
+    assert "`train.txt` (" in readme and "`val.txt` (" in readme and "source not recorded" in readme
+    assert f"]({DEVIATIONS})" in readme and 'sampler mean `"r_bar"` (E[r] = r̄, ours)' in readme
+    assert "8 validation windows after the 128 saved eval windows (disjoint from them)" in readme
+
+
+def test_deviations_section_lists_each_deviation_and_the_link_resolves():
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Deviations from the paper", 1)[1].split("\n## ", 1)[0]
+    for words in ("RMSNorm on the prelude output", "sampler's mean", "A1's first check", "Plain normal noise",
+                  "2 / 4 / 2", "57,301,632 unique"):
+        assert words in section, words
+    assert DEVIATIONS == "../../README.md#deviations-from-the-paper"
+
+
+def test_s1_unique_parameter_count_in_the_readme_is_the_models():
+    from recur_core import LoopedLM
+    from training.presets import PRESETS
+
+    n = LoopedLM(PRESETS["s1"].model_config(49_152)).num_params()
+    assert f"**{n:,} unique" in (ROOT / "README.md").read_text()
+
+
+def test_old_checkpoint_card_names_its_data_by_source_and_how_best_was_chosen():
+    """The shipped demo's meta.json predates data_files, sampler_mean and disjoint selection."""
+    meta = {**json.loads((ROOT / "checkpoints/demo/meta.json").read_text()), "vocab_size": 2048}
+    shipped = json.loads((ROOT / "checkpoints/demo/card.json").read_text())
+    text = card("demo", meta, shipped["measured"], shipped["checks"], "cmd", "machine")
+    names = [s.name for s in KNOWN if s.folder == "tinystories"]
+    assert all(f"`{n}` (sha256" in text for n in names)
+    assert "split `train`" in text and "split `validation`" in text and "../shared" not in text
+    assert "CDLA-Sharing-1.0" in text and "huggingface-cli download roneneldan/TinyStories" in text
+    assert "first 32 of the 128 saved eval windows" in text and "not retrained" in text
+    assert "predates the field" in text
+
+
+@pytest.mark.parametrize("name", ["demo", "demo-r8"])
+def test_shipped_cards_link_the_deviations_and_name_no_machine_path(name):
+    readme = (ROOT / "checkpoints" / name / "README.md").read_text()
+    assert f"]({DEVIATIONS})" in readme and (ROOT / "checkpoints" / name / DEVIATIONS.split("#")[0]).resolve().is_file()
+    data = readme.split("- **Training**:")[0]
+    assert "../shared" not in data and "TinyStories-train.head.txt" in data and "roneneldan/TinyStories" in data
+    assert re.search(r"sampler mean `\"r_bar\"`", readme)

@@ -29,7 +29,7 @@ def test_short_run_loss_falls_and_checkpoint_is_complete(tiny_ckpt):
     evals = [r for r in rows if r["event"] == "eval"]
     assert set(evals[-1]["loss_by_depth"]) == {"1", "2", "3", "4", "6", "8"}
     ckpt = load_checkpoint(tiny_ckpt)
-    assert ckpt.meta["recipe"] == {"r_bar": 3.0, "r_max": 8, "k": 2, "sigma": 0.5}
+    assert ckpt.meta["recipe"] == {"r_bar": 3.0, "r_max": 8, "k": 2, "sigma": 0.5, "sampler_mean": "r_bar"}
     assert ckpt.meta["checkpoint_id"] == ckpt.checkpoint_id
     assert {"preset", "overrides", "step", "tokens_seen", "data", "code_revision", "last_eval"} <= set(ckpt.meta)
     assert ckpt.windows("eval").shape == (128, 33) and ckpt.windows("probe").shape == (128, 33)
@@ -42,10 +42,61 @@ def test_final_weights_compete_for_best(tmp_path):
     step with the lowest of those losses at r_bar, and the last eval uses all 128 windows."""
     run = make_tiny_checkpoint(tmp_path, steps=30).parent
     evals = [r for r in metrics(run) if r["event"] == "eval"]
-    periodic = {r["step"]: r["loss_by_depth"]["3"] for r in evals if r["windows"] == 8}
-    assert sorted(periodic) == [20, 30]
+    periodic = {r["step"]: r["loss_by_depth"]["3"] for r in evals if r["split"] == "select"}
+    assert sorted(periodic) == [20, 30] and all(r["windows"] == 8 for r in evals if r["split"] == "select")
     assert load_checkpoint(run / "best").meta["step"] == min(periodic, key=periodic.get)
-    assert evals[-1]["step"] == 30 and evals[-1]["windows"] == 128
+    assert evals[-1]["step"] == 30 and evals[-1]["windows"] == 128 and evals[-1]["split"] == "eval"
+
+
+def test_best_is_chosen_on_windows_disjoint_from_the_analysed_ones(tmp_path):
+    """The selection windows are the next cfg.eval_windows of the validation stream after the 128
+    saved eval windows; the periodic eval's loss is measured on them and best/ says so."""
+    from training.data import DataSpec, pack_windows
+    from training.trainer import Trainer, evaluate
+
+    train, val = write_corpus(tmp_path / "data")
+    cfg = PRESETS["demo"].with_overrides(TINY_SETTINGS)
+    trainer = Trainer("demo", cfg, {}, DataSpec(str(train), str(val)), tmp_path / "run", progress=False)
+    trainer.setup()
+    (tmp_path / "run").mkdir()
+    stream = torch.tensor(list(pack_windows(DataSpec(str(train), str(val)).val_docs(), trainer.tokenizer,
+                                            cfg.seq_len + 1, 0)))
+    assert torch.equal(trainer.eval_windows, stream[:128])
+    assert torch.equal(trainer.select_windows, stream[128:136])
+    assert not any(torch.equal(s, e) for s in trainer.select_windows for e in trainer.eval_windows)
+    losses = trainer.run_eval("select")
+    expected = evaluate(trainer.model, stream[128:136], cfg.eval_depths(), trainer.device, cfg.autocast)
+    assert losses == pytest.approx(expected)
+    assert "disjoint" in trainer.meta()["best_selected_on"]
+
+
+def test_too_little_validation_text_for_disjoint_selection_is_a_clear_error(tmp_path):
+    from training.data import DataError, DataSpec
+    from training.trainer import Trainer
+
+    train, val = write_corpus(tmp_path / "data", n_val=40)  # about 130 windows: 128 saved + too few to select on
+    cfg = PRESETS["demo"].with_overrides(TINY_SETTINGS)
+    trainer = Trainer("demo", cfg, {}, DataSpec(str(train), str(val)), tmp_path / "run", progress=False)
+    with pytest.raises(DataError, match="128 saved eval windows plus 8 disjoint ones"):
+        trainer.setup()
+
+
+def test_sampler_mean_is_a_recorded_recipe_field(tmp_path):
+    """--set sampler_mean=huginn changes the drawn depths and is written to meta.json, the log's start
+    event and the stderr line; a checkpoint without the field reads as "r_bar"."""
+    from recur_core.recipe import Recipe
+    from training.depth_sampler import sample_depth
+
+    run = make_tiny_checkpoint(tmp_path, steps=10, sampler_mean="huginn", log_every="1").parent
+    meta = load_checkpoint(run / "latest").meta
+    assert meta["recipe"]["sampler_mean"] == "huginn" and meta["train_config"]["sampler_mean"] == "huginn"
+    start = metrics(run)[0]
+    assert start["event"] == "start" and start["recipe"]["sampler_mean"] == "huginn"
+    drawn = [r["r"] for r in metrics(run) if r["event"] == "train"]
+    assert drawn == [sample_depth(s, 3, 8, 0.5, 0, "huginn") for s in range(10)]
+    assert Recipe.from_meta({"recipe": {"r_bar": 4, "r_max": 16, "k": 4, "sigma": 0.5}}).sampler_mean == "r_bar"
+    with pytest.raises(ValueError, match="sampler_mean"):
+        PRESETS["demo"].with_overrides({"sampler_mean": "paper"})
 
 
 def test_warmup_then_cosine_schedule():
@@ -68,7 +119,7 @@ def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path):
     opt_a = read_safetensors(straight / "optimizer.safetensors")
     opt_b = read_safetensors(stopped_root / "run" / "latest" / "optimizer.safetensors")
     assert all(torch.equal(opt_a[k], opt_b[k]) for k in opt_a)
-    strip = lambda rows: [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rows]
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("tokens_per_s", "data")} for r in rows]  # data: the run's folder
     assert strip(metrics(straight.parent)) == strip(metrics(stopped_root / "run"))
 
 

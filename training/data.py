@@ -9,8 +9,10 @@ Windows hold seq_len + 1 tokens (inputs and shifted targets); documents are join
 """
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +25,41 @@ LOCAL_SUFFIXES = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet":
 VAL_PER_MILLE = 5  # documents held out for validation when no validation split is given
 
 
+LOCAL_FORMATS = ("local files via --data (paths, globs or folders): .txt (documents split at `<|endoftext|>` "
+                 "lines, else at blank lines), .jsonl / .json (one document per row, field \"text\"), "
+                 ".parquet (column \"text\")")
+HUB_CHECK_TIMEOUT_S = 3.0
+
+
 class DataError(ValueError):
     pass
+
+
+class HubUnreachable(DataError):
+    """The Hugging Face hub cannot be reached (offline machine, HF_HUB_OFFLINE, or no network)."""
+
+
+@functools.lru_cache(maxsize=None)
+def hub_reachable() -> str | None:
+    """None when the hub answers within a few seconds, else why not. One quick request instead of
+    the hub clients' own retries (about 30 s before a raw ConnectionError)."""
+    if any(os.environ.get(flag, "0") not in ("", "0") for flag in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
+        return "HF_HUB_OFFLINE / HF_DATASETS_OFFLINE is set"
+    import requests
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    try:
+        requests.head(endpoint, timeout=HUB_CHECK_TIMEOUT_S)
+    except requests.RequestException as err:
+        return f"{endpoint} did not answer ({type(err).__name__})"
+    return None
+
+
+def require_hub(what: str) -> None:
+    """Raise HubUnreachable, naming the local alternatives, unless the hub answers."""
+    why = hub_reachable()
+    if why is not None:
+        raise HubUnreachable(f"{what} is on the Hugging Face hub, which this machine cannot reach: {why}. "
+                             f"Train on {LOCAL_FORMATS}.")
 
 
 def local_files(spec: str) -> list[Path] | None:
@@ -39,6 +74,11 @@ def local_files(spec: str) -> list[Path] | None:
     if not files:
         raise DataError(f"{spec}: no .txt / .jsonl / .json / .parquet files there")
     return files
+
+
+def looks_local(spec: str) -> bool:
+    """A path or glob rather than a hub id (which has no file suffix and no wildcard)."""
+    return Path(spec).suffix in LOCAL_SUFFIXES or any(c in spec for c in "*?[") or spec.startswith((".", "/", "~"))
 
 
 def split_txt(text: str) -> list[str]:
@@ -65,6 +105,7 @@ def iter_local_documents(files: list[Path]) -> Iterator[str]:
 
 
 def iter_hub_documents(name: str, config: str, split: str) -> Iterator[str]:
+    require_hub(f"the dataset {name!r}")
     import datasets
     ds = datasets.load_dataset(name, config or None, split=split, streaming=True)
     for row in ds:
@@ -91,6 +132,8 @@ class DataSpec:
         files = local_files(source)
         if files is not None:
             return iter_local_documents(files)
+        if looks_local(source):
+            raise DataError(f"{source}: no such file (accepted: {LOCAL_FORMATS}; or a hub dataset id)")
         return iter_hub_documents(source, self.hub_config, split)
 
     def train_docs(self) -> Iterator[str]:
@@ -107,6 +150,7 @@ class DataSpec:
     def _hub_has_validation(self) -> bool:
         if local_files(self.train) is not None:
             return False
+        require_hub(f"the dataset {self.train!r}")
         import datasets
         return "validation" in datasets.get_dataset_split_names(self.train, self.hub_config or None)
 

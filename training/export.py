@@ -3,7 +3,9 @@
     python -m training.export runs/demo/best checkpoints/demo --command "python -m training.run ..."
 
 Every number in the card is measured here with the product's own code (recur_core.trace and
-recur_core.analysis) on the checkpoint's 128 saved eval windows.
+recur_core.analysis) on the checkpoint's saved eval windows, with the analysis settings of
+recur_core.settings (the ones `python -m recur_core.analyze` and the app use). Its training data
+is named by source (training/sources.py), and it links to README.md's deviations from the paper.
 """
 from __future__ import annotations
 
@@ -18,11 +20,16 @@ import numpy as np
 from recur_core.analysis import convergence, elasticity
 from recur_core.checkpoint import (CONFIG, EVAL_WINDOWS, META, METRICS, PROBE_WINDOWS, TOKENIZER, WEIGHTS,
                                    atomic_write_dir, load_checkpoint)
+from recur_core.recipe import Recipe
+from recur_core.settings import SETTINGS
 from recur_core.stats import Bootstrap
 from recur_core.trace import trace
 
+from .sources import Source, identify
+
 SHIPPED_FILES = (WEIGHTS, CONFIG, TOKENIZER, META, METRICS, EVAL_WINDOWS, PROBE_WINDOWS)
-CARD_LOOPS = 32
+CARD_LOOPS = SETTINGS.min_trace_loops  # the card's table runs to loop 32
+DEVIATIONS = "../../README.md#deviations-from-the-paper"
 
 
 def bytes_per_token(tokenizer, windows: np.ndarray) -> float:
@@ -35,9 +42,9 @@ def bytes_per_token(tokenizer, windows: np.ndarray) -> float:
 def measure(ckpt_dir: Path) -> dict:
     """Elasticity (loss at 1..32 loops, nats/token and bits/byte) and convergence on the eval windows."""
     ckpt = load_checkpoint(ckpt_dir)
-    windows = ckpt.windows("eval").numpy()
-    tr = trace(ckpt, windows, CARD_LOOPS, seed=0, cache=False, progress=True)
-    boot = Bootstrap(tr.n_windows)
+    windows = ckpt.windows("eval")[:SETTINGS.windows].numpy()
+    tr = trace(ckpt, windows, CARD_LOOPS, seed=SETTINGS.seed, cache=False, progress=True)
+    boot = Bootstrap(tr.n_windows, SETTINGS.n_boot, SETTINGS.seed)
     elastic, conv = elasticity(tr, boot), convergence(tr, boot)
     bpt = bytes_per_token(ckpt.tokenizer(), windows)
     return {"n_windows": int(tr.n_windows), "tokens_per_window": int(tr.seq_len), "bytes_per_token": bpt,
@@ -102,34 +109,90 @@ at r̄ {lo_rb} and {hi[0] - hi[lo_rb - 1]:.4f} nats at r̄ {hi_rb}; at 1 loop th
 """
 
 
+def sampler_sentence(recipe: Recipe) -> str:
+    mean = {"r_bar": "E[r] = r̄, ours", "huginn": "E[r] = r̄ + 1, Huginn's code"}[recipe.sampler_mean]
+    if "sampler_mean" in recipe.defaulted:
+        return (f"sampler mean `\"r_bar\"` ({mean}: this meta.json predates the field, and every run before it "
+                "used this sampler)")
+    return f"sampler mean `\"{recipe.sampler_mean}\"` ({mean})"
+
+
+def tokenizer_sentence(meta: dict) -> str:
+    spec = str(meta.get("tokenizer", ""))
+    if spec.startswith("bpe:"):
+        return f"a {meta.get('vocab_size', '')}-token byte-level BPE trained on the training text"
+    if spec == "smollm2":
+        return "the SmolLM2 tokenizer (49,152 tokens, Apache-2.0, shipped in `training/tokenizers/`)"
+    return f"the tokenizer `{spec}` ({meta.get('vocab_size', '')} tokens)"
+
+
+def best_sentence(meta: dict) -> str:
+    """How best/ was chosen: on disjoint selection windows (runs since the trainer recorded it) or,
+    before, on the first eval_windows of the saved eval windows that the analyses also read."""
+    tc = meta["train_config"]
+    if meta.get("best_selected_on"):
+        return (f"lowest validation loss at r̄ on {meta['best_selected_on']}, checked every {tc['eval_every']} "
+                "steps and at the last step")
+    return (f"lowest validation loss at r̄ on the first {tc['eval_windows']} of the 128 saved eval windows, checked "
+            f"every {tc['eval_every']} steps and at the last step. Those windows are also analysed (this card, "
+            "`recur_core.analyze`, the app); the trainer now chooses `best/` on validation windows disjoint from "
+            "them, and this checkpoint was not retrained")
+
+
+def data_section(meta: dict) -> tuple[str, str]:
+    """(the card's Data lines, its license paragraph), from the sources the checkpoint names."""
+    found = identify(meta)
+    lines = []
+    for role, title in (("train", "Training data"), ("validation", "Validation data (the saved eval windows)")):
+        items = [s.markdown() if isinstance(s, Source) else s for s in found[role]]
+        lines.append(f"- **{title}**:" + "".join(f"\n  - {item}" for item in items or ["not recorded"]))
+    sources = [s for role in found.values() for s in role if isinstance(s, Source)]
+    licenses = sorted({(s.dataset.split(",")[0], s.license) for s in sources})
+    if licenses:
+        named = "; ".join(f"{d}: **{lic}**" for d, lic in licenses)
+        tokenizer = " and the tokenizer" if str(meta.get("tokenizer", "")).startswith("bpe:") else ""
+        license_text = (f"The weights are ours; the eval and probe windows (`eval_windows.safetensors`, "
+                        f"`probe_windows.safetensors`){tokenizer} are derived from the data above and stay under "
+                        f"its license ({named}).")
+    else:
+        license_text = ("The weights are ours; the data's source was not recorded, so the license of the eval and "
+                        "probe windows is that of the data the run was given.")
+    return "\n".join(lines), license_text
+
+
 def card(name: str, meta: dict, m: dict, c: dict, command: str, machine: str, saturation: str = "") -> str:
-    rb = round(meta["recipe"]["r_bar"])
+    recipe = Recipe.from_meta(meta)
+    rb = recipe.depth
+    data_lines, license_text = data_section(meta)
+    datasets = sorted({s.dataset.split(" (")[0].split(",")[0] for role in identify(meta).values() for s in role
+                       if isinstance(s, Source)}) or ["local data"]
     rows = "\n".join(f"| {i + 1} | {m['loss'][i]:.4f} [{m['loss_ci_low'][i]:.4f}, {m['loss_ci_high'][i]:.4f}] "
                      f"| {m['bits_per_byte'][i]:.4f} | {m['mean_kl_prev'][i]:.2e} | {m['frac_moving'][i]:.3f} |"
                      for i in (0, 1, 2, 3, 5, 7, 11, 15, 23, 31))
     tc = meta["train_config"]
-    return f"""# {name}: a looped LM trained on TinyStories ({meta['n_params']:,} parameters)
+    return f"""# {name}: a looped LM trained on {' and '.join(datasets)} ({meta['n_params']:,} parameters)
 
 Preset `{meta['preset']}` with overrides `{json.dumps(meta['overrides'])}`: d_model {tc['d_model']},
 {tc['n_heads']} heads / {tc['n_kv_heads']} KV heads, FFN {tc['ffn_dim']}, prelude/core/coda
-{tc['n_prelude']}/{tc['n_core']}/{tc['n_coda']} blocks, a {meta.get('vocab_size', '')}-token byte-level BPE
-trained on the training text, windows of {tc['seq_len']} tokens. Recipe: r̄ {meta['recipe']['r_bar']},
-r_max {meta['recipe']['r_max']}, backprop depth k {meta['recipe']['k']}, σ {meta['recipe']['sigma']}.
+{tc['n_prelude']}/{tc['n_core']}/{tc['n_coda']} blocks, {tokenizer_sentence(meta)},
+windows of {tc['seq_len']} tokens. Recipe: r̄ {recipe.r_bar:g}, r_max {recipe.r_max}, backprop depth
+k {recipe.k}, σ {recipe.sigma:g}, {sampler_sentence(recipe)}. Where this model and its recipe
+differ from the paper: [Deviations from the paper]({DEVIATIONS}).
 
-- **Data**: {meta['data']}.
+{data_lines}
 - **Training**: {meta['tokens_seen']:,} tokens ({meta['step']} steps, {meta['epochs']:.2f} epochs) in
-  {meta['wall_seconds'] / 60:.0f} minutes on {machine}. This is the run's `best/` checkpoint
-  (lowest validation loss at r̄ on {tc['eval_windows']} eval windows, checked every {tc['eval_every']} steps and
-  at the last step).
-- **Reproduce**: `{command}`
+  {meta['wall_seconds'] / 60:.0f} minutes on {machine}. This is the run's `best/` checkpoint:
+  {best_sentence(meta)}.
+- **Reproduce** (with the data files above where the command names them): `{command}`
 - **Checkpoint id**: `{meta['checkpoint_id']}` (code revision {meta['code_revision']}).
 
 ## Measured on the 128 saved eval windows ({m['n_windows']} × {m['tokens_per_window']} tokens)
 
-`python -m training.export` measured these with `recur_core.trace` / `recur_core.analysis` (noise
-seed 0, 95% bootstrap intervals over windows). {m['bytes_per_token']:.3f} bytes of text per token.
+`python -m training.export` measured these with `recur_core.trace` / `recur_core.analysis` and the
+settings of `recur_core/settings.py` (noise seed {SETTINGS.seed}, 95% bootstrap intervals over windows,
+{SETTINGS.n_boot} replicates). {m['bytes_per_token']:.3f} bytes of text per token.
 
-| loops | loss [nats/token] (95% CI) | bits/byte | mean KL(p_i ‖ p_i−1) [nats] | frac. moving (KL > 1e-3) |
+| loops | loss [nats/token] (95% CI) | bits/byte | mean KL(p_i ‖ p_i−1) [nats] | frac. moving (KL > {SETTINGS.moving_kl:g}) |
 |---|---|---|---|---|
 {rows}
 
@@ -145,9 +208,7 @@ seed 0, 95% bootstrap intervals over windows). {m['bytes_per_token']:.3f} bytes 
 {saturation}
 ## License
 
-The weights are ours; the eval and probe windows (`eval_windows.safetensors`,
-`probe_windows.safetensors`) and the tokenizer are derived from TinyStories (Eldan & Li, 2023) and
-stay under **CDLA-Sharing-1.0**, the license of `roneneldan/TinyStories`.
+{license_text}
 """
 
 
@@ -156,12 +217,12 @@ def export(src: Path, dst: Path, command: str, machine: str, compare: Path | Non
     ckpt = load_checkpoint(src)
     meta = {**ckpt.meta, "vocab_size": ckpt.config.vocab_size}
     m = measure(src)
-    rb = round(meta["recipe"]["r_bar"])
+    rb = Recipe.from_meta(meta).depth
     c = checks(m, rb)
     saturation = ""
     if compare is not None:
         other = json.loads((compare / "card.json").read_text())["measured"]["loss"]
-        other_rb = round(load_checkpoint(compare).meta["recipe"]["r_bar"])
+        other_rb = load_checkpoint(compare).recipe.depth
         saturation = saturation_section(dst.name, m["loss"], rb, compare.name, other, other_rb)
 
     def write(tmp: Path):

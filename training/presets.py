@@ -9,8 +9,10 @@ import dataclasses
 from dataclasses import dataclass, fields
 
 from recur_core.config import ModelConfig
+from recur_core.recipe import SAMPLER_MEANS, Recipe
 
-SMOLLM2_TOKENIZER = "HuggingFaceTB/SmolLM2-135M"
+# shipped in training/tokenizers/ (Apache-2.0); the same as the hub's HuggingFaceTB/SmolLM2-135M tokenizer
+SMOLLM2_TOKENIZER = "smollm2"
 
 
 @dataclass
@@ -31,10 +33,11 @@ class TrainConfig:
     r_max: int = 16
     backprop_depth: int = 4  # k: loops that get gradients
     sigma: float = 0.5
+    sampler_mean: str = "r_bar"  # "r_bar": E[r] = r_bar (ours); "huginn": E[r] = r_bar + 1 (Huginn's code)
     # data
     dataset: str = "roneneldan/TinyStories"
     dataset_config: str = ""
-    tokenizer: str = SMOLLM2_TOKENIZER  # tokenizer.json path, hub id, or "bpe:<vocab size>" to train one
+    tokenizer: str = SMOLLM2_TOKENIZER  # shipped name, tokenizer.json path, hub id, or "bpe:<vocab>" to train one
     # optimisation
     batch_size: int = 32  # windows per rank per step
     lr: float = 1e-3
@@ -48,9 +51,18 @@ class TrainConfig:
     seed: int = 0
     # bookkeeping
     eval_every: int = 200  # steps
-    eval_windows: int = 32  # windows used by the periodic eval (the final eval uses all 128)
+    eval_windows: int = 32  # validation windows of the periodic eval that picks best/, taken after (so
+    #                         disjoint from) the 128 saved eval windows; the final eval uses those 128
     ckpt_every: int = 200  # steps
     log_every: int = 10
+
+    def __post_init__(self):
+        if self.sampler_mean not in SAMPLER_MEANS:
+            raise ValueError(f"sampler_mean must be one of {', '.join(SAMPLER_MEANS)}, got {self.sampler_mean!r}")
+
+    def recipe(self) -> Recipe:
+        """The randomized-depth recipe, as meta.json records it."""
+        return Recipe(float(self.r_bar), self.r_max, self.backprop_depth, self.sigma, self.sampler_mean)
 
     def model_config(self, vocab_size: int) -> ModelConfig:
         return ModelConfig(vocab_size=vocab_size, d_model=self.d_model, n_heads=self.n_heads,

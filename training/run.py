@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from .data import DataSpec
+from .data import DataError, DataSpec
 from .presets import PRESETS
 from .trainer import Trainer
 
@@ -21,7 +21,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("preset", choices=sorted(PRESETS), help="model + recipe preset (see training/presets.py)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a preset field, e.g. --set lr=3e-4 --set r_bar=8 (repeatable)")
-    p.add_argument("--data", help="hub dataset id, or local .txt/.jsonl/.parquet files, globs or folders "
+    p.add_argument("--data", help="hub dataset id, or local .txt/.jsonl/.json/.parquet files, globs or folders "
                                   "(default: the preset's dataset, streamed from the hub)")
     p.add_argument("--val-data", default="", help="separate validation source (default: the dataset's "
                                                   "validation split, else a hashed 0.5%% hold-out)")
@@ -62,8 +62,8 @@ def main(argv=None) -> None:
                       stop_at_step=args.stop_at_step, progress=not args.no_progress)
     try:
         trainer.train()
-    except (FileExistsError, FileNotFoundError) as err:
-        raise SystemExit(str(err)) from None
+    except (FileExistsError, FileNotFoundError, DataError) as err:
+        raise SystemExit(f"training.run {args.preset}: {err}") from None
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Tokenizers: train a byte-level BPE on the corpus (demo) or load one (tokenizer.json or hub id)."""
+"""Tokenizers: train a byte-level BPE on the corpus (demo), or load one: a shipped name ("smollm2",
+training/tokenizers/), a tokenizer.json path, or a hub id."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,7 +7,9 @@ from typing import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from .data import EOS
+from .data import EOS, require_hub
+
+SHIPPED = {"smollm2": Path(__file__).resolve().parent / "tokenizers" / "smollm2.json"}
 
 
 def train_bpe(docs: Iterable[str], vocab_size: int) -> Tokenizer:
@@ -21,17 +24,19 @@ def train_bpe(docs: Iterable[str], vocab_size: int) -> Tokenizer:
 
 
 def load_tokenizer(spec: str, docs_for_training: Iterable[str] | None = None) -> Tokenizer:
-    """spec: "bpe:<vocab>" trains on docs_for_training; a tokenizer.json path; or a hub id."""
+    """spec: "bpe:<vocab>" trains on docs_for_training; a shipped name (SHIPPED); a tokenizer.json
+    path; or a hub id."""
     if spec.startswith("bpe:"):
         if docs_for_training is None:
             raise ValueError("training a BPE needs documents")
         return train_bpe(docs_for_training, int(spec.split(":", 1)[1]))
-    path = Path(spec)
+    path = SHIPPED.get(spec, Path(spec))
     if path.is_dir():
         path = path / "tokenizer.json"
     if path.is_file():
         return Tokenizer.from_file(str(path))
-    return Tokenizer.from_pretrained(spec)  # the hub; needs internet
+    require_hub(f"the tokenizer {spec!r} (not a file here, nor one of the shipped {sorted(SHIPPED)})")
+    return Tokenizer.from_pretrained(spec)
 
 
 def eos_id(tok: Tokenizer) -> int:

@@ -1,15 +1,16 @@
 """The randomized-depth training loop: sample r per step, truncated backprop, eval, checkpoints.
 
 Run layout under --out DIR:
-    DIR/metrics.jsonl   live log (one JSON object a line: "train" and "eval" events)
+    DIR/metrics.jsonl   live log (one JSON object a line; events in training/metrics_log.py)
     DIR/latest/         newest checkpoint + optimizer/data/RNG state for --resume
-    DIR/best/           checkpoint with the lowest validation loss at r_bar loops so far
+    DIR/best/           checkpoint with the lowest validation loss at r_bar loops so far, measured on
+                        the selection windows: the cfg.eval_windows validation windows that follow the
+                        128 saved eval windows, so the windows every analysis uses never choose it
 Both are written atomically, so a run killed at any moment keeps its last complete checkpoint.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import signal
@@ -28,9 +29,12 @@ from recur_core.checkpoint import (EVAL_WINDOWS, METRICS, PROBE_WINDOWS, load_ch
                                    recover_interrupted, save_checkpoint)
 from recur_core.model import LoopedLM
 
-from .data import DataSpec, ShuffledWindows, StreamedWindows, local_files, pack_windows, take_windows
+from .data import (DataError, DataSpec, ShuffledWindows, StreamedWindows, local_files, pack_windows,
+                   take_windows)
 from .depth_sampler import sample_depth
+from .metrics_log import append as append_metrics
 from .presets import TrainConfig
+from .sources import file_record
 from .state import read_trainer_state, write_trainer_state
 from .tokenizer import eos_id, load_tokenizer
 
@@ -154,8 +158,9 @@ class Trainer:
         eos = eos_id(self.tokenizer)
         window_len = cfg.seq_len + 1
         make_train = lambda: pack_windows(self.data.train_docs(), self.tokenizer, window_len, eos)
-        self.eval_windows = take_windows(pack_windows(self.data.val_docs(), self.tokenizer, window_len, eos),
-                                         N_SAVED_WINDOWS)
+        self.eval_windows, self.select_windows = self._validation_windows(window_len, eos)
+        sources = (("train", self.data.train), ("validation", self.data.val))
+        self.data_files = [file_record(f, role) for role, spec in sources if spec for f in (local_files(spec) or [])]
         self.probe_windows = take_windows(make_train(), N_SAVED_WINDOWS)
         if local_files(self.data.train) is not None:
             self.train_windows = ShuffledWindows(take_windows(make_train(), 2 ** 62), cfg.seed)
@@ -168,6 +173,19 @@ class Trainer:
             self._load_latest()
         self.ddp = (torch.nn.parallel.DistributedDataParallel(self.model) if self.world > 1 else self.model)
         self.total_steps = max(1, cfg.max_tokens // cfg.tokens_per_step(self.world))
+
+    def _validation_windows(self, window_len: int, eos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The 128 saved eval windows (what every analysis reads) and, after them in the same stream,
+        the cfg.eval_windows selection windows the periodic eval picks best/ on: disjoint sets."""
+        stream = pack_windows(self.data.val_docs(), self.tokenizer, window_len, eos)
+        saved = take_windows(stream, N_SAVED_WINDOWS)
+        select = [w for _, w in zip(range(self.cfg.eval_windows), stream)]
+        if len(saved) < N_SAVED_WINDOWS or len(select) < self.cfg.eval_windows:
+            raise DataError(
+                f"the validation data holds {len(saved) + len(select)} windows of {window_len} tokens; the trainer "
+                f"needs {N_SAVED_WINDOWS} saved eval windows plus {self.cfg.eval_windows} disjoint ones to choose "
+                "best/ on: give more validation text (--val-data) or lower --set eval_windows / seq_len")
+        return saved, torch.tensor(select, dtype=torch.int64)
 
     def _tokenizer(self):
         if self.resume:
@@ -199,16 +217,18 @@ class Trainer:
     # bookkeeping ------------------------------------------------------------------------
     def log(self, record: dict) -> None:
         if self.is_main:
-            with open(self.out / METRICS, "a") as f:
-                f.write(json.dumps(record) + "\n")
+            append_metrics(self.out / METRICS, record)
 
     def meta(self) -> dict:
         cfg = self.cfg
         return {
             "preset": self.preset, "overrides": self.overrides, "step": self.step,
             "tokens_seen": self.tokens_seen, "train_config": dataclasses.asdict(cfg),
-            "recipe": {"r_bar": cfg.r_bar, "r_max": cfg.r_max, "k": cfg.backprop_depth, "sigma": cfg.sigma},
-            "data": self.data.describe(), "tokenizer": cfg.tokenizer, "code_revision": code_revision(),
+            "recipe": cfg.recipe().to_meta(),
+            "best_selected_on": f"{cfg.eval_windows} validation windows after the {N_SAVED_WINDOWS} saved eval "
+                                "windows (disjoint from them)",
+            "data": self.data.describe(), "data_files": self.data_files, "tokenizer": cfg.tokenizer,
+            "code_revision": code_revision(),
             "last_eval": {str(d): v for d, v in self.last_eval.items()}, "best_eval_r_bar": self.best_eval,
             "epochs": self.train_windows.epoch, "wall_seconds": round(self.wall_s, 1),
             "n_params": self.model.num_params(), "world_size": self.world,
@@ -225,19 +245,20 @@ class Trainer:
         save_checkpoint(self.out / which, self.model, self.meta(), self.tokenizer.to_str(),
                         extra_files=extra_files, extra_tensors=extra_tensors, after_write=state_writer)
 
-    def run_eval(self, n_windows: int) -> dict[int, float]:
-        losses = evaluate(self.model, self.eval_windows[:n_windows], self.cfg.eval_depths(), self.device,
-                          self.cfg.autocast)
+    def run_eval(self, split: str) -> dict[int, float]:
+        """Loss by depth on the selection windows (split "select") or the saved eval windows ("eval")."""
+        windows = self.select_windows if split == "select" else self.eval_windows
+        losses = evaluate(self.model, windows, self.cfg.eval_depths(), self.device, self.cfg.autocast)
         self.model.train()
         self.last_eval = losses
-        self.log({"event": "eval", "step": self.step, "tokens": self.tokens_seen, "windows": n_windows,
-                  "loss_by_depth": {str(d): round(v, 5) for d, v in losses.items()}})
+        self.log({"event": "eval", "step": self.step, "tokens": self.tokens_seen, "windows": len(windows),
+                  "split": split, "loss_by_depth": {str(d): round(v, 5) for d, v in losses.items()}})
         return losses
 
     # training ---------------------------------------------------------------------------
     def train_step(self) -> dict:
         cfg = self.cfg
-        r = sample_depth(self.step, cfg.r_bar, cfg.r_max, cfg.sigma, cfg.seed)
+        r = sample_depth(self.step, cfg.r_bar, cfg.r_max, cfg.sigma, cfg.seed, cfg.sampler_mean)
         lr = lr_at(self.step, cfg, self.total_steps)
         for group in self.opt.param_groups:
             group["lr"] = lr
@@ -266,6 +287,11 @@ class Trainer:
         if self.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / METRICS).touch()
+            if not self.resume:
+                self.log({"event": "start", "preset": self.preset, "overrides": self.overrides,
+                          "recipe": cfg.recipe().to_meta(), "data": self.data.describe(),
+                          "train_config": dataclasses.asdict(cfg)})
+            print(f"{self.preset}: recipe {cfg.recipe().describe()}", file=sys.stderr)
         old_handlers = {s: signal.signal(s, self._request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
         self.model.train()
         bar = tqdm(total=self.total_steps, initial=self.step, disable=not (self.is_main and self.progress),
@@ -308,20 +334,20 @@ class Trainer:
             dist.barrier()
 
     def _eval_for_best(self) -> None:
-        """The periodic eval (cfg.eval_windows windows); a new lowest loss at r_bar saves best/."""
-        loss_rbar = self.run_eval(self.cfg.eval_windows)[round(self.cfg.r_bar)]
+        """The periodic eval on the selection windows; a new lowest loss at r_bar saves best/."""
+        loss_rbar = self.run_eval("select")[round(self.cfg.r_bar)]
         if loss_rbar < self.best_eval:
             self.best_eval = loss_rbar
             self.save("best")
 
     def _finish(self) -> None:
         """Final (or interrupted) save. The final weights (learning rate fully decayed) also compete
-        for best/ on the periodic eval's windows; the final eval then uses all saved eval windows."""
+        for best/ on the selection windows; the final eval then uses the saved eval windows."""
         done = self.step >= self.total_steps
         if self.is_main and done:
             if self.step % self.cfg.eval_every:
                 self._eval_for_best()
-            self.run_eval(len(self.eval_windows))
+            self.run_eval("eval")
         self.save("latest")
         if self.is_main and done and not (self.out / "best").exists():
             self.save("best")

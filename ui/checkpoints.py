@@ -18,6 +18,7 @@ from pathlib import Path
 
 from recur_core import CheckpointError
 from recur_core.huginn import describe_folder, is_huginn_dir
+from recur_core.recipe import Recipe
 
 APP_ROOT = Path(__file__).resolve().parents[1]
 MARKERS = ("meta.json", "model.safetensors", "config.json")
@@ -45,8 +46,12 @@ class Entry:
         return str((self.meta or {}).get("checkpoint_id", ""))
 
     @property
-    def recipe(self) -> dict:
-        return (self.meta or {}).get("recipe", {}) or {}
+    def recipe(self) -> Recipe | None:
+        """The recipe (recur_core.recipe's fallback rule for missing fields); None if meta.json's is unusable."""
+        try:
+            return Recipe.from_meta(self.meta)
+        except (ValueError, TypeError, AttributeError):
+            return None
 
     def label(self) -> str:
         if not self.ok:
@@ -55,8 +60,8 @@ class Entry:
         parts = [self.name, str(m.get("preset", "?"))]
         if m.get("n_params"):
             parts.append(f"{human_count(m['n_params'])} params · {m.get('dtype', '?')}")
-        if "r_bar" in self.recipe:
-            parts.append(f"r̄ {float(self.recipe['r_bar']):g}")
+        if self.recipe is not None and "r_bar" not in self.recipe.defaulted:
+            parts.append(f"r̄ {self.recipe.r_bar:g}")
         if m.get("tokens_seen") is not None:
             parts.append(f"{human_count(m['tokens_seen'])} tok")
         parts.append(self.checkpoint_id[:8] or "no id")

@@ -13,7 +13,6 @@ drawn from inside the function that does the long work (Streamlit replays it, em
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,21 +26,15 @@ from recur_core.cache import TraceCache
 from recur_core.policies import (ArgmaxStable, ConvergenceExit, CosineExit, EntropyDiff, LatentDiff, LinearRouter,
                                  ReverseKLExit, Uniform)
 from recur_core.probe import load_or_train_probes
+from recur_core.recipe import Recipe
+from recur_core.settings import SETTINGS
 from recur_core.stats import Bootstrap
 from recur_core.trace import Trace, trace
+from training.metrics_log import read_metrics
 
 from .strip import plain_visible
 
-SEED = 0  # noise and bootstrap seed, as in `python -m recur_core.analyze`
-N_BOOT = 1000
-EVAL_WINDOWS = 128  # the canonical eval set: the checkpoint's first 128 validation windows
-MIN_TRACE_LOOPS = 32  # every trace runs to max(32, r_max) loops (elasticity needs 1..32)
-TOPK = 5
-EPS_LOG10 = tuple(float(x) for x in np.round(np.arange(-7.0, 1.0001, 0.25), 2))  # the ε slider
-SWEEP_EPS = (0.0, *(10.0 ** x for x in EPS_LOG10), math.inf)  # A1's fast sweep: every slider stop
-EXACT_EPS_LOG10 = tuple(float(x) for x in range(-7, 2))  # the exact harness: one ε per decade
-EXACT_TAU = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
-EXACT_WINDOWS = 16
+S = SETTINGS  # seed, bootstrap, windows, loops, top-k and grids: the same as `python -m recur_core.analyze`
 
 
 @dataclass(frozen=True)
@@ -52,9 +45,10 @@ class Model:
     checkpoint_id: str
     device: str
     meta: dict
+    recipe: Recipe
     r_max: int
-    r_bar: int
-    loops: int  # depth of every trace: max(MIN_TRACE_LOOPS, r_max)
+    r_bar: int  # the recipe's r̄ as a whole loop count (the uniform depth policies are matched to)
+    loops: int  # depth of every trace: max(S.min_trace_loops, r_max)
     max_seq_len: int
     n_params: int
     vocab_size: int
@@ -64,10 +58,6 @@ class Model:
     @property
     def key(self) -> tuple[str, str, str]:
         return self.path, self.checkpoint_id, self.device
-
-    @property
-    def r_bar_exact(self) -> float:
-        return float(self.meta.get("recipe", {}).get("r_bar", self.r_bar))
 
 
 # -- checkpoints ------------------------------------------------------------------------------------
@@ -101,17 +91,16 @@ def checkpoint(path: str, device: str):
 
 def open_model(path: str, device: str) -> Model:
     ckpt = checkpoint(path, device)
-    recipe = ckpt.meta.get("recipe", {}) or {}
-    loops_max = int(recipe.get("r_max", MIN_TRACE_LOOPS))
+    recipe = ckpt.recipe
     stated = str(ckpt.meta.get("checkpoint_id", ""))
     mismatch = None
     if stated and stated != ckpt.checkpoint_id:
         mismatch = (f"meta.json names checkpoint id {stated}, but the weights hash to {ckpt.checkpoint_id}: "
                     "the folder's files do not belong together (results are keyed by the weights' hash).")
-    return Model(path=path, checkpoint_id=ckpt.checkpoint_id, device=device, meta=ckpt.meta,
-                 r_max=loops_max, r_bar=max(1, min(round(float(recipe.get("r_bar", loops_max))), loops_max)),
-                 loops=max(MIN_TRACE_LOOPS, loops_max), max_seq_len=ckpt.config.max_seq_len,
-                 n_params=ckpt.model.num_params(), vocab_size=ckpt.config.vocab_size, id_mismatch=mismatch,
+    return Model(path=path, checkpoint_id=ckpt.checkpoint_id, device=device, meta=ckpt.meta, recipe=recipe,
+                 r_max=recipe.r_max, r_bar=recipe.depth, loops=S.trace_loops(recipe),
+                 max_seq_len=ckpt.config.max_seq_len, n_params=ckpt.model.num_params(),
+                 vocab_size=ckpt.config.vocab_size, id_mismatch=mismatch,
                  has_windows=(Path(path) / "eval_windows.safetensors").is_file())
 
 
@@ -151,38 +140,25 @@ class Progress:
             self.bar.empty()
 
 
-class StagedProgress(Progress):
-    """Progress over `stages` consecutive runs that each report their own (done, total)."""
-
-    def __init__(self, label: str, stages: int):
-        super().__init__(label)
-        self.stages, self.stage = stages, 0
-
-    def __call__(self, done: int, total: int) -> None:
-        if self.bar is None:
-            self.bar = st.progress(0.0, text=self.label)
-        frac = (self.stage + done / max(total, 1)) / self.stages
-        self.bar.progress(min(frac, 1.0), text=f"{self.label} ({self.stage + 1}/{self.stages})")
-
-
 # -- traces -----------------------------------------------------------------------------------------
 @st.cache_resource(max_entries=6, show_spinner=False)
 def probes(path: str, ckpt_id: str, device: str) -> dict:
     """A2's router probes (argmax and KL labels), from recur_core's probe cache or trained now; none
     when r_max < 2 or the checkpoint ships no training-side (probe) windows to train them on."""
     ckpt = _ckpt(path, ckpt_id, device)
-    r_max = int(ckpt.meta.get("recipe", {}).get("r_max", MIN_TRACE_LOOPS))
+    r_max = ckpt.recipe.r_max
     if r_max < 2 or not (Path(path) / "probe_windows.safetensors").is_file():
         return {}
     bar = Progress("Training the A2 router probes (once per checkpoint)")
     try:
-        return load_or_train_probes(ckpt, r_max, SEED, cache=TraceCache(), progress=bar)
+        return load_or_train_probes(ckpt, r_max, S.seed, n_windows=S.probe_windows,
+                                    tokens_per_window=S.probe_tokens, cache=TraceCache(), progress=bar)
     finally:
         bar.close()
 
 
 def trace_loops(ckpt) -> int:
-    return max(MIN_TRACE_LOOPS, int(ckpt.meta.get("recipe", {}).get("r_max", MIN_TRACE_LOOPS)))
+    return S.trace_loops(ckpt.recipe)
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
@@ -191,10 +167,10 @@ def eval_trace(path: str, ckpt_id: str, device: str) -> Trace:
     (the same key as `python -m recur_core.analyze`, so either one fills the disk cache)."""
     ckpt = _ckpt(path, ckpt_id, device)
     prb = probes(path, ckpt_id, device)
-    windows = ckpt.windows("eval")[:EVAL_WINDOWS]
+    windows = ckpt.windows("eval")[:S.windows]
     bar = Progress(f"Tracing {len(windows)} eval windows × {trace_loops(ckpt)} loops (cached on disk after this)")
     try:
-        return trace(ckpt, windows, trace_loops(ckpt), SEED, topk=TOPK, probes=list(prb.values()),
+        return trace(ckpt, windows, trace_loops(ckpt), S.seed, topk=S.topk, probes=list(prb.values()),
                      cache=TraceCache(), progress=bar)
     finally:
         bar.close()
@@ -207,7 +183,7 @@ def text_trace(path: str, ckpt_id: str, device: str, ids: tuple[int, ...], with_
     prb = list(probes(path, ckpt_id, device).values()) if with_probes else []
     bar = Progress(f"Tracing {len(ids)} tokens × {trace_loops(ckpt)} loops")
     try:
-        return trace(ckpt, np.asarray(ids, dtype=np.int64), trace_loops(ckpt), SEED, topk=TOPK, probes=prb,
+        return trace(ckpt, np.asarray(ids, dtype=np.int64), trace_loops(ckpt), S.seed, topk=S.topk, probes=prb,
                      cache=TraceCache(), progress=bar)
     finally:
         bar.close()
@@ -268,12 +244,11 @@ def outcome(tr: Trace, policy) -> Outcome:
 # -- sweeps (page 2) --------------------------------------------------------------------------------
 @st.cache_data(max_entries=16, show_spinner="Sweeping ε and τ over the trace…")
 def sweep_fast(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, r_max: int, r_bar: int) -> dict:
-    """A0 / A1 / A2 allocation curves (fast path) with the matched-depth table; A1 is swept over
-    every stop of the ε slider, so moving it only looks a point up."""
+    """A0 / A1 / A2 allocation curves (fast path) with the matched-depth table, on the grids of
+    report.json (A1's ε grid holds every stop of the ε slider, so moving it only looks a point up)."""
     tr = source_trace(path, ckpt_id, device, ids)
     prb = probes(path, ckpt_id, device)
-    res = analysis.allocation(tr, Bootstrap(tr.n_windows, N_BOOT, SEED), r_max, r_bar, eps_grid=SWEEP_EPS,
-                              probes=prb)
+    res = analysis.allocation(tr, Bootstrap(tr.n_windows, S.n_boot, S.seed), r_max, r_bar, probes=prb)
     return {"report": res["report"], "curves": res["curves"], "n_windows": tr.n_windows, "seq_len": tr.seq_len,
             "probe_metrics": {k: p.metrics for k, p in prb.items()}}
 
@@ -281,8 +256,8 @@ def sweep_fast(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None
 @st.cache_data(max_entries=8, show_spinner=False)
 def sweep_exact(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, r_max: int,
                 n_windows: int) -> dict:
-    """The same families on the exact masking harness (coarser grids, the first n_windows eval
-    windows), each point next to its fast-path value on the same windows (paired bootstrap)."""
+    """The same families on the exact masking harness (the settings' coarser exact grids, the first
+    n_windows eval windows), each point next to its fast-path value on the same windows (paired bootstrap)."""
     ckpt = _ckpt(path, ckpt_id, device)
     prb = probes(path, ckpt_id, device)
     if ids is None:
@@ -291,17 +266,11 @@ def sweep_exact(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | Non
         tr, inputs = full.subset(range(n)), ckpt.windows("eval")[:n]
     else:
         tr, inputs = text_trace(path, ckpt_id, device, ids, True), np.asarray(ids, dtype=np.int64)
-    boot = Bootstrap(tr.n_windows, N_BOOT, SEED)
-    families = analysis.policy_families(r_max, tuple(10.0 ** x for x in EXACT_EPS_LOG10), EXACT_TAU, prb)
-    todo = [(name, p) for name, fam in families.items() for p in fam]
-    bar = StagedProgress(f"Exact masking harness on {tr.n_windows} window(s): {len(todo)} policies", len(todo))
-    rows = []
+    boot = Bootstrap(tr.n_windows, S.n_boot, S.seed)
+    families = analysis.policy_families(r_max, S.exact_eps_grid, S.exact_tau_grid, prb)
+    bar = Progress(f"Exact masking harness on {tr.n_windows} window(s), policy by policy")
     try:
-        for i, (name, policy) in enumerate(todo):
-            bar.stage = i
-            bar(0, 1)
-            for row in analysis.fast_vs_exact(ckpt, inputs, tr, [policy], boot, progress=bar):
-                rows.append({"family": name, **row})
+        rows = analysis.exact_sweep(ckpt, inputs, tr, families, boot, progress=bar)
     finally:
         bar.close()
     return {"rows": rows, "n_windows": tr.n_windows}
@@ -311,7 +280,7 @@ def sweep_exact(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | Non
 @st.cache_data(max_entries=16, show_spinner="Measuring convergence…")
 def convergence(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None) -> dict:
     tr = source_trace(path, ckpt_id, device, ids, with_probes=ids is None)
-    return analysis.convergence(tr, Bootstrap(tr.n_windows, N_BOOT, SEED))
+    return analysis.convergence(tr, Bootstrap(tr.n_windows, S.n_boot, S.seed))
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -338,50 +307,24 @@ def token_classes(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | N
     tr = source_trace(path, ckpt_id, device, ids, with_probes=ids is None)
     classes = vocab_classes(path, ckpt_id, vocab_size)
     policy = a1(eps, r_max)
-    summary = analysis.token_classes(tr, classes, policy, Bootstrap(tr.n_windows, N_BOOT, SEED))
-    ex = policy.exits(tr)
-    scored = tr.has_target
-    df = pd.DataFrame({"token_id": tr.ids[scored], "exit_depth": ex.depth[scored],
-                       "converged": ex.converged[scored]})
-    per_token = (df.groupby("token_id")
-                 .agg(count=("exit_depth", "size"), mean_exit_depth=("exit_depth", "mean"),
-                      frac_converged=("converged", "mean"))
-                 .reset_index())
-    per_token["class"] = [analysis.TOKEN_CLASSES[c] for c in classes[per_token["token_id"].to_numpy()]]
-    per_token["token"] = [plain_visible(t) for t in decode_ids(path, ckpt_id, per_token["token_id"])]
-    per_token = per_token.sort_values(["class", "count"], ascending=[True, False]).reset_index(drop=True)
-    return {"summary": summary, "tokens": per_token[["class", "token", "token_id", "count", "mean_exit_depth",
-                                                     "frac_converged"]]}
+    summary = analysis.token_classes(tr, classes, policy, Bootstrap(tr.n_windows, S.n_boot, S.seed))
+    per_token = pd.DataFrame(analysis.token_exit_table(tr, classes, policy))
+    per_token.insert(1, "token", [plain_visible(t) for t in decode_ids(path, ckpt_id, per_token["token_id"])])
+    return {"summary": summary, "tokens": per_token}
 
 
 @st.cache_data(max_entries=16, show_spinner="Loss at every depth…")
 def elasticity(path: str, ckpt_id: str, device: str) -> dict:
     tr = eval_trace(path, ckpt_id, device)
-    return analysis.elasticity(tr, Bootstrap(tr.n_windows, N_BOOT, SEED))
+    return analysis.elasticity(tr, Bootstrap(tr.n_windows, S.n_boot, S.seed))
 
 
 # -- training log -----------------------------------------------------------------------------------
 @st.cache_data(max_entries=16, show_spinner=False)
-def training_log(path: str, stamp: str) -> dict[str, pd.DataFrame]:
-    """The checkpoint's metrics.jsonl as data frames: "train" rows and "eval" loss by depth (long),
-    with the number of eval windows (periodic evals use a few, the final eval all saved windows)."""
-    file = Path(path) / "metrics.jsonl"
-    train, evals, bad = [], [], 0
-    for line in file.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            bad += 1
-            continue
-        if rec.get("event") == "train":
-            train.append(rec)
-        elif rec.get("event") == "eval":
-            for depth, loss in (rec.get("loss_by_depth") or {}).items():
-                evals.append({"step": rec.get("step"), "tokens": rec.get("tokens"), "depth": int(depth),
-                              "loss": loss, "windows": rec.get("windows", 0)})
-    return {"train": pd.DataFrame(train), "eval": pd.DataFrame(evals), "bad_lines": bad}
+def training_log(path: str, stamp: str) -> dict:
+    """The checkpoint's metrics.jsonl, parsed by training.metrics_log (beside its writer)."""
+    log = read_metrics(Path(path) / "metrics.jsonl")
+    return {"train": log.train, "eval": log.evals, "bad_lines": log.bad_lines, "start": log.start}
 
 
 def log_stamp(path: str) -> str:

@@ -63,8 +63,8 @@ def sidebar() -> None:
             entry = by_path[st.session_state["checkpoint_path"]]
             if entry.ok:
                 r = entry.recipe
-                st.caption(f"`{entry.path}`  \nr̄ {r.get('r_bar', '?')} · r_max {r.get('r_max', '?')} · "
-                           f"k {r.get('k', '?')} · step {entry.meta.get('step', '?')}")
+                st.caption(f"`{entry.path}`  \n" + (r.describe() if r else "recipe unreadable")
+                           + f" · step {entry.meta.get('step', '?')}")
                 if entry.meta.get("memory_estimate"):
                     st.caption(entry.size_line(st.session_state.get("device", "cpu")))
             else:
@@ -171,7 +171,7 @@ def eps_slider(page: str = "other", help_text: str | None = None) -> float:
     if st.session_state.get(key) != shared:  # first show on this page, or moved on another page since
         st.session_state[key] = shared
     log10 = st.select_slider(
-        "A1 threshold ε: stop a token once KL(p_i ‖ p_{i−1}) < ε", options=compute.EPS_LOG10, key=key,
+        "A1 threshold ε: stop a token once KL(p_i ‖ p_{i−1}) < ε", options=compute.S.eps_log10, key=key,
         on_change=_share_eps, args=(key,), format_func=lambda v: f"{10.0 ** v:.1e}",
         help=help_text or "Log scale, 1e-7 … 10. Smaller ε: tokens loop longer. 1e-3 is the paper's threshold.")
     return 10.0 ** log10
@@ -187,7 +187,7 @@ def source_picker(model: compute.Model) -> tuple[int, ...] | None | bool:
         return False if enc is None else enc.ids
     choice = st.segmented_control(
         "Data", ["eval", "text"], default="eval", key="source", persist_state="session", required=True,
-        format_func=lambda s: {"eval": f"Eval windows (first {compute.EVAL_WINDOWS}, validation side)",
+        format_func=lambda s: {"eval": f"Eval windows (first {compute.S.windows}, validation side)",
                                "text": "Pasted text"}[s])
     if choice != "text":
         return None

@@ -1,0 +1,87 @@
+"""Analysis that used to live in the app, now in recur_core / training (issue 12, item 11): the
+per-token exit table, the exact sweep, the metrics.jsonl parser; and the dead code that went."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from recur_core import analysis
+from recur_core.policies import ConvergenceExit, Uniform
+from recur_core.stats import Bootstrap
+from recur_core.trace import trace
+
+
+@pytest.fixture(scope="module")
+def small_trace(ckpt):
+    return trace(ckpt, ckpt.windows("eval")[:4], 6, seed=0, cache=False)
+
+
+def test_token_exit_table_matches_a_groupby_over_scored_positions(ckpt, small_trace):
+    tr = small_trace
+    classes = analysis.vocab_classes(ckpt.tokenizer(), ckpt.config.vocab_size)
+    policy = ConvergenceExit(1e-2, r_max=6)
+    table = pd.DataFrame(analysis.token_exit_table(tr, classes, policy))
+    ex = policy.exits(tr)
+    scored = tr.has_target
+    ref = (pd.DataFrame({"token_id": tr.ids[scored], "depth": ex.depth[scored], "conv": ex.converged[scored]})
+           .groupby("token_id").agg(count=("depth", "size"), mean=("depth", "mean"), conv=("conv", "mean")))
+    assert len(table) == len(ref) and table["count"].sum() == scored.sum()
+    got = table.set_index("token_id").loc[ref.index]
+    np.testing.assert_array_equal(got["count"], ref["count"])
+    np.testing.assert_allclose(got["mean_exit_depth"], ref["mean"])
+    np.testing.assert_allclose(got["frac_converged"], ref["conv"])
+    assert (got["class"] == [analysis.TOKEN_CLASSES[c] for c in classes[ref.index]]).all()
+    # ordered by class (TOKEN_CLASSES order), then by count, descending
+    rank = table["class"].map(analysis.TOKEN_CLASSES.index)
+    assert rank.is_monotonic_increasing
+    assert all(g["count"].is_monotonic_decreasing for _, g in table.groupby("class"))
+
+
+def test_exact_sweep_is_fast_vs_exact_for_every_policy_with_its_family(ckpt, small_trace):
+    tr, windows = small_trace.subset(range(2)), ckpt.windows("eval")[:2]
+    boot = Bootstrap(2, 50, 0)
+    families = {"A0": [Uniform(2), Uniform(3)], "A1": [ConvergenceExit(1e-2, r_max=6)]}
+    calls = []
+    rows = analysis.exact_sweep(ckpt, windows, tr, families, boot, progress=lambda d, t: calls.append((d, t)))
+    assert [r["family"] for r in rows] == ["A0", "A0", "A1"]
+    assert calls[0] == (0, 3) and calls[-1] == (3, 3)
+    alone = analysis.fast_vs_exact(ckpt, windows, tr, [families["A1"][0]], boot)[0]
+    assert {k: v for k, v in rows[2].items() if k != "family"} == alone
+    assert rows[0]["gap_loss"]["value"] == pytest.approx(0.0, abs=1e-5)  # uniform depth: both paths agree
+
+
+def test_metrics_parser_reads_old_and_new_logs(tmp_path):
+    from training.metrics_log import append, read_metrics
+
+    new = tmp_path / "new.jsonl"
+    append(new, {"event": "start", "recipe": {"r_bar": 4, "sampler_mean": "huginn"}})
+    append(new, {"event": "train", "step": 1, "loss": 3.0, "r": 2})
+    append(new, {"event": "eval", "step": 1, "windows": 32, "split": "select", "loss_by_depth": {"1": 3.1, "4": 3.0}})
+    append(new, {"event": "eval", "step": 1, "windows": 128, "split": "eval", "loss_by_depth": {"1": 3.2}})
+    with open(new, "a") as f:
+        f.write("{ not json\n\n")
+    log = read_metrics(new)
+    assert log.start["recipe"]["sampler_mean"] == "huginn" and log.bad_lines == 1
+    assert log.train["loss"].tolist() == [3.0]
+    assert log.evals[["depth", "loss", "split", "periodic"]].values.tolist() == [
+        [1, 3.1, "select", True], [4, 3.0, "select", True], [1, 3.2, "eval", False]]
+
+    old = tmp_path / "old.jsonl"  # before the split was recorded: periodic evals ran on the first 32 eval windows
+    old.write_text("\n".join(json.dumps(r) for r in (
+        {"event": "eval", "step": 100, "windows": 32, "loss_by_depth": {"1": 3.0}},
+        {"event": "eval", "step": 200, "windows": 128, "loss_by_depth": {"1": 2.9}})) + "\n")
+    log = read_metrics(old)
+    assert log.start is None and log.evals["periodic"].tolist() == [True, False]
+    assert log.evals["split"].tolist() == ["eval", "eval"]
+
+
+def test_dead_code_is_gone():
+    import training.depth_sampler
+    from recur_core import decode
+    from ui import compute
+
+    assert not hasattr(analysis, "evaluate_policies")
+    assert not hasattr(training.depth_sampler, "loops_with_grad")
+    assert not hasattr(decode.Drift, "as_dict")
+    assert not hasattr(compute.Model, "r_bar_exact")

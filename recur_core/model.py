@@ -14,6 +14,10 @@ Architecture variants are configuration (recur_core.config), not other classes: 
 coda blocks, no prelude-output norm, q/k biases, interleaved RoPE pairs, an embedding scale, a
 truncated-normal initial state and a final norm before the coda as well. recur_core.huginn sets them
 to open Huginn-0125 checkpoints with this same class.
+
+Decoding runs the same pieces with a KV cache: every attention takes an optional `kv` (one per
+layer), an object with `update(k, v) -> (keys, values, mask)` that writes this call's keys and
+values into its cache slab and returns what the queries attend to (recur_core.kv holds them).
 """
 from __future__ import annotations
 
@@ -33,9 +37,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (out * self.weight.float()).to(x.dtype)
+        # float32 math whatever the input dtype; one fused op (a third of the time of the spelled-out
+        # formula at decoding's one-token calls)
+        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
 
 
 def rope_tables(head_dim: int, max_len: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,7 +57,8 @@ def rope_pairs(head_dim: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half") -> torch.Tensor:
-    """Rotate pairs of the head dim (see rope_pairs). x: (B, H, T, hd); cos/sin: (T, hd/2)."""
+    """Rotate pairs of the head dim (see rope_pairs). x: (B, H, T, hd); cos/sin: (T, hd/2), or
+    (B, 1, T, hd/2) when every row has its own positions."""
     if layout == "interleaved":
         x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
         return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2).to(x.dtype)
@@ -94,8 +99,14 @@ class Attention(nn.Module):
         B, _, T, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
-    def forward(self, x, cos, sin):
-        return self.attend(*self.project_qkv(x, cos, sin))
+    def forward(self, x, cos, sin, kv=None):
+        """kv: None (causal over x itself) or a cache view: its update(k, v) stores this call's
+        keys/values and returns (keys, values, mask) to attend to."""
+        q, k, v = self.project_qkv(x, cos, sin)
+        if kv is None:
+            return self.attend(q, k, v)
+        k, v, mask = kv.update(k, v)
+        return self.attend(q, k, v, is_causal=False, attn_mask=mask)
 
 
 class SwiGLU(nn.Module):
@@ -119,8 +130,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, x, cos, sin):
-        x = x + self.attn(self.attn_norm(x), cos, sin)
+    def forward(self, x, cos, sin, kv=None):
+        x = x + self.attn(self.attn_norm(x), cos, sin, kv)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -135,8 +146,8 @@ class SandwichBlock(Block):
         self.attn_out_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp_out_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
 
-    def forward(self, x, cos, sin):
-        x = self.attn_out_norm(self.attn(self.attn_norm(x), cos, sin) + x)
+    def forward(self, x, cos, sin, kv=None):
+        x = self.attn_out_norm(self.attn(self.attn_norm(x), cos, sin, kv) + x)
         return self.mlp_out_norm(self.mlp(self.mlp_norm(x)) + x)
 
 
@@ -179,13 +190,17 @@ class LoopedLM(nn.Module):
         return self.embed.weight if self.lm_head is None else self.lm_head.weight
 
     def rope(self, seq_len: int, positions: torch.Tensor | None = None):
+        """cos/sin for positions 0 .. seq_len - 1, or for `positions`: (T,) shared by the batch, or
+        (B, T) one row each (returned as (B, 1, T, hd/2), to broadcast over heads)."""
         if positions is None:
             if seq_len > self.cfg.max_seq_len:
                 raise ValueError(f"sequence of {seq_len} tokens exceeds max_seq_len {self.cfg.max_seq_len}")
             return self.rope_cos[:seq_len], self.rope_sin[:seq_len]
+        if positions.dim() == 2:
+            return self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
         return self.rope_cos[positions], self.rope_sin[positions]
 
-    def prelude(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def prelude(self, ids: torch.Tensor, positions: torch.Tensor | None = None, kv=None) -> torch.Tensor:
         """Token ids (B, T) -> prelude output e (B, T, d), re-injected at every loop.
 
         e is RMS-normed, like the sandwich-normed state it is concatenated with: an un-normed
@@ -196,8 +211,8 @@ class LoopedLM(nn.Module):
         x = self.embed(ids)
         if self.cfg.embed_scale != 1.0:
             x = x * self.cfg.embed_scale
-        for block in self.prelude_blocks:
-            x = block(x, cos, sin)
+        for block, cache in zip(self.prelude_blocks, kv or [None] * len(self.prelude_blocks)):
+            x = block(x, cos, sin, cache)
         return x if self.prelude_norm is None else self.prelude_norm(x)
 
     def init_state(self, batch: int, seq_len: int, generator: torch.Generator | None = None,
@@ -219,33 +234,43 @@ class LoopedLM(nn.Module):
         noise = noise[:, positions] if positions is not None else noise[:, :seq_len]
         return (noise * self.cfg.state_init_std).to(device=device, dtype=self.embed.weight.dtype)
 
-    def core_step(self, state: torch.Tensor, e: torch.Tensor, freeze: torch.Tensor | None = None,
-                  positions: torch.Tensor | None = None) -> torch.Tensor:
+    def inject(self, e: torch.Tensor) -> torch.Tensor:
+        """The adapter's e-part W_e e: adapter(concat(s, e)) = W_s s + W_e e (decoding computes it once
+        per token instead of once per loop)."""
+        return F.linear(e, self.adapter.weight[:, self.cfg.d_model:])
+
+    def core_step(self, state: torch.Tensor, e: torch.Tensor | None, freeze: torch.Tensor | None = None,
+                  positions: torch.Tensor | None = None, kv=None, inject: torch.Tensor | None = None) -> torch.Tensor:
         """One loop: adapter(concat(state, e)) through the core blocks.
 
         freeze: optional bool (B, T); frozen tokens keep their state bit-for-bit, while the other
         tokens still attend to them (their keys/values are computed from the frozen state).
+        kv: optional cache views, one per core block (the slabs of this loop).
+        inject: `inject(e)` precomputed (e is then unused): the adapter runs as W_s s + inject.
         """
         cos, sin = self.rope(state.shape[1], positions)
-        x = self.adapter(torch.cat((state, e), dim=-1))
-        for block in self.core_blocks:
-            x = block(x, cos, sin)
+        if inject is None:
+            x = self.adapter(torch.cat((state, e), dim=-1))
+        else:
+            x = F.linear(state, self.adapter.weight[:, :self.cfg.d_model]) + inject
+        for block, cache in zip(self.core_blocks, kv or [None] * len(self.core_blocks)):
+            x = block(x, cos, sin, cache)
         if freeze is not None:
             x = torch.where(freeze.unsqueeze(-1), state, x.to(state.dtype))
         return x
 
-    def coda(self, state: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def coda(self, state: torch.Tensor, positions: torch.Tensor | None = None, kv=None) -> torch.Tensor:
         """State -> coda blocks -> final RMSNorm: the hidden the LM head reads (B, T, d).
         With cfg.coda_input_norm the final norm is applied before the coda too (Huginn's ln_f)."""
         cos, sin = self.rope(state.shape[1], positions)
         x = self.final_norm(state) if self.cfg.coda_input_norm else state
-        for block in self.coda_blocks:
-            x = block(x, cos, sin)
+        for block, cache in zip(self.coda_blocks, kv or [None] * len(self.coda_blocks)):
+            x = block(x, cos, sin, cache)
         return self.final_norm(x)
 
-    def readout(self, state: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def readout(self, state: torch.Tensor, positions: torch.Tensor | None = None, kv=None) -> torch.Tensor:
         """State -> logits (B, T, V)."""
-        return F.linear(self.coda(state, positions), self.head_weight)
+        return F.linear(self.coda(state, positions, kv), self.head_weight)
 
     # -- composition --------------------------------------------------------------------
     def forward(self, ids: torch.Tensor, loops: int, generator: torch.Generator | None = None,

@@ -108,7 +108,8 @@ def strip_html(tokens: Sequence[TokenView], r_max: int, policy: str = "A1", sele
             f'style="font-family:{FONT};font-size:0.92rem;line-height:1.9">{"".join(spans)}</div>')
 
 
-def legend_html(r_max: int, label: str = "exit depth (loops)") -> str:
+def legend_html(r_max: int, label: str = "exit depth (loops)", not_converged: bool = True) -> str:
+    """The depth scale; not_converged adds the mark of tokens the cap stopped (analysis strips)."""
     step = 1 if r_max <= 16 else 4
     cells = []
     for d in range(1, r_max + 1):
@@ -119,7 +120,7 @@ def legend_html(r_max: int, label: str = "exit depth (loops)") -> str:
                      f'padding:1px 0">{mark or "&nbsp;"}</span>')
     never = (f'<span style="display:inline-block;background:{NOT_CONVERGED};color:#fff;border:2px dashed #7a0030;'
              f'border-radius:4px;font-size:0.72rem;padding:0 6px;margin-left:10px">not converged by r_max = {r_max}'
-             '</span>')
+             '</span>') if not_converged else ""
     return (f'<div data-testid="depth-legend" style="font-family:sans-serif;font-size:0.8rem;margin:2px 0 6px 0">'
             f'<span style="margin-right:8px;opacity:.8">{html.escape(label)}:</span>'
             f'<span style="border-radius:4px;overflow:hidden;display:inline-block">{"".join(cells)}</span>'

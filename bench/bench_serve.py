@@ -1,0 +1,228 @@
+"""Throughput of depth-wise batched decoding (recur_core.serve.Pool), issue 11.
+
+For one checkpoint:
+  1. Calibrate on --windows eval windows, teacher-forced (bench_decode's Calibrator, KV rule
+     "latest"): the target is A0@r_bar's loss + --tolerance nats; each policy's threshold is the
+     largest (fewest loops) whose loss meets it; the best uniform depth is the smallest r whose
+     A0@r loss meets it.
+  2. Serve --requests requests (the first --prompt-len tokens of the next eval windows, --new-tokens
+     new tokens each, greedy) through pools of each size in --pools, once per configuration, the
+     configurations in an order rotated per pool. tokens/s = new tokens / wall time of the whole run
+     (prefills included).
+  3. The FLOP proxy of the same runs (bench_decode's CostModel: prelude, core loops, coda, head and
+     exit checks with the actual exits, readouts and context lengths; a prompt's prefill counted as
+     every prompt token running to the prompt's deepest exit). flop_proxy_speedup = cost(A0@r_bar)
+     / cost(policy); fraction_of_bound = realized speedup / flop_proxy_speedup.
+  4. Per-token latency: seconds between a sequence's consecutive new tokens (p50, p95).
+
+The last line is a JSON object: the headline (the largest pool, the per-token policy with the best
+realized speedup among those that met the target) at the top level, every figure under "pools".
+
+    python bench/bench_serve.py                      # checkpoints/demo-r8, 64 requests, pools 1 8 32
+    python bench/bench_serve.py --ckpt runs/x/best --requests 16 --pools 1,8
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from bench_decode import DELTA_GRID, EPS_GRID, TAU_GRID, Calibrator, CostModel, Spec, run_cost  # noqa: E402
+
+from recur_core import load_checkpoint  # noqa: E402
+from recur_core.policies import ConvergenceExit, LatentDiff, LinearRouter, Uniform  # noqa: E402
+from recur_core.probe import load_or_train_probes  # noqa: E402
+from recur_core.serve import Request, serve  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ckpt", default="checkpoints/demo-r8")
+    p.add_argument("--requests", type=int, default=64)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--pools", default="1,8,32", help="pool sizes, comma-separated")
+    p.add_argument("--windows", type=int, default=32, help="eval windows for the matched-loss calibration")
+    p.add_argument("--tolerance", type=float, default=0.002, help="nats above A0@r_bar's loss allowed")
+    p.add_argument("--bisect", type=int, default=3)
+    p.add_argument("--tf-batch", type=int, default=8)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-loops", type=int, default=None, help="loop cap (default: the recipe's r_max)")
+    p.add_argument("--no-a2", action="store_true", help="skip A2 (its probe is trained on first use)")
+    p.add_argument("--calibration", default=None,
+                   help="JSON file of the calibration: read if it exists (the search is skipped), else written")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run: 6 requests, 8 new tokens, 8-token prompts, pools 1 and 3, 4 windows")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.requests, args.new_tokens, args.prompt_len, args.pools = 6, 8, 8, "1,3"
+        args.windows, args.bisect, args.tf_batch = 4, 1, 4
+    args.pools = [int(x) for x in args.pools.split(",")]
+    return args
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def policy_of(kind: str, threshold: float, cap: int, probe=None):
+    return {"uniform": lambda: Uniform(int(threshold)), "a1": lambda: ConvergenceExit(threshold, r_max=cap),
+            "latent": lambda: LatentDiff(threshold, r_max=cap),
+            "a2": lambda: LinearRouter(probe, threshold, r_max=cap)}[kind]()
+
+
+def calibrate(ckpt, args, cap, r_bar):
+    """{name: (policy, teacher-forced result, matched)}, the target loss, the best uniform depth and
+    the number of calibration windows; read from / written to --calibration when given."""
+    path = Path(args.calibration) if args.calibration else None
+    probe = None if args.no_a2 else load_or_train_probes(ckpt, cap, args.seed, kinds=("kl",))["kl"]
+    if path is not None and path.exists():
+        saved = json.loads(path.read_text())
+        log(f"  calibration read from {path}: target {saved['target']:.5f} ({saved['windows']} windows)")
+        configs = {name: (policy_of(kind, th, cap, probe), SimpleNamespace(loss=loss, mean_loops=loops), ok)
+                   for name, (kind, th, loss, loops, ok) in saved["configs"].items()
+                   if not (kind == "a2" and args.no_a2)}
+        return configs, saved["target"], saved["best_uniform"], saved["windows"]
+    configs, target, best_u, n_cal, kinds = search(ckpt, args, cap, r_bar, probe)
+    if path is not None:
+        path.write_text(json.dumps(dict(target=target, best_uniform=best_u, windows=n_cal, configs={
+            name: [kinds[name][0], kinds[name][1], tf.loss, tf.mean_loops, ok]
+            for name, (_, tf, ok) in configs.items()}), indent=1))
+    return configs, target, best_u, n_cal
+
+
+def search(ckpt, args, cap, r_bar, probe):
+    windows = ckpt.windows("eval")
+    n_cal = min(args.windows, len(windows) - 1)
+    cal = Calibrator(ckpt, windows[:n_cal], cap, args.seed, args.tf_batch)
+    a0 = cal.evaluate(Uniform(r_bar))
+    target = a0.loss + args.tolerance
+    log(f"  target: A0@{r_bar} loss {a0.loss:.5f} + {args.tolerance} = {target:.5f}  ({n_cal} windows)")
+    best_u = next((r for r in range(1, r_bar + 1) if cal.evaluate(Uniform(r)).loss <= target), r_bar)
+    configs = {f"A0@{r_bar}": (Uniform(r_bar), a0, True)}
+    configs[f"A0@{best_u} (best uniform)"] = (Uniform(best_u), cal.evaluate(Uniform(best_u)), True)
+    kinds = {f"A0@{r_bar}": ("uniform", r_bar), f"A0@{best_u} (best uniform)": ("uniform", best_u)}
+    grids = [("a1", "A1 eps", EPS_GRID), ("latent", "latent delta", DELTA_GRID)]
+    if probe is not None:
+        grids.append(("a2", "A2 tau", TAU_GRID))
+    for kind, label, grid in grids:
+        th, tf, ok = cal.match(lambda x: policy_of(kind, x, cap, probe), grid, target, args.bisect)  # noqa: B023
+        name = f"{label}={th:.3g}"
+        configs[name], kinds[name] = (policy_of(kind, th, cap, probe), tf, ok), (kind, th)
+    return configs, target, best_u, n_cal, kinds
+
+
+def serve_run(ckpt, prompts, policy, slots, args, cap, new_tokens=None):
+    """(completions, wall seconds, fraction of mixed-loop steps) of every prompt through one pool."""
+    reqs = [Request(prompt, new_tokens or args.new_tokens, policy, seed=args.seed, greedy=True) for prompt in prompts]
+    run = serve(ckpt, reqs, slots, max_loops=cap, max_len=args.prompt_len + args.new_tokens, keep_logits=False)
+    return run.completions, run.wall_s, run.mixed_steps / max(run.steps, 1)
+
+
+def proxy_cost(cost: CostModel, completions, policy) -> float:
+    """FLOP proxy of the decode steps (bench_decode.run_cost) plus the prefills."""
+    total = 0.0
+    spec = Spec(policy)
+    for c in completions:
+        total += run_cost(cost, c, spec)
+        deepest = max(c.prompt_exit_loops)
+        total += sum(cost.step(t + 1, deepest, c.prefill_readouts, 0, 0) for t in range(len(c.prompt_ids)))
+    return total
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    ckpt = load_checkpoint(args.ckpt)
+    cfg = ckpt.config
+    r_bar = ckpt.recipe.depth
+    cap = args.max_loops or ckpt.recipe.r_max
+    windows = ckpt.windows("eval")
+    prompt_len = max(1, min(args.prompt_len, cfg.max_seq_len - args.new_tokens + 1, windows.shape[1]))
+    args.prompt_len = prompt_len
+    log(f"== {args.ckpt} (checkpoint {ckpt.checkpoint_id}; d {cfg.d_model}, layers {cfg.n_prelude}/{cfg.n_core}/"
+        f"{cfg.n_coda}; r_bar {r_bar}, loop cap {cap}; {torch.get_num_threads()} thread(s))")
+    configs, target, best_u, n_cal = calibrate(ckpt, args, cap, r_bar)
+    rows_avail = windows[n_cal:]
+    if len(rows_avail) == 0:
+        rows_avail = windows
+    prompts = [rows_avail[n % len(rows_avail), :prompt_len].tolist() for n in range(args.requests)]
+    log(f"serving: {args.requests} requests x {prompt_len}-token prompts (eval windows {n_cal}..), "
+        f"{args.new_tokens} new tokens, greedy, pools {args.pools}")
+
+    cost = CostModel(cfg)
+    names = list(configs)
+    a0_name, u_name = names[0], names[1]
+    for name in names:  # warm-up: the first calls of a process are slow
+        serve_run(ckpt, prompts[:2], configs[name][0], 2, args, cap, new_tokens=4)
+    pools = {}
+    for k, slots in enumerate(args.pools):
+        order = names[k % len(names):] + names[:k % len(names)]
+        runs = {}
+        for name in order:
+            comps, wall, mixed = serve_run(ckpt, prompts, configs[name][0], slots, args, cap)
+            lat = np.array([x for c in comps for x in c.latencies_s[1:]]) * 1e3
+            loops = [x for c in comps for x in c.decode_exit_loops]
+            runs[name] = dict(tokens_per_s=sum(len(c.ids) for c in comps) / wall, wall_s=wall,
+                              mean_loops=float(np.mean(loops)) if loops else float("nan"),
+                              cost=proxy_cost(cost, comps, configs[name][0]), mixed_step_fraction=mixed,
+                              latency_p50_ms=float(np.percentile(lat, 50)) if lat.size else float("nan"),
+                              latency_p95_ms=float(np.percentile(lat, 95)) if lat.size else float("nan"))
+            log(f"  pool {slots:3d}  {name:28s} {runs[name]['tokens_per_s']:8.1f} tok/s  ({wall:.1f}s)")
+        table = {}
+        for name in names:
+            r = runs[name]
+            realized = r["tokens_per_s"] / runs[a0_name]["tokens_per_s"]
+            proxy = runs[a0_name]["cost"] / r["cost"]
+            table[name] = dict(
+                tf_loss=configs[name][1].loss, tf_mean_loops=configs[name][1].mean_loops, matched=configs[name][2],
+                tokens_per_s=r["tokens_per_s"], wall_s=r["wall_s"], mean_loops=r["mean_loops"],
+                realized_speedup_vs_a0_rbar=realized, flop_proxy_speedup=proxy, fraction_of_bound=realized / proxy,
+                realized_speedup_vs_best_uniform=r["tokens_per_s"] / runs[u_name]["tokens_per_s"],
+                flop_proxy_speedup_vs_best_uniform=runs[u_name]["cost"] / r["cost"],
+                latency_p50_ms=r["latency_p50_ms"], latency_p95_ms=r["latency_p95_ms"],
+                mixed_step_fraction=r["mixed_step_fraction"])
+        pools[slots] = table
+
+    # -- report -------------------------------------------------------------------------------------
+    log(f"\ntarget loss {target:.5f}; best uniform depth meeting it: {best_u} (A0@{best_u})")
+    for slots, table in pools.items():
+        log(f"\npool {slots}:")
+        log(f"{'policy':28s} {'tf loss':>8s} {'loops':>6s} {'tok/s':>8s} {'FLOP-proxy x':>12s} {'realized x':>10s} "
+            f"{'realized/bound':>14s} {'vs best uniform':>15s} {'p50 ms':>7s} {'p95 ms':>7s} {'mixed':>6s}")
+        for name, r in table.items():
+            log(f"{name:28s} {r['tf_loss']:8.5f} {r['mean_loops']:6.2f} {r['tokens_per_s']:8.1f} "
+                f"{r['flop_proxy_speedup']:12.3f} {r['realized_speedup_vs_a0_rbar']:10.3f} "
+                f"{r['fraction_of_bound']:14.3f} {r['realized_speedup_vs_best_uniform']:15.3f} "
+                f"{r['latency_p50_ms']:7.2f} {r['latency_p95_ms']:7.2f} {r['mixed_step_fraction']:6.2f}")
+    log("(tf loss: teacher-forced on the calibration windows; loops: mean exit loop of the decoded tokens; "
+        "FLOP-proxy x and realized x against A0@r_bar in the same pool; realized/bound = fraction_of_bound; "
+        "vs best uniform: tokens/s ratio to the smallest uniform depth at the target; p50 / p95: per-token "
+        "latency; mixed: fraction of core steps whose batch held tokens at different loops)")
+
+    largest = pools[args.pools[-1]]
+    policies = [n for n in names[2:] if configs[n][2]] or names[2:]
+    head = max(policies, key=lambda n: largest[n]["realized_speedup_vs_a0_rbar"])
+    h = largest[head]
+    out = dict(checkpoint=str(args.ckpt), pool=args.pools[-1], policy=head, threads=torch.get_num_threads(),
+               requests=args.requests, new_tokens=args.new_tokens, prompt_len=prompt_len, loop_cap=cap, r_bar=r_bar,
+               target_loss=target, best_uniform_depth=best_u,
+               realized_speedup_vs_a0_rbar=h["realized_speedup_vs_a0_rbar"],
+               realized_speedup_vs_best_uniform=h["realized_speedup_vs_best_uniform"],
+               flop_proxy_speedup=h["flop_proxy_speedup"], fraction_of_bound=h["fraction_of_bound"],
+               latency_p50_ms=h["latency_p50_ms"], latency_p95_ms=h["latency_p95_ms"],
+               pools={str(k): v for k, v in pools.items()})
+    print(json.dumps(out, default=float))
+
+
+if __name__ == "__main__":
+    main()

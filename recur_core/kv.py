@@ -1,0 +1,215 @@
+"""The KV cache of looped decoding, the views through which model.py's attention uses it, and the
+KV rules (what a later loop reads for a token that has already halted). docs/DECODING.md explains
+the design.
+
+A view is what `model.Attention.forward(..., kv=view)` takes: `update(k, v)` writes this call's keys
+and values into the cache and returns (keys, values, mask) for the queries to attend to.
+
+  SlabKV    rows in lockstep (the batch-1 decoder, teacher-forced windows, a prompt's prefill):
+            all rows at the same positions and loop, one slab (B, Hkv, max_len, hd) per layer.
+  GatherKV  the pool's ragged step: every row is one token of its own sequence, at its own position
+            and loop; each row's keys are gathered from its own (sequence, loop) slab and masked at
+            its position.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+# -- views for model.Attention -----------------------------------------------------------------------
+class SlabKV:
+    """Rows in lockstep over one slab pair k, v (B, Hkv, max_len, hd).
+
+    pos: an int (one query per row) or an ascending LongTensor (Tq,) of the queries' positions.
+    keep: optional (k_prev, v_prev, frozen (B, Tq)): frozen tokens' entries are copied from the
+    slabs k_prev / v_prev instead of being written from this call ("latest" rule in a prefill).
+    """
+
+    def __init__(self, k: Tensor, v: Tensor, pos, keep=None):
+        self.k, self.v, self.pos, self.keep = k, v, pos, keep
+
+    def update(self, k: Tensor, v: Tensor):
+        kc, vc, pos = self.k, self.v, self.pos
+        if isinstance(pos, int):
+            kc[:, :, pos] = k[:, :, 0]
+            vc[:, :, pos] = v[:, :, 0]
+            return kc[:, :, :pos + 1], vc[:, :, :pos + 1], None
+        if self.keep is not None:
+            k_prev, v_prev, frozen = self.keep
+            m = frozen[:, None, :, None]
+            k, v = torch.where(m, k_prev[:, :, pos], k), torch.where(m, v_prev[:, :, pos], v)
+        kc[:, :, pos] = k
+        vc[:, :, pos] = v
+        n_keys = int(pos[-1]) + 1
+        mask = torch.arange(n_keys, device=pos.device)[None, :] <= pos[:, None]  # (Tq, n_keys)
+        return kc[:, :, :n_keys], vc[:, :, :n_keys], mask
+
+
+class GatherKV:
+    """One query per row; row n reads and writes slab `rows[n]` of k, v (S, Hkv, max_len, hd) at
+    position pos[n]. `mask` (N, 1, 1, n_keys), keys <= pos[n], is shared by the layers of a step."""
+
+    def __init__(self, k: Tensor, v: Tensor, rows: Tensor, pos: Tensor, mask: Tensor):
+        self.k, self.v, self.rows, self.pos, self.mask = k, v, rows, pos, mask
+
+    @staticmethod
+    def causal_mask(pos: Tensor) -> Tensor:
+        n_keys = int(pos.max()) + 1
+        return (torch.arange(n_keys, device=pos.device)[None, :] <= pos[:, None])[:, None, None, :]
+
+    def update(self, k: Tensor, v: Tensor):
+        self.k[self.rows, :, self.pos] = k[:, :, 0]
+        self.v[self.rows, :, self.pos] = v[:, :, 0]
+        n_keys = self.mask.shape[-1]
+        return (self.k[:, :, :n_keys].index_select(0, self.rows),
+                self.v[:, :, :n_keys].index_select(0, self.rows), self.mask)
+
+
+# -- the cache ---------------------------------------------------------------------------------------
+class LoopKVCache:
+    """Preallocated K/V of B sequences (docs/DECODING.md).
+
+    core (2, n_core, B, loops, Hkv, max_len, hd): entry (loop i, layer l) of position j is what
+    layer l's attention at loop i reads for j. prelude / coda (2, n_layers, B, Hkv, max_len, hd).
+    exit_state (B, max_len, d): the state each token halted with; inject (B, max_len, d): its
+    adapter input from the prelude (model.inject(e)); exit_loop (B, max_len); filled (B, max_len): how many loops of core entries
+    each position has (all `loops` of them after "latest" propagation). `row(b)` is a view of one
+    sequence (same storage), which is how the pool runs a prompt's prefill in its slot.
+    """
+
+    def __init__(self, cfg, batch: int, loops: int, max_len: int, device, dtype):
+        shape = (batch, cfg.n_kv_heads, max_len, cfg.head_dim)
+        self.loops, self.max_len = loops, max_len
+        self.core = torch.zeros(2, cfg.n_core, batch, loops, cfg.n_kv_heads, max_len, cfg.head_dim,
+                                device=device, dtype=dtype)
+        self.prelude = torch.zeros(2, cfg.n_prelude, *shape, device=device, dtype=dtype)
+        self.coda = torch.zeros(2, cfg.n_coda, *shape, device=device, dtype=dtype)
+        self.exit_state = torch.zeros(batch, max_len, cfg.d_model, device=device, dtype=dtype)
+        self.inject = torch.zeros_like(self.exit_state)
+        self.exit_loop = torch.zeros(batch, max_len, dtype=torch.long)
+        self.filled = np.zeros((batch, max_len), dtype=np.int64)
+
+    def row(self, b: int) -> LoopKVCache:
+        view = object.__new__(LoopKVCache)
+        view.loops, view.max_len = self.loops, self.max_len
+        view.core, view.prelude, view.coda = self.core[:, :, b:b + 1], self.prelude[:, :, b:b + 1], self.coda[:, :, b:b + 1]
+        for name in ("exit_state", "inject", "exit_loop", "filled"):
+            setattr(view, name, getattr(self, name)[b:b + 1])
+        return view
+
+    def reset_row(self, b: int) -> None:
+        """Forget sequence b (its slot is reused): only the bookkeeping, entries are overwritten."""
+        self.filled[b] = 0
+        self.exit_loop[b] = 0
+
+    # slabs of all rows for one layer
+    def core_slabs(self, loop: int) -> list[tuple[Tensor, Tensor]]:
+        """(k, v) per core layer of loop `loop` (1-based), each (B, Hkv, max_len, hd)."""
+        return [(self.core[0, l, :, loop - 1], self.core[1, l, :, loop - 1]) for l in range(self.core.shape[1])]
+
+    def prelude_slabs(self) -> list[tuple[Tensor, Tensor]]:
+        return [(self.prelude[0, l], self.prelude[1, l]) for l in range(self.prelude.shape[1])]
+
+    def coda_slabs(self) -> list[tuple[Tensor, Tensor]]:
+        return [(self.coda[0, l], self.coda[1, l]) for l in range(self.coda.shape[1])]
+
+    def core_flat(self, layer: int) -> tuple[Tensor, Tensor]:
+        """Core layer `layer` as (B * loops, Hkv, max_len, hd): slab b * loops + (i - 1) is (row b, loop i)."""
+        k, v = self.core[0, layer], self.core[1, layer]
+        return k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:])
+
+    def propagate_latest(self, start: int, exits: Tensor) -> None:
+        """Copy the entry of each token's exit loop into every later loop. exits (B, P): exit loops of
+        positions start .. start + P - 1."""
+        B, P = exits.shape
+        core = self.core
+        if B == 1 and P == 1:
+            e = int(exits)
+            core[:, :, :, e:, :, start] = core[:, :, :, e - 1:e, :, start]
+            return
+        block = core[:, :, :, :, :, start:start + P]  # (2, L, B, R, Hkv, P, hd)
+        ex = exits.to(block.device).view(1, 1, B, 1, 1, P, 1)
+        idx = (ex - 1).expand(2, block.shape[1], B, 1, block.shape[4], P, block.shape[6])
+        latest = block.gather(3, idx)
+        later = torch.arange(self.loops, device=block.device).view(1, 1, 1, -1, 1, 1, 1) >= ex
+        block.copy_(torch.where(later, latest, block))
+
+
+# -- the KV rules --------------------------------------------------------------------------------------
+class KVRule:
+    """What a token at loop i reads for a past token j that halted at loop e_j < i.
+
+    prefill_keep(cache, loop, halted)  in a parallel prefill, per core layer the `keep` argument of
+                                        SlabKV for loop `loop` (None: halted tokens write as usual).
+    before_loop(model, cache, loop, upto)  before positions >= upto run loop `loop` (token by token).
+    finish(cache, start, exits, loops_run)  positions start.. have halted with exits (B, P) after
+                                        the rows ran loops_run loops.
+    """
+
+    name = ""
+
+    def prefill_keep(self, cache: LoopKVCache, loop: int, halted: Tensor):
+        return None
+
+    def before_loop(self, model, cache: LoopKVCache, loop: int, upto: int) -> None:
+        pass
+
+    def finish(self, cache: LoopKVCache, start: int, exits: Tensor, loops_run: int) -> None:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return repr(self.name)
+
+
+class LatestRule(KVRule):
+    """Huginn's rule: j's entry of loop e_j (the latest it wrote), copied into every later loop when j
+    halts, so a later token reads loop i's slab with no gather. Free; the entry is one loop stale
+    (loop e_j's keys come from the state entering that loop, s_{e_j - 1})."""
+
+    name = "latest"
+
+    def prefill_keep(self, cache, loop, halted):
+        if loop == 1 or not bool(halted.any()):
+            return None
+        return [(k, v, halted) for k, v in cache.core_slabs(loop - 1)]
+
+    def finish(self, cache, start, exits, loops_run):
+        cache.propagate_latest(start, exits)
+        cache.filled[:, start:start + exits.shape[1]] = cache.loops
+
+
+class RecomputeRule(KVRule):
+    """The masking harness's rule: the entry j would write at loop i with its state frozen (the core
+    step run on its exit state at loop i). Missing entries are filled lazily, all past positions
+    that lack loop i in one core step, before a later token runs loop i."""
+
+    name = "recompute"
+
+    def before_loop(self, model, cache, loop, upto):
+        filled = cache.filled[0, :upto]
+        missing = np.flatnonzero(filled < loop)
+        if missing.size == 0:
+            return
+        if (filled[missing] < loop - 1).any():
+            raise RuntimeError("recompute fill out of order")  # loops are always filled in order
+        pos = torch.from_numpy(missing).to(cache.exit_state.device)
+        kv = [SlabKV(k, v, pos) for k, v in cache.core_slabs(loop)]
+        model.core_step(cache.exit_state[:, pos], None, positions=pos, kv=kv, inject=cache.inject[:, pos])
+        cache.filled[:, missing] = loop
+
+    def finish(self, cache, start, exits, loops_run):
+        cache.filled[:, start:start + exits.shape[1]] = loops_run
+
+
+KV_RULES = {rule.name: rule for rule in (LatestRule(), RecomputeRule())}
+
+
+def kv_rule(rule: str | KVRule) -> KVRule:
+    """The rule object of a name ("latest" or "recompute"), or the rule itself."""
+    if isinstance(rule, KVRule):
+        return rule
+    if rule not in KV_RULES:
+        raise ValueError(f"kv_rule must be one of {tuple(KV_RULES)}, got {rule!r}")
+    return KV_RULES[rule]

@@ -1,0 +1,374 @@
+"""Depth-wise batched decoding: a pool of sequences whose tokens sit at different loops share one
+core step (continuous batching over depth).
+
+    pool = Pool(ckpt, slots=8)
+    ids = [pool.submit(Request(prompt, 128, ConvergenceExit(1e-2), seed=n)) for n, prompt in ...]
+    done = pool.run()                       # {request id: Completion}
+
+The core is weight-tied, so a token at loop 2 and a token at loop 7 run the same matmuls: only the
+KV-cache slab their attention reads, (their sequence, their loop, the layer), differs. Every
+`step()`:
+
+  1. free slots take waiting requests: the prompt is prefilled in its slot (`Decoder.prefill`, the
+     batch-1 prefill), which gives the first new token;
+  2. tokens sampled on the previous step enter: one batched prelude over them;
+  3. every in-flight token runs one core loop, whatever its loop index, in one batched
+     `model.core_step`; row n reads and writes its own slab (recur_core.kv.GatherKV: keys gathered
+     per row and masked at the row's position);
+  4. tokens whose policy reads out (A1) at this loop go through one batched coda + head; each
+     sequence's policy decides who halts (rows grouped by policy and loop);
+  5. halted tokens are read out at their exit state (if not already), their KV rule finishes the
+     position, and the next token is sampled; a finished sequence leaves its slot.
+
+Each sequence keeps batch-1 semantics: its policy, KV rule ("recompute" fills its missing entries
+with its own small core step before the batched one), noise (noise_seed(seed, 0), as `generate`)
+and sampler (seeded with its seed), so it decodes to what `decode.generate` gives it alone
+(tests/test_serve.py), up to float rounding of the batched matmuls.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .decode import (Decoder, HaltSchedule, check_lengths, default_max_loops, encode_prompt, readout_signals,
+                     resolve, row_noise, sample_next)
+from .kv import GatherKV, LoopKVCache, kv_rule
+from .policies import Uniform
+from .trace import relative_change
+
+
+@dataclass
+class Request:
+    """One generation: what `decode.generate` takes, as data. policy None: no exits (every token
+    runs the pool's max_loops)."""
+
+    prompt: object  # text (needs the checkpoint's tokenizer) or token ids
+    max_new_tokens: int
+    policy: object = None
+    kv_rule: str = "latest"
+    seed: int = 0
+    greedy: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    stop_ids: tuple = ()
+    check_every: int = 1
+
+
+@dataclass
+class Completion:
+    """A finished request. token_s[k]: perf_counter time at which new token k was sampled;
+    admitted_s: when its prefill began. error: why a request was refused (nothing else is set)."""
+
+    request_id: int
+    prompt_ids: list[int] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    exit_loops: list[int] = field(default_factory=list)
+    logits: Tensor | None = None
+    prompt_exit_loops: list[int] = field(default_factory=list)
+    step_readouts: list[int] = field(default_factory=list)  # coda + head passes per decode step
+    prefill_readouts: int = 0
+    token_s: list[float] = field(default_factory=list)
+    admitted_s: float = 0.0
+    policy: str = ""
+    kv_rule: str = ""
+    error: str | None = None
+
+    @property
+    def latencies_s(self) -> list[float]:
+        """Per new token: seconds since the previous one (the first: since admission, the prefill)."""
+        stamps = [self.admitted_s] + self.token_s
+        return [b - a for a, b in zip(stamps, stamps[1:])]
+
+    @property
+    def decode_exit_loops(self) -> list[int]:
+        return self.exit_loops[1:]
+
+
+class _Sequence:
+    """A request in a slot: its decoder (slot cache view, schedule, KV rule), sampler and the token
+    in flight (position pos, `loop` loops run; loop 0 = sampled, not yet through the prelude)."""
+
+    def __init__(self, rid: int, slot: int, req: Request, dec: Decoder, prompt_ids, keep_logits: bool):
+        self.rid, self.slot, self.req, self.dec = rid, slot, req, dec
+        self.sampler = torch.Generator().manual_seed(req.seed)
+        self.sample = dict(greedy=req.greedy, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p)
+        self.stops = {int(i) for i in req.stop_ids}
+        self.out = Completion(rid, prompt_ids=list(prompt_ids), policy=repr(dec.policy), kv_rule=dec.rule.name)
+        self.kept = [] if keep_logits else None
+        self.pos = len(prompt_ids)
+        self.loop = 0
+        self.readouts_before = 0
+        self.state = self.inject = self.logp_prev = self.logits = self.signals = None
+
+    @property
+    def schedule(self):
+        return self.dec.schedule
+
+    def emit(self, logits: Tensor, exit_loop: int) -> bool:
+        """Sample the next token from logits (V,); True when the sequence is finished."""
+        token = sample_next(logits, self.sampler, **self.sample)
+        if self.out.ids:
+            self.out.step_readouts.append(self.dec.readouts - self.readouts_before)
+        else:
+            self.out.prefill_readouts = self.dec.readouts
+        self.readouts_before = self.dec.readouts
+        self.out.ids.append(token)
+        self.out.exit_loops.append(exit_loop)
+        self.out.token_s.append(time.perf_counter())
+        if self.kept is not None:
+            self.kept.append(logits.float())
+        return len(self.out.ids) >= self.req.max_new_tokens or token in self.stops
+
+    def finish(self) -> Completion:
+        if self.kept is not None:
+            self.out.logits = torch.stack(self.kept).cpu()
+        return self.out
+
+
+class Pool:
+    """Continuous batching of `slots` sequences, each token at its own loop (module doc).
+
+    max_loops: the loop budget of the cache (default: the checkpoint recipe's r_max); every
+    request's cap is min(its policy's r_max, max_loops). max_len: context of the cache (default
+    the model's max_seq_len); a request must fit in it.
+    """
+
+    def __init__(self, ckpt_or_model, slots: int = 8, *, max_loops: int | None = None, max_len: int | None = None,
+                 keep_logits: bool = True, tokenizer=None):
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
+        self.model, self.ckpt = resolve(ckpt_or_model)
+        cfg = self.model.cfg
+        self.max_loops = default_max_loops(None, self.ckpt, max_loops)
+        self.max_len = min(max_len or cfg.max_seq_len, cfg.max_seq_len)
+        self.tokenizer, self.keep_logits, self.slots = tokenizer, keep_logits, slots
+        weight = self.model.embed.weight
+        self.device = weight.device
+        self.cache = LoopKVCache(cfg, slots, self.max_loops, self.max_len, weight.device, weight.dtype)
+        self.waiting: deque = deque()
+        self.active: dict[int, _Sequence] = {}  # slot -> sequence
+        self.next_id = 0
+        self.steps = 0
+        self.mixed_steps = 0  # steps whose core batch held tokens at more than one loop index
+
+    # -- requests -------------------------------------------------------------------------------------
+    def submit(self, request: Request) -> int:
+        """Queue a request; returns its id. A request the pool cannot run raises ValueError here,
+        before it touches any state (the other sequences are unaffected)."""
+        if isinstance(request.prompt, str) and self.tokenizer is None and self.ckpt is not None:
+            self.tokenizer = self.ckpt.tokenizer()
+        prompt_ids, _ = encode_prompt(request.prompt, None, self.tokenizer)
+        check_lengths(len(prompt_ids), request.max_new_tokens, self.max_len)
+        if any(not 0 <= i < self.model.cfg.vocab_size for i in prompt_ids):
+            raise ValueError(f"prompt token ids must be in [0, {self.model.cfg.vocab_size})")
+        policy = request.policy if request.policy is not None else Uniform(self.max_loops)
+        HaltSchedule(policy, self.max_loops, request.check_every)  # raises on min_loops > budget, check_every < 1
+        kv_rule(request.kv_rule)  # raises on an unknown rule
+        rid = self.next_id
+        self.next_id += 1
+        self.waiting.append((rid, request, prompt_ids, policy))
+        return rid
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.active
+
+    def run(self) -> dict[int, Completion]:
+        """Step until every queued request has finished."""
+        done = {}
+        while not self.idle:
+            for c in self.step():
+                done[c.request_id] = c
+        return done
+
+    # -- one step -------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[Completion]:
+        """Admit, then run one core loop for every in-flight token; returns the requests finished."""
+        finished = self._admit()
+        seqs = list(self.active.values())
+        if not seqs:
+            return finished
+        self.steps += 1
+        entering = [s for s in seqs if s.loop == 0]
+        if entering:
+            self._enter(entering)
+        for s in seqs:  # "recompute": this sequence's missing entries of the loop it is about to run
+            s.dec.rule.before_loop(self.model, s.dec.cache, s.loop + 1, s.pos)
+        old = torch.cat([s.state for s in seqs])
+        new = self._core(seqs, old)
+        for i, s in enumerate(seqs):
+            s.loop += 1
+            s.state, s.logits, s.signals = new[i:i + 1], None, None
+        reading = [s for s in seqs if s.schedule.wants_readout(s.loop)]
+        if reading:
+            self._read(reading, kl=True)
+        halted = self._halts(seqs, new, old)
+        unread = [s for s, h in zip(seqs, halted) if h and s.logits is None]
+        if unread:
+            self._read(unread, kl=False)
+        for s, h in zip(seqs, halted):
+            if h:
+                finished += self._exit(s)
+        return finished
+
+    def _admit(self) -> list[Completion]:
+        finished = []
+        free = [b for b in range(self.slots) if b not in self.active]
+        while free and self.waiting:
+            rid, req, prompt_ids, policy = self.waiting.popleft()
+            slot = free.pop(0)
+            admitted = time.perf_counter()
+            self.cache.reset_row(slot)
+            dec = Decoder(self.model, policy, max_loops=self.max_loops, kv_rule=req.kv_rule,
+                          noise=row_noise(self.model, [0], req.seed), check_every=req.check_every,
+                          cache=self.cache.row(slot))
+            seq = _Sequence(rid, slot, req, dec, prompt_ids, self.keep_logits)
+            seq.out.admitted_s = admitted
+            logits, exits = dec.prefill(torch.tensor([prompt_ids], device=self.device))
+            seq.out.prompt_exit_loops = exits[0].tolist()
+            if seq.emit(logits[0, -1], int(exits[0, -1])):
+                finished.append(seq.finish())
+                free.insert(0, slot)
+            else:
+                self.active[slot] = seq
+        return finished
+
+    def _rows(self, seqs) -> tuple[Tensor, Tensor]:
+        """(slots (N,), positions (N,)) of the in-flight tokens."""
+        slots = torch.tensor([s.slot for s in seqs], device=self.device)
+        pos = torch.tensor([s.pos for s in seqs], device=self.device)
+        return slots, pos
+
+    def _enter(self, seqs) -> None:
+        """The sampled tokens through the prelude (one batched call); their state starts as noise."""
+        slots, pos = self._rows(seqs)
+        ids = torch.tensor([[s.out.ids[-1]] for s in seqs], device=self.device)
+        mask = GatherKV.causal_mask(pos)
+        kv = [GatherKV(k, v, slots, pos, mask) for k, v in self.cache.prelude_slabs()]
+        inject = self.model.inject(self.model.prelude(ids, pos[:, None], kv))
+        for i, s in enumerate(seqs):
+            s.inject = inject[i:i + 1]
+            s.dec.cache.inject[:, s.pos] = inject[i]
+            s.state = s.dec.noise[:, s.pos:s.pos + 1]
+            s.logp_prev = None
+        first = [s for s in seqs if s.schedule.wants_readout(0)]  # A1: the noise state's readout
+        if first:
+            self._read(first, kl=False)
+            for s in first:
+                s.logp_prev, s.logits = torch.log_softmax(s.logits.float(), dim=-1), None
+
+    def _core(self, seqs, state: Tensor) -> Tensor:
+        """One core loop for every row at its own loop: (N, 1, d) -> (N, 1, d)."""
+        slots, pos = self._rows(seqs)
+        loops = torch.tensor([s.loop for s in seqs], device=self.device)  # loops run so far
+        self.mixed_steps += int(len({s.loop for s in seqs}) > 1)
+        slabs = slots * self.max_loops + loops  # slab of (slot, loop + 1)
+        mask = GatherKV.causal_mask(pos)
+        kv = [GatherKV(*self.cache.core_flat(l), slabs, pos, mask) for l in range(self.model.cfg.n_core)]
+        inject = torch.cat([s.inject for s in seqs])
+        return self.model.core_step(state, None, positions=pos[:, None], kv=kv, inject=inject)
+
+    def _read(self, seqs, kl: bool) -> None:
+        """Coda + head for these rows (each writes its coda entry); sets s.logits (1, 1, V) and, with
+        kl, s.signals = readout_signals(p_now, p_prev) where a previous readout exists."""
+        slots, pos = self._rows(seqs)
+        mask = GatherKV.causal_mask(pos)
+        kv = [GatherKV(k, v, slots, pos, mask) for k, v in self.cache.coda_slabs()]
+        state = torch.cat([s.state for s in seqs])
+        logits = self.model.readout(state, pos[:, None], kv)
+        for i, s in enumerate(seqs):
+            s.dec.readouts += 1
+            s.logits = logits[i:i + 1]
+            if kl:
+                logp = torch.log_softmax(s.logits.float(), dim=-1)
+                if s.logp_prev is not None:
+                    s.signals = readout_signals(logp, s.logp_prev)
+                s.logp_prev = logp
+
+    def _halts(self, seqs, new: Tensor, old: Tensor) -> list[bool]:
+        """Each row's halt decision, asking each policy once per loop index for its rows."""
+        groups: dict[tuple, list[int]] = {}
+        for i, s in enumerate(seqs):
+            sc = s.schedule
+            groups.setdefault((id(sc.policy), sc.cap, sc.every, s.loop), []).append(i)
+        halted = [False] * len(seqs)
+        change = relative_change(new, old)
+        for idx in groups.values():
+            first = seqs[idx[0]]
+            sigs = [seqs[i].signals for i in idx]
+            readout = None if any(x is None for x in sigs) else {k: torch.cat([x[k] for x in sigs]) for k in sigs[0]}
+            rows = torch.tensor(idx, device=self.device)
+            stop = first.schedule.halt(first.loop, new[rows], old[rows], readout, change[rows])
+            for i, h in zip(idx, stop[:, 0].tolist()):
+                halted[i] = bool(h)
+        return halted
+
+    def _exit(self, s: _Sequence) -> list[Completion]:
+        """s's token halted: finish its position under its KV rule and sample the next token."""
+        cache = s.dec.cache
+        cache.exit_state[:, s.pos] = s.state[:, 0]
+        cache.exit_loop[:, s.pos] = s.loop
+        s.dec.rule.finish(cache, s.pos, torch.tensor([[s.loop]]), s.loop)
+        done = s.emit(s.logits[0, 0], s.loop)
+        if done:
+            del self.active[s.slot]
+            return [s.finish()]
+        s.pos += 1
+        s.loop = 0
+        return []
+
+
+@dataclass
+class ServeRun:
+    """What `serve` returns: the completions in request order, the wall time of the run (prefills
+    included) and how many core steps mixed loop indices."""
+
+    completions: list[Completion]
+    wall_s: float
+    steps: int
+    mixed_steps: int
+
+    def __iter__(self):
+        return iter(self.completions)
+
+    def __getitem__(self, i: int) -> Completion:
+        return self.completions[i]
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(c.ids) for c in self.completions)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else float("nan")
+
+    @property
+    def mean_loops(self) -> float:
+        """Mean exit loop of the tokens decoded in the pool (each request's first comes from its prefill)."""
+        loops = [x for c in self.completions for x in c.decode_exit_loops]
+        return sum(loops) / len(loops) if loops else float("nan")
+
+
+def serve(ckpt_or_model, requests, slots: int = 8, **pool_kwargs) -> ServeRun:
+    """Run requests through a Pool; returns their completions in request order. A request the pool
+    refuses gets a Completion with `error` set; the others run as usual."""
+    pool = Pool(ckpt_or_model, slots, **pool_kwargs)
+    ids, errors = [], []
+    for req in requests:
+        try:
+            ids.append(pool.submit(req))
+        except ValueError as err:
+            ids.append(None)
+            errors.append(str(err))
+    t = time.perf_counter()
+    done = pool.run()
+    wall = time.perf_counter() - t
+    errors = iter(errors)
+    return ServeRun([done[i] if i is not None else Completion(-1, error=next(errors)) for i in ids], wall,
+                    pool.steps, pool.mixed_steps)

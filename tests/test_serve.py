@@ -1,0 +1,194 @@
+"""Depth-wise batched decoding (recur_core.serve) on the tiny checkpoint: every sequence of the pool
+decodes to what batch-1 `generate` gives it alone."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from recur_core.decode import full_depth_logits, generate
+from recur_core.kv import KV_RULES
+from recur_core.policies import ConvergenceExit, LatentDiff, LinearRouter, Uniform
+from recur_core.probe import Probe
+from recur_core.serve import Pool, Request, serve
+
+ROOT = Path(__file__).resolve().parents[1]
+TOL = 2e-5  # float32: the pool's batched matmuls and masked, gathered attention vs batch 1
+CAP = 6
+
+
+@pytest.fixture(scope="module")
+def windows(ckpt):
+    return ckpt.windows("eval")[:8]
+
+
+def random_probe(d_model: int, seed: int = 0) -> Probe:
+    """A2's router with seeded random weights: a real Probe whose chances spread around 0.5."""
+    g = torch.Generator().manual_seed(seed)
+    return Probe(torch.randn(d_model + 1, generator=g), 0.0, torch.zeros(d_model + 1), torch.ones(d_model + 1),
+                 "kl", 1e-3)
+
+
+def mixed_policies(ckpt, windows):
+    """A0, A1, the latent rule and A2 with thresholds at which the tiny model's exits are mixed."""
+    prompt = windows[0, :12]
+    lat = [generate(ckpt, prompt, 12, LatentDiff(d, r_max=CAP), greedy=True).decode_exit_loops
+           for d in (0.5, 0.3, 0.2, 0.1, 0.05)]
+    delta = [0.5, 0.3, 0.2, 0.1, 0.05][max(range(5), key=lambda i: len(set(lat[i])))]
+    a1 = [generate(ckpt, prompt, 12, ConvergenceExit(e, r_max=CAP), greedy=True).decode_exit_loops
+          for e in (1e-1, 3e-2, 1e-2, 3e-3, 1e-3)]
+    eps = [1e-1, 3e-2, 1e-2, 3e-3, 1e-3][max(range(5), key=lambda i: len(set(a1[i])))]
+    return [Uniform(3), ConvergenceExit(eps, r_max=CAP), LatentDiff(delta, r_max=CAP),
+            LinearRouter(random_probe(ckpt.config.d_model), 0.5, r_max=CAP)]
+
+
+def requests(windows, policies, n=8):
+    """n requests of different prompt lengths, lengths of output, policies, KV rules and sampling."""
+    out = []
+    for i in range(n):
+        out.append(Request(windows[i, :4 + 2 * i].tolist(), 5 + 3 * (i % 3), policies[i % len(policies)],
+                           kv_rule=list(KV_RULES)[(i // len(policies)) % 2], seed=i, greedy=i % 3 != 2,
+                           temperature=0.9, top_k=40))
+    return out
+
+
+def alone(ckpt, req: Request):
+    return generate(ckpt, req.prompt, req.max_new_tokens, req.policy, kv_rule=req.kv_rule, seed=req.seed,
+                    greedy=req.greedy, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
+                    max_loops=CAP)
+
+
+def assert_same(completion, gen):
+    assert completion.error is None
+    assert completion.ids == gen.ids
+    assert completion.exit_loops == gen.exit_loops
+    assert completion.prompt_exit_loops == gen.prompt_exit_loops
+    torch.testing.assert_close(completion.logits, gen.logits, atol=TOL, rtol=0)
+
+
+def test_pool_equals_batch1_generate_per_sequence(ckpt, windows):
+    """Mixed policies (A0, A1, latent, A2), both KV rules, greedy and sampled; 3 slots for 8
+    requests of different lengths, so requests join and leave mid-run, and one more is submitted
+    while the pool is running."""
+    reqs = requests(windows, mixed_policies(ckpt, windows))
+    pool = Pool(ckpt, slots=3, max_loops=CAP)
+    ids = [pool.submit(r) for r in reqs]
+    done = {}
+    for _ in range(5):
+        done.update({c.request_id: c for c in pool.step()})
+    late = Request(windows[7, :9].tolist(), 7, reqs[1].policy, kv_rule="recompute", seed=42, greedy=True)
+    ids.append(pool.submit(late))
+    reqs.append(late)
+    done.update(pool.run())
+    assert pool.mixed_steps > 0  # some core steps batched tokens at different loops
+    for rid, req in zip(ids, reqs):
+        assert_same(done[rid], alone(ckpt, req))
+    exits = {x for rid in ids for x in done[rid].decode_exit_loops}
+    assert len(exits) > 2  # the exits really were mixed
+
+
+@pytest.mark.parametrize("kv_rule", KV_RULES)
+def test_uniform_depth_in_the_pool_equals_the_full_forward(ckpt, windows, kv_rule):
+    reqs = [Request(windows[i, :3 + 5 * i].tolist(), 6 + i, Uniform(4), kv_rule=kv_rule, seed=i, greedy=True)
+            for i in range(4)]
+    for req, c in zip(reqs, serve(ckpt, reqs, slots=2, max_loops=CAP)):
+        assert set(c.exit_loops) == {4}
+        seq = c.prompt_ids + c.ids[:-1]
+        ref = full_depth_logits(ckpt, seq, 4, seed=req.seed)[len(c.prompt_ids) - 1:]
+        torch.testing.assert_close(c.logits, ref, atol=TOL, rtol=0)
+        assert c.ids == [int(r.argmax()) for r in ref]
+
+
+def test_bad_requests_get_clear_errors_and_leave_the_others_alone(ckpt, windows):
+    max_len = ckpt.config.max_seq_len
+    good = [Request(windows[i, :6].tolist(), 8, LatentDiff(0.2, r_max=CAP), seed=i, greedy=True) for i in range(3)]
+    pool = Pool(ckpt, slots=2, max_loops=CAP)
+    ids = [pool.submit(r) for r in good[:2]]
+    pool.step()
+    pool.step()
+    with pytest.raises(ValueError, match="empty prompt"):
+        pool.submit(Request([], 4))
+    with pytest.raises(ValueError, match="exceed the context"):
+        pool.submit(Request([1] * max_len, 2))
+    with pytest.raises(ValueError, match="exceed the context"):
+        pool.submit(Request([1] * 10, max_len))
+    with pytest.raises(ValueError, match="kv_rule"):
+        pool.submit(Request([1, 2], 2, kv_rule="oldest"))
+    with pytest.raises(ValueError, match="min_loops"):
+        pool.submit(Request([1, 2], 2, Uniform(CAP + 1)))
+    ids.append(pool.submit(good[2]))
+    done = pool.run()
+    for rid, req in zip(ids, good):
+        assert_same(done[rid], alone(ckpt, req))
+    # serve(): a refused request gets its error, the rest run
+    out = serve(ckpt, [good[0], Request("", 3), good[1]], slots=2, max_loops=CAP, tokenizer=ckpt.tokenizer())
+    assert out[1].error and "empty prompt" in out[1].error and not out[1].ids
+    assert_same(out[0], alone(ckpt, good[0]))
+    assert_same(out[2], alone(ckpt, good[1]))
+
+
+def test_latencies_and_readouts_are_recorded(ckpt, windows):
+    c = serve(ckpt, [Request(windows[0, :5].tolist(), 6, ConvergenceExit(0.0, r_max=3), greedy=True)],
+              slots=1, max_loops=CAP)[0]
+    assert len(c.latencies_s) == 6 and all(t >= 0 for t in c.latencies_s)
+    assert c.step_readouts == [4] * 5  # loop 0 (the noise state) and loops 1..3, as generate counts them
+
+
+def test_bench_serve_runs_on_tiny(tiny_ckpt, tmp_path):
+    env = {**os.environ, "RECUR_CACHE_DIR": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_serve.py"), "--ckpt", str(tiny_ckpt),
+                          "--quick"], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    for key in ("pool", "realized_speedup_vs_a0_rbar", "realized_speedup_vs_best_uniform", "flop_proxy_speedup",
+                "fraction_of_bound", "best_uniform_depth", "pools"):
+        assert key in result, key
+    for row in result["pools"].values():
+        for figure in ("tokens_per_s", "flop_proxy_speedup", "fraction_of_bound", "latency_p50_ms",
+                       "latency_p95_ms", "realized_speedup_vs_a0_rbar", "realized_speedup_vs_best_uniform"):
+            assert all(figure in r for r in row.values()), figure
+    for figure in ("tok/s", "FLOP-proxy", "realized", "p50", "p95", "best uniform"):
+        assert figure in out.stdout, figure
+
+
+def test_generate_page_pool_mode(tiny_ckpt):
+    import re
+
+    from streamlit.testing.v1 import AppTest
+    at = AppTest.from_file(str(ROOT / "pages" / "generate.py"), default_timeout=120)
+    at.session_state["checkpoint_path"] = str(tiny_ckpt)
+    at.run()
+    at.toggle[0].set_value(True).run()
+    at.text_area[0].input("Lily saw a\nTom had\nBen found a red")
+    next(s for s in at.slider if s.label == "Loop cap").set_value(3)
+    next(s for s in at.slider if s.label == "New tokens").set_value(5)
+    next(s for s in at.slider if s.label.startswith("Pool size")).set_value(2)
+    at.button[0].click().run()
+    assert not at.exception
+    strips = [str(h.proto) for h in at.get("html") if "token-strip" in str(h.proto)]
+    assert len(strips) == 3
+    for s in strips:
+        depths = [int(d) for d in re.findall(r'data-depth=\\"(\d+)\\"', s)]
+        assert len(depths) == 5 and all(1 <= d <= 3 for d in depths)
+    labels = [x.label for x in at.metric]
+    assert any("pool of 2" in label and "tokens/s" in label for label in labels)
+    assert any(label.startswith("Uniform") and "same pool" in label for label in labels)
+
+
+def test_pool_on_a_huginn_format_model():
+    """The pool runs the model's own blocks, so Huginn's variants (interleaved RoPE at per-row
+    positions, q/k biases, sandwich prelude / coda, embedding scale) decode as generate does."""
+    from recur_core import load_checkpoint
+    from recur_core.policies import EntropyDiff
+    huginn = load_checkpoint(ROOT / "tests" / "fixtures" / "huginn_tiny")
+    reqs = [Request(list(range(3 + 2 * i, 9 + 3 * i)), 5, policy, seed=i, greedy=True)
+            for i, policy in enumerate([Uniform(3), EntropyDiff(1e-2, r_max=8), LatentDiff(0.05, r_max=8)])]
+    for req, c in zip(reqs, serve(huginn, reqs, slots=2, max_loops=8)):
+        gen = generate(huginn, req.prompt, req.max_new_tokens, req.policy, seed=req.seed, greedy=True, max_loops=8)
+        assert c.ids == gen.ids and c.exit_loops == gen.exit_loops
+        torch.testing.assert_close(c.logits, gen.logits, atol=1e-4, rtol=0)

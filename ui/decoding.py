@@ -1,0 +1,63 @@
+"""What the Generate page needs besides widgets: a warmed-up model, the policy the controls describe,
+one-thread timing and the token strips of generated text."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import streamlit as st
+import torch
+
+from recur_core.decode import generate
+from recur_core.policies import ConvergenceExit, LatentDiff, Uniform
+
+from . import compute
+from .strip import TokenView, legend_html, strip_html, tooltip
+
+POLICIES = {"a1": "A1 convergence exit: KL(p_i ‖ p_i−1) < ε",
+            "latent": "Latent difference: ‖s_i − s_i−1‖ / ‖s_i‖ < δ (no coda or head per loop)",
+            "a0": "A0 uniform depth"}
+DELTAS = (0.3, 0.2, 0.1, 0.05, 0.03, 0.02, 0.01, 5e-3, 2e-3, 1e-3)
+
+
+@contextmanager
+def one_thread():
+    """Decoding on a CPU is latency-bound at these widths: more intra-op threads only add
+    synchronisation, and one thread makes the timings comparable."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def warm_checkpoint(path: str, ckpt_id: str, device: str):
+    """The loaded checkpoint after one short generation (the first calls of a process are slow)."""
+    ckpt = compute.checkpoint(path, device)
+    with one_thread():
+        generate(ckpt, [0], 3, Uniform(1), greedy=True, keep_logits=False)
+    return ckpt
+
+
+def make_policy(kind: str, threshold, cap: int):
+    if kind == "a1":
+        return ConvergenceExit(threshold, r_max=cap)
+    if kind == "latent":
+        return LatentDiff(threshold, r_max=cap)
+    return Uniform(int(threshold))
+
+
+def policy_label(kind: str, threshold) -> str:
+    return {"a1": f"A1 ε = {threshold:.0e}", "latent": f"Latent δ = {threshold:g}", "a0": f"A0 r = {threshold}"}[kind]
+
+
+def legend(cap: int) -> str:
+    return legend_html(cap, "exit loop of each new token", not_converged=False)
+
+
+def strip(pieces, depths, cap: int, policy: str) -> str:
+    """New tokens coloured by the exit loop of the step that produced them."""
+    tokens = [TokenView(p, d, True, tooltip(i, p, d, True, cap, policy=policy))
+              for i, (p, d) in enumerate(zip(pieces, depths))]
+    return strip_html(tokens, cap, policy=policy)

@@ -9,7 +9,7 @@ from recur_core.checkpoint import load_checkpoint, read_safetensors
 from recur_core.ground_truth import load_ground_truth
 from tiny import make_tiny_hops_checkpoint
 from training.hops import (HopsStream, HopsTask, build_tokenizer, elimination_chance, eval_program, hop_counts,
-                           make_program, training_program)
+                           make_program, training_data, training_program)
 
 
 def answers(text: str) -> dict[str, int]:
@@ -102,3 +102,11 @@ def test_stopped_and_resumed_hops_run_equals_uninterrupted_run(tmp_path):
     hops, max_train = load_ground_truth(resumed)
     assert max_train == 3 and hops.max() == 4  # eval programs go one hop past training
     assert hops.shape == tuple(load_checkpoint(resumed).windows("eval").shape)
+
+
+def test_best_is_selected_on_held_out_programs_disjoint_from_the_eval_ones():
+    tok = build_tokenizer()
+    eval_ids, select_ids, _, _, gt = training_data("hops", tok, seed=0, window_len=129, n_select=8)
+    assert eval_ids.shape == (128, 129) and select_ids.shape == (8, 129)
+    assert gt  # the eval programs carry their hop counts
+    assert not any(torch.equal(s, e) for s in select_ids for e in eval_ids)

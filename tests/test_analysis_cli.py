@@ -15,7 +15,8 @@ from recur_core.stats import Bootstrap
 
 ROOT = Path(__file__).resolve().parents[1]
 PLACEHOLDERS = {"<class>": ["whitespace", "numeral", "punctuation", "word", "other"],
-                "<curve>": ["A0", "A1", "A2_argmax", "A2_kl"], "<kind>": ["argmax", "kl"]}
+                "<curve>": ["A0", "A1", "A2_argmax", "A2_kl", "A2_argmax_any", "A2_kl_any"],
+                "<kind>": ["argmax", "kl", "argmax_any", "kl_any"]}
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -97,11 +98,11 @@ def check_path(node, parts: list[str], where: str) -> None:
 def test_cli_writes_a_report_with_every_documented_key(tiny_ckpt, tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "recur_core.analyze", str(tiny_ckpt), "--windows", "6", "--max-loops", "6",
-           "--n-boot", "50", "--probe-windows", "6", "--probe-tokens", "8", "--exact", "--exact-windows", "3",
+           "--n-boot", "50", "--probe-windows", "6", "--probe-tokens", "8",
            "--cache-dir", str(tmp_path / "cache"), "--out", str(out), "--export-trace"]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    for title in ("Table 2", "Table 3", "Table 4", "Fig. 4", "Fast vs exact"):
+    for title in ("Table 2", "Table 3", "Table 4", "Fig. 4", "Fast (trace) vs exact", "label kinds side by side"):
         assert title in run.stdout
     text = (out / "report.json").read_text()
     report = json.loads(text)
@@ -116,12 +117,19 @@ def test_cli_writes_a_report_with_every_documented_key(tiny_ckpt, tmp_path):
     for r, point in enumerate(report["allocation"]["A0"], start=1):
         assert point["mean_loops"] == r
         assert point["loss"] == pytest.approx(report["elasticity"]["loss"][r - 1])
+    assert report["allocation"]["path"] == report["settings"]["path"] == "exact"
     a1 = {str(p["threshold"]): p for p in report["allocation"]["A1"]}
-    assert a1["inf"]["mean_loops"] == 1.0 and a1["0.0"]["mean_loops"] == 6.0
+    assert a1["inf"]["mean_loops"] == 2.0 and a1["0.0"]["mean_loops"] == 6.0  # first check at loop 2
     assert a1["0.0"]["loss"] == pytest.approx(report["elasticity"]["loss"][5])
     for point in report["allocation"]["A1"]:
         assert point["ci_low"] <= point["ci_high"]
     assert len(pd.read_parquet(out / "trace.parquet")) == 6 * 32 * 6
+    # exact and fast agree where they must (uniform depth), and the gap is fast - exact
+    for row in report["fast_minus_exact"]["A0"]:
+        assert row["gap_loss"]["value"] == pytest.approx(0.0, abs=1e-5)
+    for row in report["fast_minus_exact"]["A1"]:
+        assert row["gap_loss"]["value"] == pytest.approx(row["fast_loss"]["value"] - row["exact_loss"]["value"], abs=1e-9)
+    assert report["exact_work"]["lane_loops"] < report["exact_work"]["naive_window_loops"]
 
     # a second run is served by the trace and probe caches and gives the same numbers
     again = subprocess.run(cmd[:-1] + ["--out", str(tmp_path / "out2")], cwd=ROOT, capture_output=True, text=True,
@@ -140,7 +148,7 @@ def test_evaluate_policies_on_pasted_text(tiny_ckpt, tmp_path):
     probes = load_or_train_probes(ckpt, 4, n_windows=4, tokens_per_window=8, cache=tmp_path)
     text = ckpt.windows("eval")[0, :20]
     result = evaluate_policies(ckpt, text, max_loops=4, probes=probes, n_boot=20, cache=tmp_path)
-    assert set(result["curves"]) == {"A0", "A1", "A2_argmax", "A2_kl"}
+    assert set(result["curves"]) == {"A0", "A1", *(f"A2_{k}" for k in probes)}
     assert result["trace"].ids.shape == (1, 20)
     a0 = result["report"]["A0"]
     assert [p["mean_loops"] for p in a0] == [1.0, 2.0, 3.0, 4.0]

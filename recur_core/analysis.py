@@ -182,10 +182,43 @@ def loops_to_match(curve: Curve, a0: Curve, depth: int, boot: Bootstrap) -> dict
             "a0_depth": int(depth), "a0_loss": float(target[0])}
 
 
+# -- paired differences (what the charts compare) --------------------------------------------------
+def difference_from_a0(curve: Curve, a0: Curve, boot: Bootstrap) -> dict:
+    """The curve minus A0 at the same mean loops, at each of the curve's points: in every bootstrap
+    replicate both losses are interpolated at the point's mean loops (row 0's), so both terms come
+    from the same resampled windows and the window-to-window spread cancels (a paired band).
+    NaN where A0's depths do not reach that mean loops."""
+    x = curve.mean_loops[0]
+    diff = np.stack([interp_rows(float(g), curve.mean_loops, curve.loss) - interp_rows(float(g), a0.mean_loops, a0.loss)
+                     for g in x], axis=1)
+    est = boot.summarise(diff)
+    return {"name": curve.name, "threshold_name": curve.threshold_name, "thresholds": list(curve.thresholds),
+            "mean_loops": x.tolist(), "diff": np.atleast_1d(est.value).tolist(),
+            "ci_low": np.atleast_1d(est.ci_low).tolist(), "ci_high": np.atleast_1d(est.ci_high).tolist()}
+
+
+def elasticity_curve(tr: Trace, boot: Bootstrap) -> Curve:
+    """A0 at every depth 1 .. max_loops of a trace (the elasticity curve) as bootstrap replicates."""
+    return fast_curve(tr, "A0", [Uniform(r) for r in range(1, tr.max_loops + 1)], boot)
+
+
+def elasticity_difference(tr: Trace, reference: Trace, boot: Bootstrap) -> dict:
+    """Loss of one checkpoint minus a reference checkpoint's at the same uniform depth, paired over
+    the same windows (both traces must score the same windows; the same bootstrap resamples them)."""
+    if tr.ids.shape != reference.ids.shape or not (np.array_equal(tr.ids, reference.ids)
+                                                   and np.array_equal(tr.targets, reference.targets)):
+        raise ValueError("a paired difference needs both checkpoints traced on the same windows")
+    loops = min(tr.max_loops, reference.max_loops)
+    a, b = (elasticity_curve(t, boot).loss[:, :loops] for t in (tr, reference))
+    est = boot.summarise(a - b)
+    return {"loops": list(range(1, loops + 1)), "diff": np.atleast_1d(est.value).tolist(),
+            "ci_low": np.atleast_1d(est.ci_low).tolist(), "ci_high": np.atleast_1d(est.ci_high).tolist()}
+
+
 # -- the paper's measurements ---------------------------------------------------------------------
 def elasticity(tr: Trace, boot: Bootstrap) -> dict:
     """Loss at uniform depth 1 .. max_loops (Table 2 / Fig. 1)."""
-    curve = fast_curve(tr, "A0", [Uniform(r) for r in range(1, tr.max_loops + 1)], boot)
+    curve = elasticity_curve(tr, boot)
     est = boot.summarise(curve.loss)
     return {"loops": list(range(1, tr.max_loops + 1)), "loss": est.value.tolist(),
             "loss_ci_low": est.ci_low.tolist(), "loss_ci_high": est.ci_high.tolist()}
@@ -361,6 +394,18 @@ def exact_results(ckpt_or_model, ids, policies: list[Policy], max_loops: int, se
                   "converged": np.stack([r.converged for r in results]), "targets": results[0].targets}
         store.save(path, key, arrays, {"kind": "exact sweep", "policies": [repr(p) for p in policies]})
     return results
+
+
+def exact_is_cached(ckpt_or_model, ids, families: dict[str, list[Policy]], max_loops: int, seed: int,
+                    cache) -> bool:
+    """Whether exact_curves would be served from the cache (no harness run)."""
+    store = resolve_cache(cache)
+    if store is None:
+        return False
+    _, ckpt_id = resolve_model(ckpt_or_model)
+    ids_np = np.asarray(ids.cpu() if hasattr(ids, "cpu") else ids, dtype=np.int64)
+    key = _exact_key(ckpt_id, ids_np, [p for f in families.values() for p in f], max_loops, seed)
+    return store.trace_path(ckpt_id, f"exact-{key[:32]}").is_file()
 
 
 def _exact_key(ckpt_id: str, ids: np.ndarray, policies: list[Policy], max_loops: int, seed: int) -> str:

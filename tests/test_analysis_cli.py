@@ -155,3 +155,60 @@ def test_evaluate_policies_on_pasted_text(tiny_ckpt, tmp_path):
     # 19 scored tokens (the last has no target); one window: the interval collapses to the point
     np.testing.assert_allclose(a0[1]["loss"], np.nanmean(result["trace"].ce[0, :, 1]), rtol=1e-6)
     assert a0[1]["ci_low"] == pytest.approx(a0[1]["loss"]) == pytest.approx(a0[1]["ci_high"])
+
+
+# -- paired differences (issue 12, item 13) -------------------------------------------------------------
+def _curve(name, loss, loops, thresholds, boot):
+    """A Curve from per-window loss sums (n_windows, P), one token per window, through the bootstrap."""
+    tokens = np.ones_like(loss)
+    return Curve(name, "t", thresholds, boot.ratio(loss, tokens), boot.ratio(loops, tokens), np.ones(len(thresholds)))
+
+
+def test_difference_from_a0_bands_are_paired():
+    """Every window is 0.01 nats better under the policy than under A0 at the same depth, while the
+    windows themselves differ by ~1 nat. A paired band (same resampled windows in both terms) is
+    exactly 0.01 wide zero; an unpaired one would span about +-0.4 nats."""
+    from recur_core.analysis import difference_from_a0
+    rng = np.random.default_rng(0)
+    n, depths = 30, np.arange(1, 6, dtype=float)
+    window_level = rng.normal(3.0, 1.0, size=(n, 1))
+    a0_loss = window_level + 0.1 / depths  # (n, 5): A0 falls with depth
+    boot = Bootstrap(n, n_boot=300, seed=1)
+    a0 = _curve("A0", a0_loss, np.tile(depths, (n, 1)), list(range(1, 6)), boot)
+    policy_loops = np.array([1.5, 2.5, 3.5])
+    policy_loss = window_level + 0.1 / policy_loops - 0.01
+    # A0 interpolates linearly between depths: compare against that line, not 0.1 / x
+    lin = np.interp(policy_loops, depths, 0.1 / depths)
+    policy_loss = window_level + lin - 0.01
+    policy = _curve("A1", policy_loss, np.tile(policy_loops, (n, 1)), [1e-3, 1e-4, 1e-5], boot)
+    d = difference_from_a0(policy, a0, boot)
+    np.testing.assert_allclose(d["diff"], -0.01, atol=1e-9)
+    np.testing.assert_allclose(d["ci_low"], -0.01, atol=1e-9)
+    np.testing.assert_allclose(d["ci_high"], -0.01, atol=1e-9)
+    assert d["mean_loops"] == [1.5, 2.5, 3.5]
+    # the unpaired bands of the two curves themselves are wide and overlap
+    loss_band = boot.summarise(policy.loss)
+    assert (loss_band.ci_high - loss_band.ci_low > 0.3).all()
+    # pairing is by replicate: shuffling the replicates of one term breaks it
+    shuffled = Curve("A1", "t", policy.thresholds, policy.loss[np.r_[0, rng.permutation(np.arange(1, 301))]],
+                     policy.mean_loops, policy.frac_converged)
+    unpaired = difference_from_a0(shuffled, a0, boot)
+    assert (np.array(unpaired["ci_high"]) - np.array(unpaired["ci_low"]) > 0.3).all()
+
+
+def test_elasticity_difference_is_paired_and_needs_the_same_windows(ckpt):
+    from recur_core.analysis import elasticity_difference
+    from recur_core.trace import trace
+    windows = ckpt.windows("eval")[:6]
+    tr = trace(ckpt, windows, 3, seed=0, cache=False)
+    other = trace(ckpt, windows, 3, seed=7, cache=False)  # another noise draw: a stand-in for a second checkpoint
+    boot = Bootstrap(6, n_boot=200, seed=0)
+    d = elasticity_difference(other, tr, boot)
+    per_window = np.nanmean(other.ce, axis=1) - np.nanmean(tr.ce, axis=1)  # (6, 3), same windows
+    for r in range(3):
+        assert d["diff"][r] == pytest.approx(np.nanmean(other.ce[..., r]) - np.nanmean(tr.ce[..., r]), abs=1e-6)
+        assert d["ci_low"][r] >= per_window[:, r].min() - 1e-6 and d["ci_high"][r] <= per_window[:, r].max() + 1e-6
+    self_diff = elasticity_difference(tr, tr, boot)
+    assert self_diff["ci_low"] == self_diff["ci_high"] == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="same windows"):
+        elasticity_difference(trace(ckpt, ckpt.windows("eval")[1:7], 3, seed=0, cache=False), tr, boot)

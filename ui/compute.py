@@ -38,9 +38,7 @@ MIN_TRACE_LOOPS = 32  # every trace runs to max(32, r_max) loops (elasticity nee
 TOPK = 5
 EPS_LOG10 = tuple(float(x) for x in np.round(np.arange(-7.0, 1.0001, 0.25), 2))  # the ε slider
 SWEEP_EPS = (0.0, *(10.0 ** x for x in EPS_LOG10), math.inf)  # A1's fast sweep: every slider stop
-EXACT_EPS_LOG10 = tuple(float(x) for x in range(-7, 2))  # the exact harness: one ε per decade
-EXACT_TAU = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
-EXACT_WINDOWS = 16
+EXACT_WINDOWS = EVAL_WINDOWS  # the exact harness's default: all eval windows, as in report.json
 
 
 @dataclass(frozen=True)
@@ -246,45 +244,58 @@ def outcome(tr: Trace, policy) -> Outcome:
 
 
 # -- sweeps (page 2) --------------------------------------------------------------------------------
+def differences(curves: dict, boot: Bootstrap) -> dict[str, dict]:
+    """Every curve but A0 minus A0 at the same mean loops, with paired bands."""
+    return {name: analysis.difference_from_a0(c, curves["A0"], boot) for name, c in curves.items() if name != "A0"}
+
+
 @st.cache_data(max_entries=16, show_spinner="Sweeping ε and τ over the trace…")
 def sweep_fast(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, r_max: int, r_bar: int) -> dict:
     """A0 / A1 / A2 allocation curves (fast path) with the matched-depth table; A1 is swept over
     every stop of the ε slider, so moving it only looks a point up."""
     tr = source_trace(path, ckpt_id, device, ids)
     prb = probes(path, ckpt_id, device)
-    res = analysis.allocation(tr, Bootstrap(tr.n_windows, N_BOOT, SEED), r_max, r_bar, eps_grid=SWEEP_EPS,
-                              probes=prb)
-    return {"report": res["report"], "curves": res["curves"], "n_windows": tr.n_windows, "seq_len": tr.seq_len,
-            "probe_metrics": {k: p.metrics for k, p in prb.items()}}
+    boot = Bootstrap(tr.n_windows, N_BOOT, SEED)
+    res = analysis.allocation(tr, boot, r_max, r_bar, eps_grid=SWEEP_EPS, probes=prb)
+    return {"report": res["report"], "curves": res["curves"], "diffs": differences(res["curves"], boot),
+            "n_windows": tr.n_windows, "seq_len": tr.seq_len, "probe_metrics": {k: p.metrics for k, p in prb.items()}}
 
 
-@st.cache_data(max_entries=8, show_spinner=False)
-def sweep_exact(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, r_max: int,
-                n_windows: int) -> dict:
-    """The same families on the exact masking harness (coarser grids, the first n_windows eval
-    windows), each point next to its fast-path value on the same windows (paired bootstrap)."""
+def _exact_inputs(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, n_windows: int):
     ckpt = _ckpt(path, ckpt_id, device)
-    prb = probes(path, ckpt_id, device)
     if ids is None:
         full = eval_trace(path, ckpt_id, device)
         n = min(n_windows, full.n_windows)
-        tr, inputs = full.subset(range(n)), ckpt.windows("eval")[:n]
-    else:
-        tr, inputs = text_trace(path, ckpt_id, device, ids, True), np.asarray(ids, dtype=np.int64)
+        return ckpt, full.subset(range(n)), ckpt.windows("eval")[:n]
+    return ckpt, text_trace(path, ckpt_id, device, ids, True), np.asarray(ids, dtype=np.int64)
+
+
+def exact_cached(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, r_max: int, n_windows: int) -> bool:
+    """Whether the exact sweep is already in the disk cache (e.g. written by `python -m recur_core.analyze`)."""
+    ckpt, tr, inputs = _exact_inputs(path, ckpt_id, device, ids, n_windows)
+    families = analysis.policy_families(min(r_max, tr.max_loops), probes=probes(path, ckpt_id, device))
+    return analysis.exact_is_cached(ckpt, inputs, families, tr.max_loops, tr.seed, TraceCache())
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def sweep_exact(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, r_max: int, r_bar: int,
+                n_windows: int) -> dict:
+    """The report's families (analysis.EPS_GRID / TAU_GRID) in the masking harness, every threshold in
+    one batched pass (analysis.allocation with exact=...; cached on disk, shared with the analyze CLI),
+    with the fast − exact gap per policy on the same windows (paired bootstrap)."""
+    ckpt, tr, inputs = _exact_inputs(path, ckpt_id, device, ids, n_windows)
+    prb = probes(path, ckpt_id, device)
     boot = Bootstrap(tr.n_windows, N_BOOT, SEED)
-    families = analysis.policy_families(r_max, tuple(10.0 ** x for x in EXACT_EPS_LOG10), EXACT_TAU, prb)
-    todo = [(name, p) for name, fam in families.items() for p in fam]
-    bar = StagedProgress(f"Exact masking harness on {tr.n_windows} window(s): {len(todo)} policies", len(todo))
-    rows = []
+    fast = analysis.allocation(tr, boot, r_max, r_bar, probes=prb)
+    bar = Progress(f"Exact masking harness on {tr.n_windows} window(s): the whole ε / τ sweep in one pass")
     try:
-        for i, (name, policy) in enumerate(todo):
-            bar.stage = i
-            bar(0, 1)
-            for row in analysis.fast_vs_exact(ckpt, inputs, tr, [policy], boot, progress=bar):
-                rows.append({"family": name, **row})
+        exact = analysis.allocation(tr, boot, r_max, r_bar, probes=prb, exact=(ckpt, inputs), cache=TraceCache(),
+                                    progress=bar)
     finally:
         bar.close()
-    return {"rows": rows, "n_windows": tr.n_windows}
+    return {"report": exact["report"], "curves": exact["curves"], "diffs": differences(exact["curves"], boot),
+            "gaps": analysis.fast_minus_exact(fast["curves"], exact["curves"], boot), "n_windows": tr.n_windows,
+            "seq_len": tr.seq_len}
 
 
 # -- convergence, classes, elasticity --------------------------------------------------------------
@@ -338,6 +349,14 @@ def token_classes(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | N
 def elasticity(path: str, ckpt_id: str, device: str) -> dict:
     tr = eval_trace(path, ckpt_id, device)
     return analysis.elasticity(tr, Bootstrap(tr.n_windows, N_BOOT, SEED))
+
+
+@st.cache_data(max_entries=16, show_spinner="Paired differences…")
+def elasticity_difference(path: str, ckpt_id: str, ref_path: str, ref_id: str, device: str) -> dict:
+    """Loss at each depth minus the reference checkpoint's, paired over the same eval windows
+    (ValueError when the two checkpoints do not share their eval windows)."""
+    tr, ref = eval_trace(path, ckpt_id, device), eval_trace(ref_path, ref_id, device)
+    return analysis.elasticity_difference(tr, ref, Bootstrap(ref.n_windows, N_BOOT, SEED))
 
 
 # -- training log -----------------------------------------------------------------------------------

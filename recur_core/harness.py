@@ -20,7 +20,8 @@ thresholds are a batch dimension, and the work a lane saves is exact, not approx
   * a lane stops as soon as every token in it is frozen (the state can no longer change);
   * tokens after a lane's last unfrozen position are left out of its forward pass: attention is
     causal, so they cannot influence any token that still loops, and their state is frozen;
-  * A1's per-loop KL is read out (LM head, softmax) for unfrozen tokens only.
+  * the last core block, and for A1's per-loop KL the last coda block and the LM head, run only for
+    the unfrozen tokens (a frozen token's own output is discarded; its keys and values are not).
 Lanes of all windows are batched together (`batch_size` lanes per forward pass).
 
 Inputs and noise follow recur_core.trace: windows (N, T + 1) or one text (T,), and window n's noise
@@ -34,7 +35,7 @@ import numpy as np
 import torch
 
 from .checkpoint import Checkpoint
-from .model import LoopedLM
+from .model import LoopedLM, take_rows
 from .policies import LoopSignals, Policy
 from .readout import readout_stats
 from .trace import NO_TARGET, progress_bar, relative_change, resolve_model, split_inputs, window_noise
@@ -170,25 +171,32 @@ class _Sweep:
         """Run one loop for a chunk of lanes, then split each lane by what its policies halt."""
         width = max(ln.active_len for ln in chunk)
         state = torch.stack([ln.state[:width] for ln in chunk])
-        frozen = torch.from_numpy(np.stack([ln.frozen[:width] for ln in chunk])).to(self.device)
+        frozen_np = np.stack([ln.frozen[:width] for ln in chunk])
+        frozen = torch.from_numpy(frozen_np).to(self.device)
+        rows, valid = _live_rows(frozen_np)
+        rows, valid = rows.to(self.device), valid.to(self.device)
         windows = [ln.window for ln in chunk]
-        new = self.model.core_step(state, self.e[windows, :width], freeze=frozen)
+        new = self.model.core_step(state, self.e[windows, :width], freeze=frozen, live_rows=rows)
         signals = LoopSignals(state=new, state_change=relative_change(new, state))
-        h = None
-        if readout:  # KL(p_i || p_{i-1}) of the unfrozen tokens only: the head is the costly part
+        h_rows = None
+        if readout:  # KL(p_i || p_{i-1}) of the unfrozen tokens only (coda's last block and the head)
             h_prev = torch.stack([ln.h_prev[:width] for ln in chunk])
-            h, live = self.model.coda(new), ~frozen
-            signals.kl_prev = torch.full(live.shape, float("nan"), device=self.device)
-            signals.kl_prev[live] = readout_stats(h[live], self.model.head_weight, None, h_prev[live]).kl_prev.clamp_min(0.0)
+            h_rows = self.model.coda(new, rows=rows)  # (B, M, d)
+            # padding repeats a live row, so it scatters the same value to the same place
+            kl_rows = readout_stats(h_rows, self.model.head_weight, None, take_rows(h_prev, rows)).kl_prev.clamp_min(0.0)
+            signals.kl_prev = torch.full(frozen.shape, float("nan"), device=self.device).scatter(1, rows, kl_rows)
             self.work.readout_lane_loops += len(chunk)
         self.work.lane_loops += len(chunk)
         self.work.token_loops += len(chunk) * width
-        self.work.live_token_loops += int((~frozen).sum())
+        self.work.live_token_loops += int(valid.sum())
         met = {p: self.policies[p].rule_met(loop, signals).cpu().numpy()
                for p in sorted({p for ln in chunk for p in ln.policies})}
         for b, lane in enumerate(chunk):
             full_state = _splice(new[b], lane.state, width)
-            full_h = None if h is None else _splice(h[b], lane.h_prev, width)
+            full_h = None
+            if h_rows is not None:  # the readout hidden of the tokens still looping (others are never asked again)
+                full_h = lane.h_prev.clone()
+                full_h[rows[b][valid[b]]] = h_rows[b][valid[b]]
             self._split(lane, loop, full_state, full_h, {p: _pad(met[p][b], len(lane.frozen)) for p in lane.policies})
 
     def _split(self, lane: _Lane, loop: int, state, h, met: dict[int, np.ndarray]) -> None:
@@ -225,6 +233,16 @@ class _Sweep:
             for b, (_, w, done) in enumerate(part):
                 for p, exit_depth, conv in done:
                     yield p, w, ce[b], exit_depth, conv
+
+
+def _live_rows(frozen: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows (B, M), valid (B, M)): each lane's unfrozen positions, padded to the chunk's largest
+    count by repeating its last one (a repeat computes and writes the same value twice)."""
+    live = [np.flatnonzero(~f) for f in frozen]
+    M = max(len(x) for x in live)
+    rows = np.stack([np.concatenate([x, np.full(M - len(x), x[-1])]) for x in live])
+    valid = np.arange(M)[None, :] < np.array([len(x) for x in live])[:, None]
+    return torch.from_numpy(rows), torch.from_numpy(valid)
 
 
 def _splice(head: torch.Tensor, tail: torch.Tensor, width: int) -> torch.Tensor:

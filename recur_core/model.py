@@ -71,8 +71,15 @@ class Attention(nn.Module):
         B, _, T, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
-    def forward(self, x, cos, sin):
-        return self.attend(*self.project_qkv(x, cos, sin))
+    def forward(self, x, cos, sin, rows=None):
+        """rows: optional (B, M) positions; then only their outputs (B, M, d) are computed, each
+        attending causally to every position of x up to its own (keys / values from all of x)."""
+        q, k, v = self.project_qkv(x, cos, sin)
+        if rows is None:
+            return self.attend(q, k, v)
+        q = q.gather(2, rows[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[-1]))
+        causal = torch.arange(k.shape[2], device=x.device)[None, None, None, :] <= rows[:, None, :, None]
+        return self.attend(q, k, v, is_causal=False, attn_mask=causal)
 
 
 class SwiGLU(nn.Module):
@@ -96,8 +103,9 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, x, cos, sin):
-        x = x + self.attn(self.attn_norm(x), cos, sin)
+    def forward(self, x, cos, sin, rows=None):
+        """rows: optional (B, M) positions whose outputs alone are wanted (see Attention.forward)."""
+        x = take_rows(x, rows) + self.attn(self.attn_norm(x), cos, sin, rows)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -112,9 +120,14 @@ class SandwichBlock(Block):
         self.attn_out_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp_out_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
 
-    def forward(self, x, cos, sin):
-        x = self.attn_out_norm(self.attn(self.attn_norm(x), cos, sin) + x)
+    def forward(self, x, cos, sin, rows=None):
+        x = self.attn_out_norm(self.attn(self.attn_norm(x), cos, sin, rows) + take_rows(x, rows))
         return self.mlp_out_norm(self.mlp(self.mlp_norm(x)) + x)
+
+
+def take_rows(x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """x (B, T, d) at positions rows (B, M) -> (B, M, d); x itself when rows is None."""
+    return x if rows is None else x.gather(1, rows[..., None].expand(-1, -1, x.shape[-1]))
 
 
 class LoopedLM(nn.Module):
@@ -185,26 +198,34 @@ class LoopedLM(nn.Module):
         return (noise * self.cfg.state_init_std).to(device)
 
     def core_step(self, state: torch.Tensor, e: torch.Tensor, freeze: torch.Tensor | None = None,
-                  positions: torch.Tensor | None = None) -> torch.Tensor:
+                  positions: torch.Tensor | None = None, live_rows: torch.Tensor | None = None) -> torch.Tensor:
         """One loop: adapter(concat(state, e)) through the core blocks.
 
         freeze: optional bool (B, T); frozen tokens keep their state bit-for-bit, while the other
         tokens still attend to them (their keys/values are computed from the frozen state).
+        live_rows: optional (B, M) positions that include every unfrozen one (repeats allowed); the
+        last core block then runs only for them (a frozen token's own output is discarded anyway).
         """
         cos, sin = self.rope(state.shape[1], positions)
         x = self.adapter(torch.cat((state, e), dim=-1))
-        for block in self.core_blocks:
-            x = block(x, cos, sin)
+        for i, block in enumerate(self.core_blocks):
+            x = block(x, cos, sin, live_rows if i == len(self.core_blocks) - 1 else None)
+        if live_rows is not None:
+            x = state.scatter(1, live_rows[..., None].expand(-1, -1, x.shape[-1]), x.to(state.dtype))
         if freeze is not None:
             x = torch.where(freeze.unsqueeze(-1), state, x.to(state.dtype))
         return x
 
-    def coda(self, state: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """State -> coda blocks -> final RMSNorm: the hidden the LM head reads (B, T, d)."""
+    def coda(self, state: torch.Tensor, positions: torch.Tensor | None = None,
+             rows: torch.Tensor | None = None) -> torch.Tensor:
+        """State -> coda blocks -> final RMSNorm: the hidden the LM head reads (B, T, d); with rows
+        (B, M), only at those positions (B, M, d) (the last coda block runs only for them)."""
         cos, sin = self.rope(state.shape[1], positions)
         x = state
-        for block in self.coda_blocks:
-            x = block(x, cos, sin)
+        for i, block in enumerate(self.coda_blocks):
+            x = block(x, cos, sin, rows if i == len(self.coda_blocks) - 1 else None)
+        if not self.coda_blocks:
+            x = take_rows(x, rows)
         return self.final_norm(x)
 
     def readout(self, state: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:

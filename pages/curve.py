@@ -81,6 +81,10 @@ matched = views.estimate_columns(rep["matched_depth"])
 download.table(matched, "matched_depth", column_config=views.number_formats(matched))
 st.caption(" · ".join(views.match_sentence(charts.FAMILY_NAMES[k], rep[f"{k.lower()}_loops_to_match_a0_rbar"], m.r_bar)
                       for k in views.FAMILIES[1:] if f"{k.lower()}_loops_to_match_a0_rbar" in rep))
+with st.expander("A2 label kinds side by side"):
+    st.caption("The router's labels: argmax or KL ≥ label ε (A1's matched ε on the probe's training windows), at the "
+               "next loop or at any later loop up to r_max. Probe quality on held-out probe windows.")
+    download.table(views.label_kinds_table(compute.probes(*m.key), rep), "a2_label_kinds")
 if mode == "exact":
     st.subheader("Fast − exact")
     st.caption("Every policy of the sweep scored both ways on the same windows; the gap is fast − exact (paired CI).")

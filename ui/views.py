@@ -163,6 +163,16 @@ def number_formats(df: pd.DataFrame) -> dict:
     return config
 
 
+def label_kinds_table(probes: dict, report: dict) -> pd.DataFrame:
+    """A2's label kinds side by side: probe quality (held-out windows), label ε, and the allocation
+    report's mean loops to match A0 at r̄ with its interval and unreached replicates."""
+    df = probe_table(probes)
+    match = [report.get(f"a2_{kind}_loops_to_match_a0_rbar", {}) for kind in df["labels"]]
+    df["loops to match A0 at r̄"] = [fmt_est(m) if m else "n/a" for m in match]
+    df["replicates never reaching it"] = [m.get("n_boot_not_reached") for m in match]
+    return df
+
+
 def probe_table(probes: dict) -> pd.DataFrame:
     """A2 probes' quality on their held-out windows (recur_core.probe metrics)."""
     rows = []

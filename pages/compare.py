@@ -33,7 +33,8 @@ with cols[2]:
         tau = st.slider("τ: halt once the predicted chance of change < τ", 0.0, 1.0, 0.5, 0.01, key="cmp_tau")
         policies.append(("A2", f"A2 {kind} τ={tau:.2f}", compute.a2(*m.key, kind, tau, m.r_max)))
     else:
-        st.info(f"A2 needs r_max ≥ 2 to train its probe (this checkpoint has r_max = {m.r_max}).")
+        st.info(f"A2 needs r_max ≥ 2 to train its probe (this checkpoint has r_max = {m.r_max})." if m.has_windows
+                else "A2's probe is trained on the checkpoint's training-side windows, and this folder ships none.")
 
 for col, (family, label, policy) in zip(cols, policies):
     with col:
@@ -42,6 +43,24 @@ for col, (family, label, policy) in zip(cols, policies):
         a.metric("Mean loops", f"{out.mean_loops:.2f}")
         b.metric("Loss [nats]", f"{out.loss:.3f}")
         views.render_strip(m, views.token_table(m, tr, enc, out), label, legend=False)
+st.subheader("Huginn's exit criteria · on the same tokens")
+h_cols = st.columns(2, gap="medium")
+with h_cols[0]:
+    crit = st.selectbox("Criterion (seal-rg/recurrent-pretraining's exit evaluators)", list(compute.HUGINN_CRITERIA),
+                        key="cmp_huginn")
+    _, knob, auto = compute.HUGINN_CRITERIA[crit]
+    if isinstance(auto, int):
+        thr = st.number_input(knob, 1, m.r_max, min(auto, m.r_max), key=f"cmp_huginn_{crit}")
+    else:
+        thr = st.number_input(knob, 0.0, 10.0, auto, format="%.1e", key=f"cmp_huginn_{crit}")
+    h_policy = compute.huginn_policy(crit, thr, m.r_max)
+    h_out = compute.outcome(tr, h_policy)
+    a, b = st.columns(2)
+    a.metric("Mean loops", f"{h_out.mean_loops:.2f}")
+    b.metric("Loss [nats]", f"{h_out.loss:.3f}")
+with h_cols[1]:
+    views.render_strip(m, views.token_table(m, tr, enc, h_out), f"{crit} {thr:g}", legend=False)
+
 with st.expander("A2 probe quality (held-out windows) and the raw trace"):
     if prb:
         download.table(views.probe_table(prb), "a2_probe_quality")

@@ -24,6 +24,9 @@ for path in chosen:
     except (CheckpointError, OSError, ValueError, RuntimeError) as err:
         st.warning(f"Skipped {usable[path].name}: {err}")
         continue
+    if not other.has_windows:
+        st.info(f"Skipped {usable[path].name}: it ships no eval windows (elasticity is measured on them).")
+        continue
     el = compute.elasticity(*other.key)
     runs.append({"name": f"{usable[path].name} ({other.checkpoint_id[:8]})", "r_bar": other.r_bar, "key": other.key,
                  **el})

@@ -30,7 +30,11 @@ from .trace import trace
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m recur_core.analyze", description=__doc__.splitlines()[0])
-    p.add_argument("checkpoint", help="checkpoint directory")
+    p.add_argument("checkpoint", help="checkpoint directory (this project's, or a Huginn-0125-format folder)")
+    p.add_argument("--text", default=None, help="take the eval / probe windows from this text file (needed when "
+                   "the checkpoint ships none, e.g. Huginn); alternate windows go to eval and probe")
+    p.add_argument("--seq-len", type=int, default=128, help="tokens per window with --text (default 128)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: as stored)")
     p.add_argument("--windows", type=int, default=128, help="validation windows to analyse (default 128)")
     p.add_argument("--max-loops", type=int, default=32, help="loops of the uniform trace (default 32)")
     p.add_argument("--seed", type=int, default=0, help="seed of the noise and the bootstrap")
@@ -61,7 +65,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     t_start = time.perf_counter()
-    ckpt = load_checkpoint(args.checkpoint, args.device)
+    ckpt = load_checkpoint(args.checkpoint, args.device, args.dtype)
+    if args.text:
+        ckpt.use_text(Path(args.text).read_text(), args.seq_len)
     out = Path(args.out) if args.out else Path("reports") / ckpt.checkpoint_id
     out.mkdir(parents=True, exist_ok=True)
     cache = False if args.no_cache else TraceCache(args.cache_dir)

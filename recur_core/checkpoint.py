@@ -8,6 +8,9 @@ A checkpoint is a directory holding
                         data source, code revision, last eval, checkpoint_id
     metrics.jsonl       the trainer's log up to this step
     eval_windows.safetensors / probe_windows.safetensors   token-id windows (validation / training side)
+
+`load_checkpoint` also opens Huginn-0125-format folders (a transformers config.json with a
+model_type): see recur_core.huginn.
 """
 from __future__ import annotations
 
@@ -31,8 +34,22 @@ WEIGHTS, CONFIG, TOKENIZER, META = "model.safetensors", "config.json", "tokenize
 EVAL_WINDOWS, PROBE_WINDOWS, METRICS = "eval_windows.safetensors", "probe_windows.safetensors", "metrics.jsonl"
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 class CheckpointError(ValueError):
     """A checkpoint directory is missing, corrupt, or does not match its config."""
+
+
+def resolve_dtype(dtype) -> torch.dtype | None:
+    """None, a torch dtype, or a name ("bfloat16", "bf16", "float16", "fp16", "float32", ...)."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    name = str(dtype).removeprefix("torch.")
+    name = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}.get(name, name)
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    return DTYPES[name]
 
 
 @dataclass
@@ -43,15 +60,35 @@ class Checkpoint:
     meta: dict
     tokenizer_path: Path
     checkpoint_id: str = field(default="")
+    text_windows: dict[str, torch.Tensor] = field(default_factory=dict)  # set by use_text
 
     def tokenizer(self):
         from tokenizers import Tokenizer
         return Tokenizer.from_file(str(self.tokenizer_path))
 
     def windows(self, kind: str = "eval") -> torch.Tensor:
-        """Saved token-id windows (N, seq_len + 1): 'eval' (validation side) or 'probe' (training side)."""
+        """Token-id windows (N, seq_len + 1): 'eval' (validation side) or 'probe' (training side);
+        those of `use_text` if it was called, else the checkpoint's saved ones."""
+        if kind in self.text_windows:
+            return self.text_windows[kind]
         name = {"eval": EVAL_WINDOWS, "probe": PROBE_WINDOWS}[kind]
+        if not (self.path / name).is_file():
+            raise CheckpointError(f"{self.path}: ships no {name}; give a text to take windows from "
+                                  "(Checkpoint.use_text, or --text FILE on the command line)")
         return read_safetensors(self.path / name)["ids"]
+
+    def use_text(self, text: str, seq_len: int) -> None:
+        """Take the windows from a text: its tokens cut into consecutive windows of seq_len + 1
+        tokens; even-numbered windows are the 'eval' side, odd-numbered ones the 'probe' side
+        (disjoint, both spread over the text)."""
+        seq_len = min(seq_len, self.config.max_seq_len)
+        ids = torch.tensor(self.tokenizer().encode(text).ids, dtype=torch.long)
+        n = len(ids) // (seq_len + 1)
+        if n < 2:
+            raise CheckpointError(f"the text has {len(ids)} tokens; at least 2 windows of {seq_len + 1} tokens "
+                                  f"({2 * (seq_len + 1)} tokens) are needed (or a shorter --seq-len)")
+        windows = ids[:n * (seq_len + 1)].view(n, seq_len + 1)
+        self.text_windows = {"eval": windows[0::2].clone(), "probe": windows[1::2].clone()}
 
 
 def checkpoint_id(config: ModelConfig, state_dict: dict[str, torch.Tensor]) -> str:
@@ -60,7 +97,8 @@ def checkpoint_id(config: ModelConfig, state_dict: dict[str, torch.Tensor]) -> s
     for name in sorted(state_dict):
         t = state_dict[name].detach().cpu().contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        if t.numel():
+            h.update(t.view(torch.uint8).numpy())  # the bytes, hashed in place (no copy)
     return h.hexdigest()[:16]
 
 
@@ -159,11 +197,17 @@ def check_state_dict(model: LoopedLM, state: dict[str, torch.Tensor], where: str
         raise CheckpointError(f"{where}: weights do not match config.json: " + "; ".join(problems))
 
 
-def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Checkpoint:
-    """Load and validate a checkpoint directory (weights from safetensors only)."""
+def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", dtype=None,
+                    max_bytes: int | None = None) -> Checkpoint:
+    """Load and validate a checkpoint directory (weights from safetensors only): this project's
+    format, or a Huginn-0125-format folder (recur_core.huginn; max_bytes is its memory budget).
+    dtype: None keeps the stored dtype; "float32" / "bfloat16" / "float16" converts."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such checkpoint directory")
+    from . import huginn
+    if huginn.is_huginn_dir(path):
+        return huginn.load_huginn(path, device, dtype, max_bytes)
     for name in (WEIGHTS, CONFIG, TOKENIZER, META):
         if not (path / name).is_file():
             raise CheckpointError(f"{path}: incomplete checkpoint, {name} is missing")
@@ -177,4 +221,8 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Che
     check_state_dict(model, state, str(path))
     model.load_state_dict(state)
     model.to(device).eval()
-    return Checkpoint(path, config, model, meta, path / TOKENIZER, checkpoint_id(config, state))
+    ckpt_id = checkpoint_id(config, state)
+    if resolve_dtype(dtype) not in (None, torch.float32):
+        model.to(resolve_dtype(dtype))
+        ckpt_id = checkpoint_id(config, model.state_dict())  # other weights, other traces
+    return Checkpoint(path, config, model, meta, path / TOKENIZER, ckpt_id)

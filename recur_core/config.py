@@ -7,6 +7,10 @@ import math
 from dataclasses import dataclass
 
 
+VARIANT_FIELDS = ("outer_blocks", "prelude_norm", "qk_bias", "rope_layout", "embed_scale", "state_init",
+                  "coda_input_norm")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int
@@ -22,6 +26,16 @@ class ModelConfig:
     norm_eps: float = 1e-6
     state_init_std: float = math.sqrt(2 / 5)  # the paper's std of the initial recurrent state
     tie_embeddings: bool = True
+    # Architecture variants (the defaults are this trainer's model; recur_core.huginn sets them for
+    # Huginn-0125). Only values that differ from these defaults are written to JSON, so the canonical
+    # config JSON, and with it the checkpoint_id, of every existing checkpoint stays what it was.
+    outer_blocks: str = "prenorm"     # prelude / coda blocks: "prenorm" or "sandwich" (like the core)
+    prelude_norm: bool = True         # RMS-norm the prelude output e before it is re-injected
+    qk_bias: bool = False             # learned per-head biases added to q and k before RoPE
+    rope_layout: str = "half"         # rotated pairs: "half" (x_j, x_j+hd/2) or "interleaved" (x_2j, x_2j+1)
+    embed_scale: float = 1.0          # token embeddings are multiplied by this before the prelude
+    state_init: str = "normal"        # initial state: "normal" or "trunc_normal" (cut at +-3 std)
+    coda_input_norm: bool = False     # the final norm is applied to the state before the coda too
 
     def __post_init__(self):
         if self.d_model % self.n_heads:
@@ -30,6 +44,10 @@ class ModelConfig:
             raise ValueError(f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.n_kv_heads}")
         if (self.d_model // self.n_heads) % 2:
             raise ValueError("head dim must be even for RoPE")
+        for name, allowed in (("outer_blocks", ("prenorm", "sandwich")), ("rope_layout", ("half", "interleaved")),
+                              ("state_init", ("normal", "trunc_normal"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         for name in ("vocab_size", "d_model", "ffn_dim", "n_core", "max_seq_len"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -38,8 +56,16 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
+    def to_dict(self) -> dict:
+        """Every field, except the architecture variants that are at their default (see above)."""
+        d = dataclasses.asdict(self)
+        for f in dataclasses.fields(self):
+            if f.name in VARIANT_FIELDS and d[f.name] == f.default:
+                del d[f.name]
+        return d
+
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":

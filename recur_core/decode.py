@@ -22,7 +22,8 @@ batch (window n in `teacher_forced`, the one sequence of `generate`) uses
 `init_state(1, max_seq_len, Generator().manual_seed(noise_seed(seed, n)))[:, t]`. Sampling uses a
 separate generator seeded with `seed`, so a seeded generation repeats exactly.
 
-The caches (`LoopKVCache`), all preallocated to max_seq_len:
+The caches (`LoopKVCache`), all preallocated to max_seq_len (`generate`: to the prompt plus the new
+tokens, which keeps a large model's per-loop caches small):
   prelude   K/V per prelude layer, as in any decoder.
   core      K/V per (loop i, core layer l): the entry of position j is what layer l's attention at
             loop i reads for j. A token that ran loop i wrote its own entry there.
@@ -82,7 +83,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .checkpoint import Checkpoint
-from .model import LoopedLM
+from .model import LoopedLM, rope_pairs
 from .policies import LoopSignals, Uniform
 from .trace import noise_seed
 
@@ -102,31 +103,36 @@ class _BlockWeights:
     down: Tensor
     attn_out_norm: Tensor | None = None  # sandwich (core) blocks only
     mlp_out_norm: Tensor | None = None
+    qkv_bias: Tensor | None = None  # q and k biases (cfg.qk_bias), zeros for v
 
     @classmethod
     def of(cls, block) -> _BlockWeights:
         attn = block.attn
         out_norm = getattr(block, "attn_out_norm", None)
+        bias = None
+        if getattr(attn, "q_bias", None) is not None:
+            bias = torch.cat([attn.q_bias.flatten(), attn.k_bias.flatten(), torch.zeros_like(attn.k_bias.flatten())])
         return cls(block.attn_norm.weight, torch.cat([attn.q_proj.weight, attn.kv_proj.weight]),
                    attn.o_proj.weight, block.mlp_norm.weight, block.mlp.gate_up.weight, block.mlp.down.weight,
                    None if out_norm is None else out_norm.weight,
-                   None if out_norm is None else block.mlp_out_norm.weight)
+                   None if out_norm is None else block.mlp_out_norm.weight, bias)
 
 
 def rope_matrices(model: LoopedLM) -> Tensor:
     """(max_seq_len, hd, hd): x @ R[t] applies the model's rotary embedding at position t.
 
-    apply_rope maps halves (x1, x2) to (x1 cos - x2 sin, x1 sin + x2 cos); as one matrix that is
-    one small matmul per step instead of a dozen elementwise ops.
+    apply_rope maps each pair (x1, x2) (rope_pairs: halves, or interleaved) to
+    (x1 cos - x2 sin, x1 sin + x2 cos); as one matrix that is one small matmul per step instead of
+    a dozen elementwise ops.
     """
     cos, sin = model.rope_cos, model.rope_sin
     T, half = cos.shape
     R = torch.zeros(T, 2 * half, 2 * half, dtype=cos.dtype, device=cos.device)
-    j = torch.arange(half, device=cos.device)
-    R[:, j, j] = cos
-    R[:, j + half, j] = -sin
-    R[:, j, j + half] = sin
-    R[:, j + half, j + half] = cos
+    a, b = (i.to(cos.device) for i in rope_pairs(2 * half, model.cfg.rope_layout))
+    R[:, a, a] = cos
+    R[:, b, a] = -sin
+    R[:, a, b] = sin
+    R[:, b, b] = cos
     return R
 
 
@@ -277,7 +283,8 @@ class Decoder:
     """One decoding session over B rows: a cache, the fused weights, and the per-step loop."""
 
     def __init__(self, model: LoopedLM, policy, *, batch: int = 1, max_loops: int, kv_rule: str = "latest",
-                 noise: Tensor, weights: DecodeWeights | None = None, check_every: int = 1):
+                 noise: Tensor, weights: DecodeWeights | None = None, check_every: int = 1,
+                 max_len: int | None = None):
         if kv_rule not in KV_RULES:
             raise ValueError(f"kv_rule must be one of {KV_RULES}, got {kv_rule!r}")
         if check_every < 1:
@@ -292,7 +299,7 @@ class Decoder:
         self.first_readout = max(0, self.min_loops - check_every) if self.needs_readout else None
         cfg = model.cfg
         dev, dtype = self.w.embed.device, self.w.embed.dtype
-        self.cache = LoopKVCache(cfg, batch, self.cap, cfg.max_seq_len, dev, dtype)
+        self.cache = LoopKVCache(cfg, batch, self.cap, max_len or cfg.max_seq_len, dev, dtype)
         self.noise = noise.to(device=dev, dtype=dtype)  # (B, max_seq_len, d)
         self.readouts = 0
 
@@ -309,14 +316,14 @@ class Decoder:
         H, Hkv, hd = self.w.H, self.w.Hkv, self.w.hd
         kc, vc = kv
         if Tq == 1 and isinstance(pos, int):
-            qkv = F.linear(h, w.qkv).view(B, H + 2 * Hkv, hd)
+            qkv = F.linear(h, w.qkv, w.qkv_bias).view(B, H + 2 * Hkv, hd)
             rot = torch.matmul(qkv[:, :H + Hkv], self.w.rope[pos])
             kc[:, :, pos] = rot[:, H:]
             vc[:, :, pos] = qkv[:, H + Hkv:]
             out = F.scaled_dot_product_attention(rot[:, :H].unsqueeze(2), kc[:, :, :pos + 1], vc[:, :, :pos + 1],
                                                  enable_gqa=H != Hkv)
             return F.linear(out.reshape(B, 1, H * hd), w.o)
-        qkv = F.linear(h, w.qkv).view(B, Tq, H + 2 * Hkv, hd)
+        qkv = F.linear(h, w.qkv, w.qkv_bias).view(B, Tq, H + 2 * Hkv, hd)
         rot = torch.matmul(qkv[:, :, :H + Hkv], self.w.rope[pos])
         k, v = rot[:, :, H:].transpose(1, 2), qkv[:, :, H + Hkv:].transpose(1, 2)
         if fix is not None:
@@ -346,6 +353,8 @@ class Decoder:
     # -- pieces ---------------------------------------------------------------------------------------
     def _prelude(self, ids: Tensor, pos) -> Tensor:
         x = F.embedding(ids, self.w.embed)
+        if self.w.cfg.embed_scale != 1.0:
+            x = x * self.w.cfg.embed_scale
         for w, kv in zip(self.w.prelude, self.cache.prelude_kv):
             x = self._block(w, x, pos, kv)
         return x if self.w.prelude_norm is None else self._rms(x, self.w.prelude_norm)
@@ -364,7 +373,7 @@ class Decoder:
 
     def _readout(self, state: Tensor, pos) -> Tensor:
         """Coda (writing this position's coda cache entries) -> final norm -> head: logits (B, Tq, V)."""
-        x = state
+        x = self._rms(state, self.w.final_norm) if self.w.cfg.coda_input_norm else state
         for w, kv in zip(self.w.coda, self.cache.coda_kv):
             x = self._block(w, x, pos, kv)
         self.readouts += 1
@@ -388,14 +397,16 @@ class Decoder:
         """The policy is consulted at min_loops, then every check_every loops."""
         return loop >= self.min_loops and (loop - self.min_loops) % self.every == 0
 
-    def _consult(self, loop: int, new: Tensor, old: Tensor, kl: Tensor | None) -> Tensor:
+    def _consult(self, loop: int, new: Tensor, old: Tensor, kl: dict | None) -> Tensor:
         """The policy's halt decision after `loop` (bool (B, Tq)); every token halts at the cap."""
         if loop >= self.cap:
             return torch.ones(new.shape[:2], dtype=torch.bool, device=new.device)
         if not self._is_check(loop):
             return torch.zeros(new.shape[:2], dtype=torch.bool, device=new.device)
         change = torch.linalg.vector_norm(new - old, dim=-1) / torch.linalg.vector_norm(new, dim=-1)
-        return self.policy.halt(loop, LoopSignals(state=new, state_change=change, kl_prev=kl))
+        cosine = 1 - F.cosine_similarity(new.float(), old.float(), dim=-1, eps=1e-30)
+        return self.policy.halt(loop, LoopSignals(state=new, state_change=change, cosine_change=cosine,
+                                                  **(kl or {})))
 
     def _wants_readout(self, loop: int) -> bool:
         """Readout policies read out at each check and once before the first; kl_prev is then
@@ -403,9 +414,13 @@ class Decoder:
         return self.first_readout is not None and (loop == self.first_readout or self._is_check(loop))
 
     @staticmethod
-    def _kl(logp: Tensor, logp_prev: Tensor) -> Tensor:
-        """KL(p || p_prev) in nats per token, clamped at 0."""
-        return (logp.exp() * (logp - logp_prev)).sum(-1).clamp_min(0.0)
+    def _kl(logp: Tensor, logp_prev: Tensor) -> dict:
+        """The readout signals: kl_prev = KL(p || p_prev) and kl_prev_reverse = KL(p_prev || p) in
+        nats per token, clamped at 0; entropy (nats) and argmax of p."""
+        p = logp.exp()
+        return {"kl_prev": (p * (logp - logp_prev)).sum(-1).clamp_min(0.0),
+                "kl_prev_reverse": (logp_prev.exp() * (logp_prev - logp)).sum(-1).clamp_min(0.0),
+                "entropy": -(p * logp).sum(-1), "argmax": logp.argmax(-1)}
 
     # -- one position (Tq = 1, B rows in lockstep) ---------------------------------------------------
     def step(self, ids: Tensor, pos: int) -> tuple[Tensor, Tensor]:
@@ -599,7 +614,7 @@ def generate(ckpt_or_model, prompt, max_new_tokens: int, policy=None, *, kv_rule
     cap = default_max_loops(policy, ckpt, max_loops)
     policy = policy if policy is not None else Uniform(cap)
     dec = Decoder(model, policy, max_loops=cap, kv_rule=kv_rule, noise=_row_noise(model, [0], seed),
-                  weights=weights, check_every=check_every)
+                  weights=weights, check_every=check_every, max_len=len(prompt_ids) + max_new_tokens)
     sampler = torch.Generator().manual_seed(seed)
     sample = dict(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p)
     device = dec.w.embed.device

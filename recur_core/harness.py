@@ -38,7 +38,8 @@ from .checkpoint import Checkpoint
 from .model import LoopedLM, take_rows
 from .policies import LoopSignals, Policy
 from .readout import readout_stats
-from .trace import NO_TARGET, progress_bar, relative_change, resolve_model, split_inputs, window_noise
+from .trace import (NO_TARGET, cosine_change, loop_readout, progress_bar, relative_change, resolve_model,
+                    split_inputs, window_noise)
 
 
 @dataclass
@@ -99,14 +100,24 @@ def run_exact_sweep(ckpt_or_model: Checkpoint | LoopedLM, ids, policies: list[Po
     ce = np.full((len(policies), N, T), np.nan, dtype=np.float32)
     depth = np.zeros((len(policies), N, T), dtype=np.int64)
     converged = np.zeros((len(policies), N, T), dtype=bool)
+    # a policy that remembers earlier loops (e.g. argmax stability) keeps its memory per batch row:
+    # it runs alone, on fixed full-width batches; every other policy shares the lanes
+    alone = [p for p, pol in enumerate(policies) if pol.remembers_loops]
+    shared = [p for p in range(len(policies)) if p not in alone]
     update, close = progress_bar(progress, N, f"exact harness ({len(policies)} policies)")
     try:
         for start in range(0, N, window_group):
             rows = range(start, min(start + window_group, N))
-            sweep = _Sweep(model, inputs[start:rows.stop], targets[start:rows.stop],
-                           window_noise(model, rows, T, seed), policies, caps, batch_size, work)
-            for p, w, final_ce, final_depth, final_conv in sweep.run():
+            noise = window_noise(model, rows, T, seed)
+            sweep = _Sweep(model, inputs[start:rows.stop], targets[start:rows.stop], noise,
+                           [policies[p] for p in shared], [caps[p] for p in shared], batch_size, work)
+            for i, w, final_ce, final_depth, final_conv in sweep.run():
+                p = shared[i]
                 ce[p, start + w], depth[p, start + w], converged[p, start + w] = final_ce, final_depth, final_conv
+            for p in alone:
+                out = _exact_batch(model, inputs[start:rows.stop], targets[start:rows.stop], noise, policies[p], caps[p])
+                ce[p, start:rows.stop], depth[p, start:rows.stop], converged[p, start:rows.stop] = (t.numpy() for t in out)
+                work.lane_loops += len(rows) * caps[p]
             update(len(rows))
     finally:
         close()
@@ -177,14 +188,17 @@ class _Sweep:
         rows, valid = rows.to(self.device), valid.to(self.device)
         windows = [ln.window for ln in chunk]
         new = self.model.core_step(state, self.e[windows, :width], freeze=frozen, live_rows=rows)
-        signals = LoopSignals(state=new, state_change=relative_change(new, state))
+        signals = LoopSignals(state=new, state_change=relative_change(new, state), cosine_change=cosine_change(new, state))
         h_rows = None
         if readout:  # KL(p_i || p_{i-1}) of the unfrozen tokens only (coda's last block and the head)
             h_prev = torch.stack([ln.h_prev[:width] for ln in chunk])
             h_rows = self.model.coda(new, rows=rows)  # (B, M, d)
             # padding repeats a live row, so it scatters the same value to the same place
-            kl_rows = readout_stats(h_rows, self.model.head_weight, None, take_rows(h_prev, rows)).kl_prev.clamp_min(0.0)
-            signals.kl_prev = torch.full(frozen.shape, float("nan"), device=self.device).scatter(1, rows, kl_rows)
+            stats = readout_stats(h_rows, self.model.head_weight, None, take_rows(h_prev, rows))
+            at_rows = lambda x, fill: torch.full(frozen.shape, fill, dtype=x.dtype, device=self.device).scatter(1, rows, x)
+            signals.kl_prev = at_rows(stats.kl_prev.clamp_min(0.0), float("nan"))
+            signals.kl_prev_reverse = at_rows(stats.kl_prev_reverse.clamp_min(0.0), float("nan"))
+            signals.entropy, signals.argmax = at_rows(stats.entropy, float("nan")), at_rows(stats.argmax, -1)
             self.work.readout_lane_loops += len(chunk)
         self.work.lane_loops += len(chunk)
         self.work.token_loops += len(chunk) * width
@@ -233,6 +247,37 @@ class _Sweep:
             for b, (_, w, done) in enumerate(part):
                 for p, exit_depth, conv in done:
                     yield p, w, ce[b], exit_depth, conv
+
+
+@torch.inference_mode()
+def _exact_batch(model: LoopedLM, inputs, targets, noise, policy: Policy, cap: int):
+    """One policy on a fixed full-width batch of windows (for policies that remember earlier loops)."""
+    device = next(model.parameters()).device
+    inputs, targets = inputs.to(device), targets.to(device)
+    e = model.prelude(inputs)
+    state = noise.to(device)
+    h_prev = model.coda(state) if policy.needs_readout else None  # p_0: readout of the noise state
+    frozen = torch.zeros(inputs.shape, dtype=torch.bool, device=device)
+    exit_depth = torch.full(inputs.shape, cap, dtype=torch.long, device=device)
+    converged = torch.zeros_like(frozen)
+    for loop in range(1, cap + 1):
+        new = model.core_step(state, e, freeze=frozen)
+        signals = LoopSignals(state=new, state_change=relative_change(new, state),
+                              cosine_change=cosine_change(new, state))
+        if policy.needs_readout:
+            h_prev, stats = loop_readout(model, new, h_prev, None)
+            signals.kl_prev, signals.kl_prev_reverse = stats.kl_prev, stats.kl_prev_reverse
+            signals.entropy, signals.argmax = stats.entropy, stats.argmax
+        met = policy.rule_met(loop, signals) & ~frozen
+        halt = met | ~frozen if loop == cap else met
+        exit_depth[halt] = loop
+        converged |= met
+        frozen |= halt
+        state = new
+        if frozen.all():
+            break
+    ce = readout_stats(model.coda(state), model.head_weight, targets).ce
+    return ce.cpu(), exit_depth.cpu(), converged.cpu()
 
 
 def _live_rows(frozen: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:

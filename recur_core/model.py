@@ -9,6 +9,11 @@ The pieces are exposed one by one so that analysis and decoding can run the mode
     logits = model.readout(s)                   # coda blocks -> final RMSNorm -> tied LM head
 
 `forward(ids, loops)` is exactly that composition.
+
+Architecture variants are configuration (recur_core.config), not other classes: sandwich prelude /
+coda blocks, no prelude-output norm, q/k biases, interleaved RoPE pairs, an embedding scale, a
+truncated-normal initial state and a final norm before the coda as well. recur_core.huginn sets them
+to open Huginn-0125 checkpoints with this same class.
 """
 from __future__ import annotations
 
@@ -40,8 +45,18 @@ def rope_tables(head_dim: int, max_len: int, base: float) -> tuple[torch.Tensor,
     return angles.cos().float(), angles.sin().float()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (first half, second half) of the head dim. x: (B, H, T, hd); cos/sin: (T, hd/2)."""
+def rope_pairs(head_dim: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices (first, second) of the head-dim coordinates rotated together by frequency j:
+    "half" pairs (j, j + hd/2), "interleaved" (Huginn's complex form) pairs (2j, 2j + 1)."""
+    j = torch.arange(head_dim // 2)
+    return (j, j + head_dim // 2) if layout == "half" else (2 * j, 2 * j + 1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half") -> torch.Tensor:
+    """Rotate pairs of the head dim (see rope_pairs). x: (B, H, T, hd); cos/sin: (T, hd/2)."""
+    if layout == "interleaved":
+        x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2).to(x.dtype)
     x1, x2 = x.float().chunk(2, dim=-1)
     out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
     return out.to(x.dtype)
@@ -53,16 +68,24 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.rope_layout = cfg.rope_layout
         self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
         self.kv_proj = nn.Linear(cfg.d_model, 2 * cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
+        if cfg.qk_bias:  # added to q and k before RoPE (Huginn's qk_bias)
+            self.q_bias = nn.Parameter(torch.zeros(cfg.n_heads, cfg.head_dim))
+            self.k_bias = nn.Parameter(torch.zeros(cfg.n_kv_heads, cfg.head_dim))
+        else:
+            self.q_bias = self.k_bias = None
 
     def project_qkv(self, x, cos, sin):
-        """q: (B, H, T, hd); k, v: (B, H_kv, T, hd), RoPE applied to q and k."""
+        """q: (B, H, T, hd); k, v: (B, H_kv, T, hd), biases (if any) and RoPE applied to q and k."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k, v = self.kv_proj(x).view(B, T, 2, self.n_kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        if self.q_bias is not None:
+            q, k = q + self.q_bias[:, None], k + self.k_bias[:, None]
+        return apply_rope(q, cos, sin, self.rope_layout), apply_rope(k, cos, sin, self.rope_layout), v
 
     def attend(self, q, k, v, is_causal: bool = True, attn_mask=None):
         """Attention output projected back to d_model. q: (B, H, Tq, hd); k, v: (B, H_kv, Tk, hd)."""
@@ -135,22 +158,28 @@ class LoopedLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.prelude_blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_prelude))
-        self.prelude_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        outer = SandwichBlock if cfg.outer_blocks == "sandwich" else Block
+        self.prelude_blocks = nn.ModuleList(outer(cfg) for _ in range(cfg.n_prelude))
+        self.prelude_norm = RMSNorm(cfg.d_model, cfg.norm_eps) if cfg.prelude_norm else None
         self.adapter = nn.Linear(2 * cfg.d_model, cfg.d_model, bias=False)
         self.core_blocks = nn.ModuleList(SandwichBlock(cfg) for _ in range(cfg.n_core))
-        self.coda_blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_coda))
+        self.coda_blocks = nn.ModuleList(outer(cfg) for _ in range(cfg.n_coda))
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_base)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        self.reset_rope()
         self.reset_parameters()
+
+    def reset_rope(self, device=None):
+        """(Re)compute the RoPE tables, e.g. after the model was built on the meta device."""
+        cos, sin = rope_tables(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_base)
+        self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
 
     def reset_parameters(self):
         n_layers = self.cfg.n_prelude + self.cfg.n_core + self.cfg.n_coda
         for name, p in self.named_parameters():
-            if p.dim() < 2:
+            if p.dim() < 2 or name.endswith(("q_bias", "k_bias")):  # biases start at zero
                 continue
             # residual output projections are scaled down by depth (GPT-2 style)
             scale = 1 / math.sqrt(2 * n_layers) if name.endswith(("o_proj.weight", "down.weight")) else 1.0
@@ -178,13 +207,16 @@ class LoopedLM(nn.Module):
         """
         cos, sin = self.rope(ids.shape[1], positions)
         x = self.embed(ids)
+        if self.cfg.embed_scale != 1.0:
+            x = x * self.cfg.embed_scale
         for block in self.prelude_blocks:
             x = block(x, cos, sin)
-        return self.prelude_norm(x)
+        return x if self.prelude_norm is None else self.prelude_norm(x)
 
     def init_state(self, batch: int, seq_len: int, generator: torch.Generator | None = None,
                    device=None, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Initial recurrent state: N(0, state_init_std^2) noise of shape (batch, seq_len, d).
+        """Initial recurrent state: N(0, state_init_std^2) noise of shape (batch, seq_len, d), cut at
+        +-3 std when cfg.state_init is "trunc_normal"; in the model's dtype.
 
         Noise is drawn for all max_seq_len positions of each row and then sliced, so the state of
         position t depends only on (generator state, row, t), never on the sequence length:
@@ -192,10 +224,13 @@ class LoopedLM(nn.Module):
         """
         device = device if device is not None else self.embed.weight.device
         gen_device = generator.device if generator is not None else torch.device("cpu")
-        noise = torch.randn(batch, self.cfg.max_seq_len, self.cfg.d_model,
-                            generator=generator, device=gen_device)
+        shape = (batch, self.cfg.max_seq_len, self.cfg.d_model)
+        if self.cfg.state_init == "trunc_normal":
+            noise = nn.init.trunc_normal_(torch.empty(shape, device=gen_device), a=-3.0, b=3.0, generator=generator)
+        else:
+            noise = torch.randn(shape, generator=generator, device=gen_device)
         noise = noise[:, positions] if positions is not None else noise[:, :seq_len]
-        return (noise * self.cfg.state_init_std).to(device)
+        return (noise * self.cfg.state_init_std).to(device=device, dtype=self.embed.weight.dtype)
 
     def core_step(self, state: torch.Tensor, e: torch.Tensor, freeze: torch.Tensor | None = None,
                   positions: torch.Tensor | None = None, live_rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -219,9 +254,10 @@ class LoopedLM(nn.Module):
     def coda(self, state: torch.Tensor, positions: torch.Tensor | None = None,
              rows: torch.Tensor | None = None) -> torch.Tensor:
         """State -> coda blocks -> final RMSNorm: the hidden the LM head reads (B, T, d); with rows
-        (B, M), only at those positions (B, M, d) (the last coda block runs only for them)."""
+        (B, M), only at those positions (B, M, d) (the last coda block runs only for them).
+        With cfg.coda_input_norm the final norm is applied before the coda too (Huginn's ln_f)."""
         cos, sin = self.rope(state.shape[1], positions)
-        x = state
+        x = self.final_norm(state) if self.cfg.coda_input_norm else state
         for i, block in enumerate(self.coda_blocks):
             x = block(x, cos, sin, rows if i == len(self.coda_blocks) - 1 else None)
         if not self.coda_blocks:

@@ -18,8 +18,23 @@ not converged.
   LinearRouter(probe, tau) A2: halt once the probe's predicted chance of change is below tau.
   LatentDiff(delta)        Huginn's latent rule: halt once ||s_i - s_{i-1}|| / ||s_i|| < delta.
 
-`needs_readout` says whether the rule needs kl_prev, i.e. the coda and LM head at every loop; only
-A1 does (A2's probe reads the core state directly).
+Huginn's other exit criteria (seal-rg/recurrent-pretraining's exit evaluators), for a side-by-side
+comparison on the same tokens (defaults: Huginn's "auto" thresholds):
+  ReverseKLExit(eps)       halt once KL(p_{i-1} || p_i) < eps: Huginn's KL, the *reverse* of A1's
+                           KL(p_i || p_{i-1}) (Huginn starts p_0 uniform; here p_0 is the readout
+                           of the initial state, as for A1).
+  EntropyDiff(delta)       halt once |H(p_i) - H(p_{i-1})| < delta (nats); never at loop 1
+                           (Huginn's previous entropy starts at 100 nats).
+  ArgmaxStable(n)          halt once the argmax has not changed for n loops in a row (loop 1 has a
+                           run of 0; the earliest exit is loop n + 1).
+  CosineExit(delta)        halt once 1 - cos(s_i, s_{i-1}) < delta.
+EntropyDiff and ArgmaxStable compare with earlier loops: their online face remembers the values of
+its previous call (reset at loop 1), so it must be consulted at every loop (check_every 1); a call
+that skips loops starts a new run.
+
+`needs_readout` says whether the rule needs the readout (kl_prev and the other readout signals),
+i.e. the coda and LM head at every loop: A1 and Huginn's readout criteria do (A2's probe reads the
+core state directly).
 """
 from __future__ import annotations
 
@@ -42,11 +57,18 @@ class LoopSignals:
     kl_prev       KL(p_i || p_{i-1}) in nats (at loop 1, p_0 is the readout of the noise state);
                   None when the caller skipped the readout (policies with needs_readout False).
                   NaN never halts.
+    kl_prev_reverse, entropy, argmax   KL(p_{i-1} || p_i) in nats, H(p_i) in nats, argmax of p_i;
+                  None without the readout.
+    cosine_change 1 - cos(s_i, s_{i-1}); None when the caller did not compute it.
     """
 
     state: torch.Tensor
     state_change: torch.Tensor
     kl_prev: torch.Tensor | None = None
+    kl_prev_reverse: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    argmax: torch.Tensor | None = None
+    cosine_change: torch.Tensor | None = None
 
     @property
     def shape(self) -> torch.Size:
@@ -74,6 +96,7 @@ class Policy:
     """Base class: subclasses define `_rule_online` and `_rule_trace`; min_loops / r_max live here."""
 
     needs_readout: bool = False
+    remembers_loops: bool = False  # the rule keeps memory of earlier loops per batch row (see _Remembering)
     threshold_name: str = ""
 
     def __init__(self, min_loops: int = 1, r_max: int | None = None):
@@ -222,3 +245,122 @@ class LinearRouter(Policy):
     def __repr__(self) -> str:
         return (f"LinearRouter(probe={self.probe.probe_id}, tau={self.tau}, min_loops={self.min_loops}, "
                 f"r_max={self.r_max})")
+
+
+# -- Huginn's exit criteria ------------------------------------------------------------------------
+def _needs(signals: LoopSignals, name: str, policy: Policy) -> torch.Tensor:
+    value = getattr(signals, name)
+    if value is None:
+        raise ValueError(f"{type(policy).__name__} needs the {name} signal"
+                         + (": run the readout every loop" if policy.needs_readout else ""))
+    return value
+
+
+class ReverseKLExit(Policy):
+    """Huginn's KL exit: freeze a token once KL(p_{i-1} || p_i) < eps (the reverse of A1's direction)."""
+
+    needs_readout = True
+    threshold_name = "eps"
+
+    def __init__(self, eps: float = 1e-3, min_loops: int = 1, r_max: int | None = None):
+        super().__init__(min_loops, r_max)
+        self.eps = eps
+
+    def _rule_online(self, loop, signals):
+        return _needs(signals, "kl_prev_reverse", self) < self.eps
+
+    def _rule_trace(self, trace):
+        return trace.kl_prev_reverse < self.eps
+
+
+class CosineExit(Policy):
+    """Huginn's cosine exit: freeze a token once 1 - cos(s_i, s_{i-1}) < delta."""
+
+    threshold_name = "delta"
+
+    def __init__(self, delta: float = 1e-3, min_loops: int = 1, r_max: int | None = None):
+        super().__init__(min_loops, r_max)
+        self.delta = delta
+
+    def _rule_online(self, loop, signals):
+        return _needs(signals, "cosine_change", self) < self.delta
+
+    def _rule_trace(self, trace):
+        return trace.cosine_change < self.delta
+
+
+class _Remembering(Policy):
+    """A rule over consecutive loops: rule_met records this loop's value (every call, also before
+    min_loops) and the rule compares it with the previous call's; a call that is not loop + 1 of
+    the previous one (loop 1, or skipped loops) starts a new run."""
+
+    signal = ""
+    remembers_loops = True
+
+    def __init__(self, min_loops: int = 1, r_max: int | None = None):
+        super().__init__(min_loops, r_max)
+        self._last_loop, self._prev, self._run = 0, None, None
+
+    def rule_met(self, loop, signals):
+        value = _needs(signals, self.signal, self)
+        fresh = loop != self._last_loop + 1 or self._prev is None or self._prev.shape != value.shape
+        self._update(value, fresh)
+        self._last_loop, self._prev = loop, value
+        return super().rule_met(loop, signals)
+
+
+class EntropyDiff(_Remembering):
+    """Huginn's entropy-diff exit: freeze a token once |H(p_i) - H(p_{i-1})| < delta (nats); the
+    rule never holds at loop 1 (there is no previous entropy)."""
+
+    needs_readout = True
+    threshold_name = "delta"
+    signal = "entropy"
+
+    def __init__(self, delta: float = 1e-3, min_loops: int = 1, r_max: int | None = None):
+        super().__init__(min_loops, r_max)
+        self.delta = delta
+
+    def _update(self, value, fresh):
+        self._run = None if fresh else (value - self._prev).abs()
+
+    def _rule_online(self, loop, signals):
+        if self._run is None:
+            return torch.zeros(signals.shape, dtype=torch.bool, device=signals.state_change.device)
+        return self._run < self.delta
+
+    def _rule_trace(self, trace):
+        diff = np.abs(np.diff(trace.entropy, axis=-1))
+        never = np.zeros(trace.entropy.shape[:-1] + (1,), dtype=bool)
+        return np.concatenate([never, diff < self.delta], axis=-1)
+
+
+class ArgmaxStable(_Remembering):
+    """Huginn's argmax-stability exit: freeze a token once its argmax has stayed the same for n
+    consecutive loops (the run is 0 at loop 1, so the earliest exit is loop n + 1)."""
+
+    needs_readout = True
+    threshold_name = "n"
+    signal = "argmax"
+
+    def __init__(self, n: int = 5, min_loops: int = 1, r_max: int | None = None):
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        super().__init__(min_loops, r_max)
+        self.n = n
+
+    def _update(self, value, fresh):
+        if fresh:
+            self._run = torch.zeros(value.shape, dtype=torch.long, device=value.device)
+        else:
+            self._run = torch.where(value == self._prev, self._run + 1, 0)
+
+    def _rule_online(self, loop, signals):
+        return self._run >= self.n
+
+    def _rule_trace(self, trace):
+        run = np.zeros(trace.argmax.shape, dtype=np.int64)
+        for i in range(1, trace.argmax.shape[-1]):
+            run[..., i] = np.where(trace.argmax[..., i] == trace.argmax[..., i - 1], run[..., i - 1] + 1, 0)
+        return run >= self.n
+

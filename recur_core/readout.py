@@ -2,7 +2,8 @@
 
 After every loop i a looped LM has a final-normed hidden h_i (T, d) and shares the LM head W (V, d).
 Analysis wants, per token and loop: log-sum-exp, cross-entropy of a target, entropy, argmax, top-1
-probability and KL(p_i || p_{i-1}). Materialising the (T, V) logits for every loop costs O(T * V)
+probability, KL(p_i || p_{i-1}) and the reverse KL(p_{i-1} || p_i) (Huginn's exit criterion).
+Materialising the (T, V) logits for every loop costs O(T * V)
 memory, so the vocabulary is walked in slices instead and each slice is summarised by a few online
 softmax moments (`ReadoutPartials`) that combine exactly (`combine_partials`).
 
@@ -46,6 +47,8 @@ class ReadoutStats:
     top1_prob  p[argmax].
     kl_prev    KL(p_cur || p_prev) = sum_v p_cur (log p_cur - log p_prev) in nats, where p_prev is
                the distribution of h_prev; None without h_prev.
+    kl_prev_reverse  KL(p_prev || p_cur) = sum_v p_prev (log p_prev - log p_cur) in nats, the
+               direction of Huginn's KL exit; None without h_prev.
     topk_ids, topk_probs  (..., k) ids and probabilities of the k largest logits, descending;
                None when topk == 0.
     """
@@ -58,6 +61,7 @@ class ReadoutStats:
     kl_prev: Tensor | None = None
     topk_ids: Tensor | None = None
     topk_probs: Tensor | None = None
+    kl_prev_reverse: Tensor | None = None
 
     def unflatten(self, lead: torch.Size) -> ReadoutStats:
         """Reshape every (N, ...) tensor to (*lead, ...)."""
@@ -119,6 +123,7 @@ def readout_stats_reference(h: Tensor, W: Tensor, targets: Tensor | None = None,
     if h_prev is not None:
         logq = torch.log_softmax(h_prev.float() @ Wf.T, dim=-1)
         stats.kl_prev = (p * (logp - logq)).sum(-1)  # KL(p_cur || p_prev), nats
+        stats.kl_prev_reverse = (logq.exp() * (logq - logp)).sum(-1)  # KL(p_prev || p_cur), nats
     if topk:
         top_logp, stats.topk_ids = logp.topk(topk, dim=-1)
         stats.topk_probs = top_logp.exp()
@@ -137,8 +142,9 @@ class ReadoutPartials:
       arg = global id of the first max of a
       m_prev = max b     s_prev = sum e^(b-m_prev)
       k = sum e^(a-m) ((a-m) - (b-m_prev))
+      k_rev = sum e^(b-m_prev) ((b-m_prev) - (a-m))   (for the reverse KL)
     Keeping u and k relative to the maxima avoids the cancellation of lse - E_p[a] when logits are
-    large (peaked distributions). The *_prev and k fields are None without h_prev.
+    large (peaked distributions). The *_prev, k and k_rev fields are None without h_prev.
     """
 
     m: Tensor
@@ -148,6 +154,7 @@ class ReadoutPartials:
     m_prev: Tensor | None = None
     s_prev: Tensor | None = None
     k: Tensor | None = None
+    k_rev: Tensor | None = None
 
 
 def combine_partials(parts: ReadoutPartials, target_logit: Tensor | None = None,
@@ -158,7 +165,8 @@ def combine_partials(parts: ReadoutPartials, target_logit: Tensor | None = None,
     alpha_i = e^(m_i - m) and shifts the offsets: u_i -> u_i + s_i (m_i - m), likewise for k with
     both maxima. Then, with S, U, K the merged moments:
       lse = m + log S,  entropy = log S - U / S,  top1 = 1 / S,
-      KL(p_cur || p_prev) = K / S - log S + log S_prev   (nats).
+      KL(p_cur || p_prev) = K / S - log S + log S_prev   (nats),
+      KL(p_prev || p_cur) = K_rev / S_prev - log S_prev + log S, with K_rev merged like K, roles swapped.
     """
     m, first = parts.m.max(dim=0)  # first slice holding the max -> lowest id on ties
     shift = parts.m - m
@@ -177,29 +185,35 @@ def combine_partials(parts: ReadoutPartials, target_logit: Tensor | None = None,
         s_prev = (shift_prev.exp() * parts.s_prev).sum(0)
         k = (alpha * (parts.k + parts.s * (shift - shift_prev))).sum(0)
         stats.kl_prev = k / s - log_s + s_prev.log()  # KL(p_cur || p_prev), nats
+        if parts.k_rev is not None:
+            k_rev = (shift_prev.exp() * (parts.k_rev + parts.s_prev * (shift_prev - shift))).sum(0)
+            stats.kl_prev_reverse = k_rev / s_prev - s_prev.log() + log_s  # KL(p_prev || p_cur), nats
     return stats
 
 
 # --------------------------------------------------------------------------------------------------
 # Chunked PyTorch backend (CPU, or CUDA without Triton).
 
-def _chunk_moments(logits: Tensor, e: Tensor, n: int, v0: int) -> tuple[Tensor, ...]:
+def _chunk_moments(logits: Tensor, e: Tensor, n: int, v0: int, scratch: Tensor | None = None) -> tuple[Tensor, ...]:
     """Moments of one column chunk, as in ReadoutPartials, computed in place.
 
-    logits (R, C) float32 holds h's rows, then h_prev's if R > n; e is a scratch buffer of the same
-    shape. Each pass covers all R rows at once: few, large ops, on buffers reused across chunks.
-    Returns (m, s, u, arg) and, with h_prev, (m_prev, s_prev, k).
+    logits (R, C) float32 holds h's rows, then h_prev's if R > n; e and scratch are buffers of the
+    same shape. Each pass covers all R rows at once: few, large ops, on buffers reused across chunks.
+    Returns (m, s, u, arg) and, with h_prev, (m_prev, s_prev, k, k_rev).
     """
     maxes = logits.amax(dim=1)  # m, then m_prev
     arg = logits[:n].argmax(dim=1) + v0
     logits.sub_(maxes[:, None])  # a - m, then b - m_prev: all <= 0
     sums = torch.exp(logits, out=e).sum(dim=1)  # s, then s_prev
+    if logits.shape[0] > n:  # sum e^(b-m_prev) (a-m), then sum e^(b-m_prev) (b-m_prev)
+        c = logits.shape[1]
+        rev = torch.mul(logits.view(-1, n, c), e[n:], out=scratch.view(-1, n, c)).sum(dim=2)
     # sum e^(a-m) (a-m), then sum e^(a-m) (b-m_prev)
     dots = logits.view(-1, n, logits.shape[1]).mul_(e[:n]).sum(dim=2)
     m, s, u = maxes[:n], sums[:n], dots[0]
     if logits.shape[0] == n:
         return m, s, u, arg
-    return m, s, u, arg, maxes[n:], sums[n:], u - dots[1]
+    return m, s, u, arg, maxes[n:], sums[n:], u - dots[1], rev[1] - rev[0]
 
 
 def _target_logit(h: Tensor, W: Tensor, targets: Tensor) -> Tensor:
@@ -228,7 +242,8 @@ def readout_stats_chunked(h: Tensor, W: Tensor, targets: Tensor | None = None,
     n = h.shape[0]
     x = (h if h_prev is None else torch.cat([h, h_prev])).float()
     chunk = min(chunk, V)
-    logits_buf, e_buf = x.new_empty(2, x.shape[0] * chunk)
+    logits_buf, e_buf, *scratch = x.new_empty(2 if h_prev is None else 3, x.shape[0] * chunk)
+    scratch = scratch[0] if scratch else None  # for the reverse KL
     moments, top_vals, top_ids = [], [], []
     for v0 in range(0, V, chunk):
         W_chunk = W[v0:v0 + chunk].float()
@@ -239,7 +254,8 @@ def readout_stats_chunked(h: Tensor, W: Tensor, targets: Tensor | None = None,
             vals, ids = logits[:n].topk(min(topk, c), dim=1)
             top_vals.append(vals)
             top_ids.append(ids + v0)
-        moments.append(_chunk_moments(logits, e_buf[:size].view(-1, c), n, v0))
+        moments.append(_chunk_moments(logits, e_buf[:size].view(-1, c), n, v0,
+                                      None if scratch is None else scratch[:size]))
     parts = ReadoutPartials(*(torch.stack(field) for field in zip(*moments)))
     target_logit = None if targets is None else _target_logit(h, W, targets)
     stats = combine_partials(parts, target_logit, targets)

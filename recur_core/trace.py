@@ -4,14 +4,16 @@
 and loop i = 1..max_loops, the statistics of p_i = softmax(head(coda(s_i))):
 
   kl_prev       KL(p_i || p_{i-1}) in nats (this direction: expectation under the newer p_i).
+  kl_prev_reverse  KL(p_{i-1} || p_i) in nats: the reverse direction, the one Huginn's KL exit uses.
   state_change  ||s_i - s_{i-1}|| / ||s_i|| of the core state (L2 over the model dim).
+  cosine_change 1 - cos(s_i, s_{i-1}) of the core state (Huginn's cosine exit).
   ce            -log p_i[next token] in nats; NaN where there is no next token.
   entropy       entropy of p_i in nats.
   argmax        the most likely next token id; top1_prob its probability.
   topk_ids / topk_probs   the k most likely tokens (the logit lens), descending.
 
 Loop 1 convention: s_0 is the initial noise state and p_0 = head(coda(s_0)), the readout of that
-noise. Loop 1's kl_prev and state_change are measured against them, so every entry is finite and a
+noise. Loop 1's kl_prev, kl_prev_reverse, state_change and cosine_change are measured against them, so every entry is finite and a
 policy may halt at loop 1 (A1 with eps = inf does).
 
 Inputs: `ids` of shape (N, T + 1) are windows, as saved in checkpoints: the model reads w[:, :-1]
@@ -37,8 +39,8 @@ from .checkpoint import Checkpoint, checkpoint_id
 from .model import LoopedLM
 from .readout import readout_stats
 
-TRACE_FORMAT_VERSION = 1
-LOOP_FIELDS = ("kl_prev", "state_change", "ce", "entropy", "argmax", "top1_prob")
+TRACE_FORMAT_VERSION = 2  # 2: kl_prev_reverse and cosine_change
+LOOP_FIELDS = ("kl_prev", "state_change", "ce", "entropy", "argmax", "top1_prob", "kl_prev_reverse", "cosine_change")
 TOPK_FIELDS = ("topk_ids", "topk_probs")
 NO_TARGET = -1
 
@@ -66,6 +68,8 @@ class Trace:
     seed: int
     checkpoint_id: str
     router_chance: dict[str, np.ndarray] = field(default_factory=dict)
+    kl_prev_reverse: np.ndarray | None = None  # always set by trace(); optional for hand-made traces
+    cosine_change: np.ndarray | None = None
 
     @property
     def n_windows(self) -> int:
@@ -103,7 +107,7 @@ class Trace:
         window, position, loop = np.meshgrid(np.arange(N), np.arange(T), np.arange(1, L + 1), indexing="ij")
         cols = {"window": window.ravel(), "position": position.ravel(), "loop": loop.ravel(),
                 "token_id": np.repeat(self.ids.ravel(), L), "target": np.repeat(self.targets.ravel(), L)}
-        cols.update({name: getattr(self, name).ravel() for name in LOOP_FIELDS})
+        cols.update({name: getattr(self, name).ravel() for name in LOOP_FIELDS if getattr(self, name) is not None})
         for j in range(self.topk):
             cols[f"top{j + 1}_id"] = self.topk_ids[..., j].ravel()
             cols[f"top{j + 1}_prob"] = self.topk_probs[..., j].ravel()
@@ -152,13 +156,20 @@ def relative_change(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
     return (new - old).norm(dim=-1) / new.norm(dim=-1).clamp_min(1e-30)
 
 
+def cosine_change(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """1 - cos(new, old) per token (over the model dim), float32."""
+    return 1 - torch.nn.functional.cosine_similarity(new.float(), old.float(), dim=-1, eps=1e-30)
+
+
 def loop_readout(model: LoopedLM, state: torch.Tensor, h_prev: torch.Tensor, targets: torch.Tensor | None,
                  topk: int = 0):
-    """(hidden, ReadoutStats) of a state; kl_prev = KL(p_cur || p_prev) in nats with p_prev the
-    distribution of h_prev, clamped at 0 (it is >= 0; float rounding can dip below)."""
+    """(hidden, ReadoutStats) of a state; kl_prev = KL(p_cur || p_prev) and kl_prev_reverse =
+    KL(p_prev || p_cur) in nats with p_prev the distribution of h_prev, clamped at 0 (they are >= 0;
+    float rounding can dip below)."""
     h = model.coda(state)
     stats = readout_stats(h, model.head_weight, targets, h_prev, topk=topk)
     stats.kl_prev = stats.kl_prev.clamp_min(0.0)
+    stats.kl_prev_reverse = stats.kl_prev_reverse.clamp_min(0.0)
     return h, stats
 
 
@@ -178,8 +189,9 @@ def trace_batch(model: LoopedLM, inputs: torch.Tensor, targets: torch.Tensor, no
     for loop in range(1, max_loops + 1):
         new = model.core_step(state, e)
         per_loop["state_change"].append(relative_change(new, state).cpu())
+        per_loop["cosine_change"].append(cosine_change(new, state).cpu())
         h_prev, stats = loop_readout(model, new, h_prev, targets, topk)
-        for name in ("kl_prev", "ce", "entropy", "argmax", "top1_prob"):
+        for name in ("kl_prev", "kl_prev_reverse", "ce", "entropy", "argmax", "top1_prob"):
             per_loop[name].append(getattr(stats, name).cpu())
         per_loop["topk_ids"].append(_or_empty(stats.topk_ids, stats.argmax.shape, torch.long))
         per_loop["topk_probs"].append(_or_empty(stats.topk_probs, stats.argmax.shape, torch.float32))

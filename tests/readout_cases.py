@@ -8,7 +8,7 @@ from recur_core.readout import ReadoutStats
 # (atol, rtol) per input dtype; the chunked path upcasts W chunks, so bf16 differs from the
 # reference (which upcasts too) only by summation order.
 TOL = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (1e-3, 1e-4), torch.float16: (1e-3, 1e-4)}
-FLOAT_FIELDS = ("lse", "ce", "entropy", "top1_prob", "kl_prev", "topk_probs")
+FLOAT_FIELDS = ("lse", "ce", "entropy", "top1_prob", "kl_prev", "kl_prev_reverse", "topk_probs")
 
 
 def make_inputs(T, d, V, scale=1.0, dtype=torch.float32, batch=None, seed=0):

@@ -251,15 +251,23 @@ def test_curve_page_exact_mode_on_pasted_text(app_env):
 
 # -- page 3: compare policies ------------------------------------------------------------------------------
 def test_compare_page_three_strips(app_env):
+    from recur_core import load_checkpoint
+    from recur_core.policies import ArgmaxStable
+    from recur_core.trace import trace
     at = submit_text(new_app(), TEXT)
     goto(at, "compare")
     at.slider(key="cmp_r").set_value(2).run()
-    a0, a1, a2 = strips(at)
+    at.selectbox(key="cmp_huginn").set_value("argmax-stability").run()
+    a0, a1, a2, huginn = strips(at)
     depth, _ = engine_depths(app_env["ckpt"], TEXT, 1e-3)
-    assert len(a0) == len(a1) == len(a2) == len(depth)
+    assert len(a0) == len(a1) == len(a2) == len(huginn) == len(depth)
     assert {t["depth"] for t in a0} == {2}
     assert [t["depth"] for t in a1] == depth.tolist()
-    assert len(at.metric) == 6  # mean loops and loss per policy
+    ckpt = load_checkpoint(app_env["ckpt"])
+    r_max = int(ckpt.meta["recipe"]["r_max"])
+    tr = trace(ckpt, np.array(ckpt.tokenizer().encode(TEXT).ids), max(32, r_max), 0, topk=5, cache=False)
+    assert [t["depth"] for t in huginn] == ArgmaxStable(5, r_max=r_max).exit_depth(tr)[0].tolist()
+    assert len(at.metric) == 8  # mean loops and loss per policy, Huginn's criterion included
 
 
 # -- pages 4 - 7 -------------------------------------------------------------------------------------------

@@ -93,7 +93,7 @@ class RandomProbe:
 def naive_exact(model, windows, policy, max_loops, seed):
     """Test oracle: one full-width masking-harness run of one policy (no lanes, no cut-off)."""
     from recur_core.readout import readout_stats
-    from recur_core.trace import loop_readout, relative_change, split_inputs, window_noise
+    from recur_core.trace import cosine_change, loop_readout, relative_change, split_inputs, window_noise
     from recur_core.policies import LoopSignals
     inputs, targets = split_inputs(windows)
     e, state = model.prelude(inputs), window_noise(model, range(len(inputs)), inputs.shape[1], seed)
@@ -104,7 +104,9 @@ def naive_exact(model, windows, policy, max_loops, seed):
     for loop in range(1, cap + 1):
         new = model.core_step(state, e, freeze=frozen)
         h_prev, stats = loop_readout(model, new, h_prev, None)
-        met = policy.rule_met(loop, LoopSignals(new, relative_change(new, state), stats.kl_prev)) & ~frozen
+        signals = LoopSignals(new, relative_change(new, state), stats.kl_prev, stats.kl_prev_reverse, stats.entropy,
+                              stats.argmax, cosine_change(new, state))
+        met = policy.rule_met(loop, signals) & ~frozen
         halt = met | ~frozen if loop == cap else met
         depth[halt], conv, frozen, state = loop, conv | met, frozen | halt, new
     return readout_stats(model.coda(state), model.head_weight, targets).ce.numpy(), depth.numpy(), conv.numpy()
@@ -112,12 +114,14 @@ def naive_exact(model, windows, policy, max_loops, seed):
 
 def test_sweep_equals_one_run_per_policy(ckpt, windows):
     from recur_core.harness import SweepWork, run_exact_sweep
-    from recur_core.policies import LinearRouter
+    from recur_core.policies import ArgmaxStable, CosineExit, EntropyDiff, LinearRouter, ReverseKLExit
     probe = RandomProbe(ckpt.config.d_model)
     policies = ([Uniform(r) for r in (1, 3, R_MAX)]
                 + [ConvergenceExit(eps, r_max=R_MAX) for eps in (0.0, 1e-4, 1e-2, 0.1, math.inf)]
                 + [ConvergenceExit(1e-2, min_loops=1, r_max=R_MAX), LatentDiff(0.05, r_max=4)]
-                + [LinearRouter(probe, tau, r_max=R_MAX) for tau in (0.0, 0.3, 0.6, 1.0)])
+                + [LinearRouter(probe, tau, r_max=R_MAX) for tau in (0.0, 0.3, 0.6, 1.0)]
+                + [ReverseKLExit(1e-2, r_max=R_MAX), CosineExit(1e-3, r_max=R_MAX)]  # Huginn's criteria
+                + [ArgmaxStable(2, r_max=R_MAX), EntropyDiff(1e-2, r_max=R_MAX)])  # these remember loops: run alone
     work = SweepWork()
     results = run_exact_sweep(ckpt, windows, policies, R_MAX, seed=2, batch_size=3, window_group=3, work=work)
     for policy, got in zip(policies, results):

@@ -129,3 +129,14 @@ def test_shape_checks():
         readout_stats_chunked(h, W, h_prev=h_prev[:4])
     with pytest.raises(ValueError):
         readout_stats_chunked(h, W, targets[:4])
+
+
+@pytest.mark.parametrize("kind", list(SCALES))
+def test_reverse_kl_is_kl_with_the_roles_swapped(kind):
+    """KL(p_prev || p_cur) of (h, h_prev) is KL(p_cur || p_prev) of (h_prev, h), and differs from it."""
+    h, W, _, h_prev = make_inputs(29, 24, 301, SCALES[kind])
+    forward = readout_stats_chunked(h, W, h_prev=h_prev, chunk=64)
+    swapped = readout_stats_chunked(h_prev, W, h_prev=h, chunk=64)
+    torch.testing.assert_close(forward.kl_prev_reverse, swapped.kl_prev, atol=1e-5, rtol=1e-4)
+    if kind != "flat":
+        assert not torch.allclose(forward.kl_prev_reverse, forward.kl_prev, atol=1e-3)

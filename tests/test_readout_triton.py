@@ -72,7 +72,7 @@ for dtype, atol in [(torch.float32, 1e-3), (torch.bfloat16, 2e-3)]:
         tg = torch.randint(-1, V, (T,), device="cuda", generator=g)
         a = readout_stats(h, W, tg, hp, backend="triton")
         e = readout_stats_reference(h, W, tg, hp)
-        for name in ("lse", "ce", "entropy", "top1_prob", "kl_prev"):
+        for name in ("lse", "ce", "entropy", "top1_prob", "kl_prev", "kl_prev_reverse"):
             torch.testing.assert_close(getattr(a, name), getattr(e, name), atol=atol, rtol=1e-4,
                                        equal_nan=True, msg=name)
         assert (a.argmax == e.argmax).float().mean() > 0.99  # near-ties may round differently

@@ -5,7 +5,9 @@ another folder for them, e.g. an empty one in tests), every folder named in
 `$RECUR_CHECKPOINTS` (os.pathsep-separated; each is a checkpoint or a folder of checkpoints),
 `$RECUR_CHECKPOINT` (also the default selection) and paths typed in the sidebar. A folder that is
 missing or whose meta.json cannot be read is still listed, with the reason, so the app can say
-what is wrong with it while the others keep working.
+what is wrong with it while the others keep working. A Huginn-0125-format folder (a transformers
+config.json, no meta.json) is described from its config and safetensors headers
+(recur_core.huginn.describe_folder): size, dtype and memory estimate, without reading weights.
 """
 from __future__ import annotations
 
@@ -13,6 +15,9 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from recur_core import CheckpointError
+from recur_core.huginn import describe_folder, is_huginn_dir
 
 APP_ROOT = Path(__file__).resolve().parents[1]
 MARKERS = ("meta.json", "model.safetensors", "config.json")
@@ -48,12 +53,29 @@ class Entry:
             return f"⚠ {self.name} (unusable)"
         m = self.meta or {}
         parts = [self.name, str(m.get("preset", "?"))]
+        if m.get("n_params"):
+            parts.append(f"{human_count(m['n_params'])} params · {m.get('dtype', '?')}")
         if "r_bar" in self.recipe:
             parts.append(f"r̄ {float(self.recipe['r_bar']):g}")
         if m.get("tokens_seen") is not None:
             parts.append(f"{human_count(m['tokens_seen'])} tok")
         parts.append(self.checkpoint_id[:8] or "no id")
         return " · ".join(parts)
+
+
+    def size_line(self, device: str) -> str:
+        """Model size, dtype and the memory it needs on `device` against what is free there."""
+        from recur_core.huginn import available_bytes, human_bytes
+        import torch
+        m = self.meta or {}
+        need = m["memory_estimate"]["total"]
+        try:
+            free = available_bytes(torch.device(device))
+        except (RuntimeError, ValueError):
+            free = None
+        fits = "" if free is None else (f", {human_bytes(free)} free" + (" — too large" if need > free else ""))
+        return (f"{human_count(m['n_params'])} params · {m.get('dtype', '?')} · {human_bytes(m['weights_bytes'])} "
+                f"on disk · needs ≈ {human_bytes(need)} on {device}{fits}")
 
 
 def human_count(n) -> str:
@@ -85,6 +107,11 @@ def describe(path: str | Path) -> Entry:
     if not path.is_dir():
         return Entry(resolved, name, error=f"{path}: not a folder")
     meta_file = path / "meta.json"
+    if not meta_file.is_file() and is_huginn_dir(path):
+        try:
+            return Entry(resolved, name, meta=describe_folder(path))
+        except CheckpointError as err:
+            return Entry(resolved, name, error=str(err))
     if not meta_file.is_file():
         return Entry(resolved, name, error=f"{path}: not a checkpoint (meta.json is missing)")
     try:

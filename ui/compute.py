@@ -24,7 +24,8 @@ import streamlit as st
 from recur_core import CheckpointError, load_checkpoint
 from recur_core import analysis
 from recur_core.cache import TraceCache
-from recur_core.policies import ConvergenceExit, LinearRouter, Uniform
+from recur_core.policies import (ArgmaxStable, ConvergenceExit, CosineExit, EntropyDiff, LatentDiff, LinearRouter,
+                                 ReverseKLExit, Uniform)
 from recur_core.probe import load_or_train_probes
 from recur_core.stats import Bootstrap
 from recur_core.trace import Trace, trace
@@ -56,6 +57,7 @@ class Model:
     n_params: int
     vocab_size: int
     id_mismatch: str | None = None  # set when meta.json's id is not the weights' hash
+    has_windows: bool = True  # False for folders that ship no eval windows (Huginn): pasted text only
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -69,6 +71,8 @@ class Model:
 # -- checkpoints ------------------------------------------------------------------------------------
 def weights_stamp(path: str) -> str:
     f = Path(path) / "model.safetensors"
+    if not f.exists() and (Path(path) / "model.safetensors.index.json").exists():  # sharded (Huginn)
+        f = Path(path) / "model.safetensors.index.json"
     try:
         s = f.stat()
     except OSError:
@@ -105,7 +109,8 @@ def open_model(path: str, device: str) -> Model:
     return Model(path=path, checkpoint_id=ckpt.checkpoint_id, device=device, meta=ckpt.meta,
                  r_max=loops_max, r_bar=max(1, min(round(float(recipe.get("r_bar", loops_max))), loops_max)),
                  loops=max(MIN_TRACE_LOOPS, loops_max), max_seq_len=ckpt.config.max_seq_len,
-                 n_params=ckpt.model.num_params(), vocab_size=ckpt.config.vocab_size, id_mismatch=mismatch)
+                 n_params=ckpt.model.num_params(), vocab_size=ckpt.config.vocab_size, id_mismatch=mismatch,
+                 has_windows=(Path(path) / "eval_windows.safetensors").is_file())
 
 
 def _ckpt(path: str, ckpt_id: str, device: str):
@@ -161,10 +166,11 @@ class StagedProgress(Progress):
 # -- traces -----------------------------------------------------------------------------------------
 @st.cache_resource(max_entries=6, show_spinner=False)
 def probes(path: str, ckpt_id: str, device: str) -> dict:
-    """A2's router probes (argmax and KL labels), from recur_core's probe cache or trained now."""
+    """A2's router probes (argmax and KL labels), from recur_core's probe cache or trained now; none
+    when r_max < 2 or the checkpoint ships no training-side (probe) windows to train them on."""
     ckpt = _ckpt(path, ckpt_id, device)
     r_max = int(ckpt.meta.get("recipe", {}).get("r_max", MIN_TRACE_LOOPS))
-    if r_max < 2:
+    if r_max < 2 or not (Path(path) / "probe_windows.safetensors").is_file():
         return {}
     bar = Progress("Training the A2 router probes (once per checkpoint)")
     try:
@@ -224,6 +230,20 @@ def a1(eps: float, r_max: int) -> ConvergenceExit:
 
 def a2(path: str, ckpt_id: str, device: str, kind: str, tau: float, r_max: int) -> LinearRouter:
     return LinearRouter(probes(path, ckpt_id, device)[kind], tau, r_max=r_max)
+
+
+# Huginn's exit criteria: (policy class, its knob's label, Huginn's "auto" threshold)
+HUGINN_CRITERIA = {
+    "entropy-diff": (EntropyDiff, "δ: halt once |H(p_i) − H(p_{i−1})| < δ [nats]", 1e-3),
+    "argmax-stability": (ArgmaxStable, "n: halt once the argmax is unchanged for n loops", 5),
+    "cosine": (CosineExit, "δ: halt once 1 − cos(s_i, s_{i−1}) < δ", 1e-3),
+    "KL, Huginn's direction": (ReverseKLExit, "ε: halt once KL(p_{i−1} ‖ p_i) < ε [nats] (reverse of A1's)", 1e-3),
+    "latent-diff": (LatentDiff, "δ: halt once ‖s_i − s_{i−1}‖ / ‖s_i‖ < δ", 0.03),
+}
+
+
+def huginn_policy(name: str, threshold: float, r_max: int):
+    return HUGINN_CRITERIA[name][0](threshold, r_max=r_max)
 
 
 @dataclass

@@ -65,6 +65,8 @@ def sidebar() -> None:
                 r = entry.recipe
                 st.caption(f"`{entry.path}`  \nr̄ {r.get('r_bar', '?')} · r_max {r.get('r_max', '?')} · "
                            f"k {r.get('k', '?')} · step {entry.meta.get('step', '?')}")
+                if entry.meta.get("memory_estimate"):
+                    st.caption(entry.size_line(st.session_state.get("device", "cpu")))
             else:
                 st.error(entry.error)
         st.text_input("Add a checkpoint folder", key="typed_path_input", on_change=_add_typed_path,
@@ -176,7 +178,13 @@ def eps_slider(page: str = "other", help_text: str | None = None) -> float:
 
 
 def source_picker(model: compute.Model) -> tuple[int, ...] | None | bool:
-    """Eval windows (returns None) or the pasted text (returns its ids); False when the text is unusable."""
+    """Eval windows (returns None) or the pasted text (returns its ids); False when the text is unusable.
+    A checkpoint that ships no eval windows (a Huginn folder) always uses the pasted text."""
+    if not model.has_windows:
+        st.info("This checkpoint ships no eval windows: the pasted text is analysed (change it on "
+                "**Token exit depths**).")
+        enc = encoded_text(model)
+        return False if enc is None else enc.ids
     choice = st.segmented_control(
         "Data", ["eval", "text"], default="eval", key="source", persist_state="session", required=True,
         format_func=lambda s: {"eval": f"Eval windows (first {compute.EVAL_WINDOWS}, validation side)",

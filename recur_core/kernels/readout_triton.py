@@ -6,7 +6,8 @@ readout_stats_chunked (the same slice moments, computed chunk by chunk with torc
 The grid is (token blocks, vocabulary splits). A program takes BLOCK_T tokens and one contiguous
 split of the vocabulary, walks it in BLOCK_V tiles, and for each tile computes the logits of h and
 of h_prev with the same W tile (W is read once per token block), updating online-softmax moments:
-max, sum of exps, the entropy and KL numerators, argmax and the target logit. Each (split, token)
+max, sum of exps, the entropy and both KL numerators (KL(p || p_prev) and the reverse
+KL(p_prev || p)), argmax and the target logit. Each (split, token)
 writes a ReadoutPartials entry; recur_core.readout.combine_partials merges the splits in PyTorch.
 Splitting the vocabulary keeps the GPU busy when there are few token blocks (short sequences).
 
@@ -33,7 +34,7 @@ _NEG_INIT = tl.constexpr(-1e30)
 @triton.jit
 def _readout_partials_kernel(
     h_ptr, hp_ptr, w_ptr, tgt_ptr,
-    m_ptr, s_ptr, u_ptr, arg_ptr, m_prev_ptr, s_prev_ptr, k_ptr, t_ptr,  # (P, N) outputs
+    m_ptr, s_ptr, u_ptr, arg_ptr, m_prev_ptr, s_prev_ptr, k_ptr, k_rev_ptr, t_ptr,  # (P, N) outputs
     N, V, D, span, stride_h, stride_hp, stride_w,
     HAS_PREV: tl.constexpr, HAS_TARGET: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -52,6 +53,7 @@ def _readout_partials_kernel(
     m_prev = tl.full((BLOCK_T,), _NEG_INIT, tl.float32)
     s_prev = tl.zeros((BLOCK_T,), tl.float32)
     k = tl.zeros((BLOCK_T,), tl.float32)             # sum e^(a-m) ((a-m) - (b-m_prev))
+    k_rev = tl.zeros((BLOCK_T,), tl.float32)         # sum e^(b-m_prev) ((b-m_prev) - (a-m))
     t = tl.zeros((BLOCK_T,), tl.float32)             # target logit, if in this split
     if HAS_TARGET:
         tgt = tl.load(tgt_ptr + rows, mask=row_ok, other=-1)
@@ -87,7 +89,10 @@ def _readout_partials_kernel(
             mb_new = tl.maximum(m_prev, tl.max(tl.where(col_ok[None, :], b, float("-inf")), axis=1))
             shift_prev = m_prev - mb_new
             zb = b - mb_new[:, None]
-            s_prev = tl.exp(shift_prev) * s_prev + tl.sum(tl.where(col_ok[None, :], tl.exp(zb), 0.0), axis=1)
+            eb = tl.where(col_ok[None, :], tl.exp(zb), 0.0)
+            alpha_prev = tl.exp(shift_prev)
+            k_rev = alpha_prev * (k_rev + s_prev * (shift_prev - shift)) + tl.sum(eb * (zb - z), axis=1)
+            s_prev = alpha_prev * s_prev + tl.sum(eb, axis=1)
             k = alpha * (k + s * (shift - shift_prev)) + tl.sum(e * (z - zb), axis=1)
             m_prev = mb_new
         u = alpha * (u + s * shift) + tl.sum(e * z, axis=1)
@@ -105,6 +110,7 @@ def _readout_partials_kernel(
         tl.store(m_prev_ptr + at, m_prev, mask=row_ok)
         tl.store(s_prev_ptr + at, s_prev, mask=row_ok)
         tl.store(k_ptr + at, k, mask=row_ok)
+        tl.store(k_rev_ptr + at, k_rev, mask=row_ok)
     if HAS_TARGET:
         tl.store(t_ptr + at, t, mask=row_ok)
 
@@ -128,7 +134,8 @@ def _auto_splits(n_token_blocks: int, vocab_tiles: int, device: torch.device) ->
 def readout_stats_triton(h: Tensor, W: Tensor, targets: Tensor | None = None,
                          h_prev: Tensor | None = None, *, splits: int | None = None,
                          blocks: tuple[int, int, int] | None = None) -> ReadoutStats:
-    """ReadoutStats of softmax(h @ W^T) (and KL(p_cur || p_prev) in nats with h_prev) by the kernel.
+    """ReadoutStats of softmax(h @ W^T) (and KL(p_cur || p_prev), KL(p_prev || p_cur) in nats with
+    h_prev) by the kernel.
 
     splits: number of vocabulary splits (default: enough programs to fill the GPU).
     blocks: (BLOCK_T, BLOCK_V, BLOCK_D), powers of two >= 16 (tl.dot's minimum).
@@ -147,15 +154,15 @@ def readout_stats_triton(h: Tensor, W: Tensor, targets: Tensor | None = None,
     P = min(splits or _auto_splits(token_blocks, vocab_tiles, h.device), vocab_tiles)
     span = triton.cdiv(vocab_tiles, P) * block_v
     P = triton.cdiv(V, span)  # no empty split
-    m, s, u, m_prev, s_prev, k, t = torch.empty(7, P, N, dtype=torch.float32, device=h.device)
+    m, s, u, m_prev, s_prev, k, k_rev, t = torch.empty(8, P, N, dtype=torch.float32, device=h.device)
     arg = torch.empty(P, N, dtype=torch.int32, device=h.device)
     _readout_partials_kernel[(token_blocks, P)](
-        h, hp, W, tgt, m, s, u, arg, m_prev, s_prev, k, t,
+        h, hp, W, tgt, m, s, u, arg, m_prev, s_prev, k, k_rev, t,
         N, V, D, span, h.stride(0), hp.stride(0), W.stride(0),
         HAS_PREV=h_prev is not None, HAS_TARGET=targets is not None,
         BLOCK_T=block_t, BLOCK_V=block_v, BLOCK_D=block_d, num_warps=8,
     )
-    prev = (m_prev, s_prev, k) if h_prev is not None else (None, None, None)
+    prev = (m_prev, s_prev, k, k_rev) if h_prev is not None else (None, None, None, None)
     parts = ReadoutPartials(m, s, u, arg, *prev)
     target_logit = None if targets is None else t.sum(0)
     return combine_partials(parts, target_logit, targets)

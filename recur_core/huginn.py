@@ -1,0 +1,351 @@
+"""Huginn-0125's on-disk format (`tomg-group-umd/huginn-0125`, model_type "huginn_raven"), opened as
+an ordinary `Checkpoint` whose model is this project's `LoopedLM`, configured to compute exactly what
+Huginn's reference implementation (seal-rg/recurrent-pretraining, raven_modeling_minimal.py) does.
+
+A Huginn folder holds `config.json` (a transformers config), `tokenizer.json` and the weights as
+`model.safetensors` or shards listed in `model.safetensors.index.json`. What this module does:
+
+  config.json -> ModelConfig   `huginn_config`: widths and counts; prelude / coda blocks are
+                               sandwich blocks like the core; no norm on the prelude output; q/k
+                               biases; interleaved ("complex") RoPE pairs with Huginn's base;
+                               embeddings scaled by sqrt(n_embd); initial state truncated normal,
+                               std init_values.std * embed_scale, cut at +-3 std; ln_f applied before
+                               the coda and again after it (Huginn's ln_f is "used twice").
+  tensor names                 `huginn_tensors`: transformer.wte -> embed, norm_1..norm_4 -> attn_norm,
+                               attn_out_norm, mlp_norm, mlp_out_norm; the fused attn.Wqkv is split
+                               into q_proj and kv_proj (k rows then v rows, the same layout), qk_bias
+                               (2, 1, H, hd) into q_bias / k_bias; mlp.fc (gate rows, then up rows)
+                               -> gate_up, mlp.proj -> down, attn.proj -> o_proj; ln_f -> final_norm;
+                               freqs_cis (a saved RoPE table) is not needed and skipped. The splits
+                               are views: no tensor is copied.
+  loading                      lazily with safetensors, tensor by tensor, straight into the model
+                               (built on the meta device, weights assigned): no second full copy.
+                               The dtype is read from the tensors (config.json's torch_dtype is
+                               not trusted), or converted to the requested one tensor by tensor.
+  refusals                     a config of another model_type, options this mapping does not cover,
+                               .bin / pickle weights, a missing shard, a missing or unexpected
+                               tensor, a tensor of the wrong shape, and a model whose estimated
+                               memory exceeds what the device has: each a CheckpointError that says so.
+
+Windows: a Huginn folder ships no eval windows; analyses take them from a text
+(`Checkpoint.use_text`, `python -m recur_core.analyze PATH --text FILE`).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from .checkpoint import (CONFIG, TOKENIZER, Checkpoint, CheckpointError, check_state_dict, checkpoint_id,
+                         resolve_dtype)
+from .config import ModelConfig
+from .model import LoopedLM
+
+MODEL_TYPE = "huginn_raven"
+SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+# What the mapping covers: every other value of these config keys is refused, not guessed.
+SUPPORTED = {"block_class_name": "SandwichBlock", "norm_class_name": "RMSNorm_llama", "mlp_class_name": "GatedMLP",
+             "nonlin_name": "SiLU", "injection_type": "linear", "bias": False, "state_init": "like-init"}
+
+
+def is_huginn_dir(path: Path) -> bool:
+    """A folder whose config.json is a transformers config (it names a model_type)."""
+    try:
+        return "model_type" in json.loads((Path(path) / CONFIG).read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+# -- config ---------------------------------------------------------------------------------------
+def huginn_config(hf: dict, where: str = "config.json") -> tuple[ModelConfig, dict]:
+    """(ModelConfig, recipe) from a Huginn config.json dict; refuses other models and options."""
+    if hf.get("model_type") != MODEL_TYPE:
+        raise CheckpointError(f"{where}: model_type {hf.get('model_type')!r} is not {MODEL_TYPE!r} (Huginn-0125); "
+                              "this loader opens Huginn-format folders and this project's own checkpoints only")
+    for key, value in SUPPORTED.items():
+        if key in hf and hf[key] != value:
+            raise CheckpointError(f"{where}: {key} = {hf[key]!r} is not supported (only {value!r})")
+    if hf.get("test_time_noise", 0):
+        raise CheckpointError(f"{where}: test_time_noise = {hf['test_time_noise']} is not supported (only 0)")
+    try:
+        d = int(hf["n_embd"])
+        n_heads = int(hf.get("num_attention_heads", hf.get("n_heads")))
+        embed_scale = math.sqrt(d)  # what the reference multiplies embeddings by (its _init_func)
+        init = hf.get("init_values") or {}
+        if "embed_scale" in init and not math.isclose(float(init["embed_scale"]), embed_scale, rel_tol=1e-6):
+            raise CheckpointError(f"{where}: init_values.embed_scale {init['embed_scale']} differs from "
+                                  f"sqrt(n_embd) = {embed_scale:g}, which the reference uses")
+        std = float(init.get("std", math.sqrt(2 / (5 * d))))
+        cfg = ModelConfig(
+            vocab_size=int(hf.get("padded_vocab_size", hf["vocab_size"])), d_model=d, n_heads=n_heads,
+            n_kv_heads=int(hf.get("num_key_value_heads", n_heads)), ffn_dim=int(hf["intermediate_size"]),
+            n_prelude=int(hf["n_layers_in_prelude"]), n_core=int(hf["n_layers_in_recurrent_block"]),
+            n_coda=int(hf["n_layers_in_coda"]), max_seq_len=int(hf["block_size"]),
+            rope_base=float(hf.get("rope_base", 50_000)), norm_eps=float(hf.get("norm_eps", 1e-6)),
+            state_init_std=std * embed_scale, tie_embeddings=bool(hf.get("tie_embeddings", True)),
+            outer_blocks="sandwich", prelude_norm=False, qk_bias=bool(hf.get("qk_bias", True)),
+            rope_layout="interleaved", embed_scale=embed_scale, state_init="trunc_normal", coda_input_norm=True)
+    except (KeyError, TypeError, ValueError) as err:
+        if isinstance(err, CheckpointError):
+            raise
+        raise CheckpointError(f"{where}: not a usable Huginn config ({type(err).__name__}: {err})") from err
+    if cfg.qk_bias and cfg.n_kv_heads != cfg.n_heads:  # the reference adds one (n_heads, hd) bias to k too
+        raise CheckpointError(f"{where}: qk_bias with {cfg.n_kv_heads} key/value heads for {cfg.n_heads} query "
+                              "heads is not supported (the reference needs them equal)")
+    mean = int(hf.get("mean_recurrence", 32))
+    # r_max = 2 x the mean recurrence (ours): Huginn's papers evaluate up to about twice the mean
+    recipe = {"r_bar": mean, "r_max": 2 * mean, "k": hf.get("mean_backprop_depth")}
+    return cfg, recipe
+
+
+# -- tensor names ---------------------------------------------------------------------------------
+_BLOCK_PARTS = {"norm_1.weight": "attn_norm.weight", "norm_2.weight": "attn_out_norm.weight",
+                "norm_3.weight": "mlp_norm.weight", "norm_4.weight": "mlp_out_norm.weight",
+                "attn.proj.weight": "attn.o_proj.weight", "mlp.fc.weight": "mlp.gate_up.weight",
+                "mlp.proj.weight": "mlp.down.weight"}
+_STACKS = {"prelude": "prelude_blocks", "core_block": "core_blocks", "coda": "coda_blocks"}
+SKIPPED = ("freqs_cis",)
+
+
+def huginn_shapes(cfg: ModelConfig) -> dict[str, tuple]:
+    """The shape every Huginn tensor must have under this config."""
+    d, hd, H, Hkv = cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+    block = {"norm_1.weight": (d,), "norm_2.weight": (d,), "norm_3.weight": (d,), "norm_4.weight": (d,),
+             "attn.Wqkv.weight": ((H + 2 * Hkv) * hd, d), "attn.proj.weight": (d, H * hd),
+             "mlp.fc.weight": (2 * cfg.ffn_dim, d), "mlp.proj.weight": (d, cfg.ffn_dim)}
+    if cfg.qk_bias:
+        block["attn.qk_bias"] = (2, 1, H, hd)
+    shapes = {"transformer.wte.weight": (cfg.vocab_size, d), "transformer.adapter.weight": (d, 2 * d),
+              "transformer.ln_f.weight": (d,)}
+    if not cfg.tie_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, d)
+    for stack, n in (("prelude", cfg.n_prelude), ("core_block", cfg.n_core), ("coda", cfg.n_coda)):
+        shapes.update({f"transformer.{stack}.{i}.{part}": s for i in range(n) for part, s in block.items()})
+    return shapes
+
+
+def huginn_tensors(name: str, t: torch.Tensor, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Huginn tensor -> {LoopedLM state-dict name: tensor (a view of t)}."""
+    if name == "transformer.wte.weight":
+        return {"embed.weight": t}
+    if name == "transformer.adapter.weight":
+        return {"adapter.weight": t}
+    if name == "transformer.ln_f.weight":
+        return {"final_norm.weight": t}
+    if name == "lm_head.weight":
+        return {"lm_head.weight": t}
+    _, stack, i, part = name.split(".", 3)
+    ours = f"{_STACKS[stack]}.{i}."
+    if part == "attn.Wqkv.weight":
+        q_rows = cfg.n_heads * cfg.head_dim
+        return {ours + "attn.q_proj.weight": t[:q_rows], ours + "attn.kv_proj.weight": t[q_rows:]}
+    if part == "attn.qk_bias":
+        return {ours + "attn.q_bias": t[0, 0], ours + "attn.k_bias": t[1, 0]}
+    return {ours + _BLOCK_PARTS[part]: t}
+
+
+# -- files ----------------------------------------------------------------------------------------
+def weight_files(path: Path) -> dict[str, list[str]]:
+    """{safetensors file name: [tensor names]} from the index (sharded) or the single file.
+
+    Refuses pickled weights (.bin and friends), an index naming a missing shard, and a folder
+    without safetensors weights."""
+    index = path / INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise CheckpointError(f"{index}: unreadable index ({err})") from err
+        files: dict[str, list[str]] = {}
+        for tensor, shard in weight_map.items():
+            files.setdefault(shard, []).append(tensor)
+        for shard, names in files.items():
+            if not (path / shard).is_file():
+                raise CheckpointError(f"{path}: shard {shard} is missing ({len(names)} tensors of "
+                                      f"{INDEX} are in it, e.g. {names[0]}); download it again")
+        return files
+    if (path / SINGLE).is_file():
+        return {SINGLE: []}  # every tensor of the file
+    pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise CheckpointError(f"{path}: the weights are pickle files ({', '.join(pickles)}), which are never "
+                              "unpickled here (it can run code); convert them to safetensors first")
+    raise CheckpointError(f"{path}: no {SINGLE} and no {INDEX}")
+
+
+def _open(file: Path):
+    """safe_open a safetensors file, refusing pickles and unreadable files with a clear message."""
+    from safetensors import SafetensorError, safe_open
+    with open(file, "rb") as f:
+        head = f.read(8)
+    if head[:1] == b"\x80" or head[:2] == b"PK":
+        raise CheckpointError(f"{file}: this is a pickle / torch.save file, not safetensors; "
+                              "refusing to unpickle it (convert it to safetensors first)")
+    try:
+        return safe_open(str(file), framework="pt")
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(f"{file}: not a readable safetensors file (truncated or corrupt?): {err}") from err
+
+
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+
+
+def stored_dtype(files: dict[str, list[str]], path: Path) -> torch.dtype:
+    """The dtype the embedding is stored in (config.json's torch_dtype can be wrong)."""
+    names = {code: dtype for dtype, code in _SAFETENSORS_DTYPES.items()}
+    for file, tensors in files.items():
+        with _open(path / file) as f:
+            if "transformer.wte.weight" in f.keys():
+                code = f.get_slice("transformer.wte.weight").get_dtype()
+                if code not in names:
+                    raise CheckpointError(f"{path / file}: embedding stored as {code}, not a float dtype")
+                return names[code]
+    raise CheckpointError(f"{path}: missing tensor transformer.wte.weight")
+
+
+# -- memory ---------------------------------------------------------------------------------------
+def available_bytes(device: torch.device) -> int:
+    """Free memory on the device: MemAvailable for the CPU, free CUDA memory for a GPU; at most
+    $RECUR_MEMORY_LIMIT bytes when that is set (to keep a shared machine's headroom)."""
+    free = _free_bytes(device)
+    limit = os.environ.get("RECUR_MEMORY_LIMIT")
+    return min(free, int(float(limit))) if limit else free
+
+
+def _free_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def memory_estimate(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, int]:
+    """Bytes to hold the weights in `dtype`, plus the working memory of one forward over one window
+    of max_seq_len tokens (state, prelude output, a block's activations in float32, the initial
+    noise, the readout's vocabulary chunk)."""
+    n_params = sum(math.prod(s) for s in huginn_shapes(cfg).values())
+    weights = n_params * torch.finfo(dtype).bits // 8
+    T, d = cfg.max_seq_len, cfg.d_model
+    acts = 4 * T * (8 * d + 3 * cfg.ffn_dim + 2 * 8192) + 4 * cfg.n_heads * T * T
+    return {"n_params": n_params, "weights": weights, "working": acts, "total": weights + acts}
+
+
+def human_bytes(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def check_fits(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, path: Path,
+               max_bytes: int | None = None) -> dict[str, int]:
+    """Refuse (CheckpointError) before loading when the estimate exceeds the device's free memory."""
+    est = memory_estimate(cfg, dtype)
+    limit = available_bytes(device) if max_bytes is None else int(max_bytes)
+    if est["total"] > limit:
+        raise CheckpointError(
+            f"{path}: too large for this machine: {est['n_params'] / 1e9:.3g}B parameters need about "
+            f"{human_bytes(est['total'])} on {device} ({human_bytes(est['weights'])} of {str(dtype).split('.')[-1]} "
+            f"weights + {human_bytes(est['working'])} working memory), and {human_bytes(limit)} is free. "
+            "Try --dtype bfloat16, another device, or a machine with more memory.")
+    return est
+
+
+# -- loading --------------------------------------------------------------------------------------
+def read_config(path: Path) -> tuple[ModelConfig, dict, dict]:
+    """(ModelConfig, recipe, the raw config.json dict) of a Huginn folder."""
+    try:
+        hf = json.loads((path / CONFIG).read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{path / CONFIG}: unreadable ({err})") from err
+    cfg, recipe = huginn_config(hf, str(path / CONFIG))
+    return cfg, recipe, hf
+
+
+def describe_folder(path: str | Path) -> dict:
+    """What a Huginn folder holds, from config.json and the safetensors headers only (no weights
+    read): format, name, recipe, n_params, dtype as stored, the weights' bytes on disk and the
+    memory estimate. Raises CheckpointError for an unusable folder."""
+    path = Path(path)
+    cfg, recipe, hf = read_config(path)
+    files = weight_files(path)
+    dtype = stored_dtype(files, path)
+    est = memory_estimate(cfg, dtype)
+    return {"format": MODEL_TYPE, "preset": "huginn", "name": hf.get("name") or path.name, "recipe": recipe,
+            "n_params": est["n_params"], "dtype": str(dtype).removeprefix("torch."),
+            "weights_bytes": sum((path / f).stat().st_size for f in files), "memory_estimate": est}
+
+
+def load_huginn(path: str | Path, device: str | torch.device = "cpu", dtype=None,
+                max_bytes: int | None = None) -> Checkpoint:
+    """Open a Huginn-format folder as a Checkpoint (see the module doc).
+
+    dtype: None (the dtype the weights are stored in), "float32", "bfloat16" or "float16".
+    max_bytes: the memory budget to check the estimate against (default: what the device has free).
+    """
+    path, device = Path(path), torch.device(device)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such checkpoint directory")
+    cfg, recipe, hf = read_config(path)
+    if not (path / TOKENIZER).is_file():
+        raise CheckpointError(f"{path}: {TOKENIZER} is missing (a Huginn folder ships its tokenizer)")
+    files = weight_files(path)
+    dtype = resolve_dtype(dtype) or stored_dtype(files, path)
+    est = check_fits(cfg, dtype, device, path, max_bytes)
+    with torch.device("meta"):
+        model = LoopedLM(cfg)
+    state = _read_weights(path, files, cfg, dtype, device)
+    check_state_dict(model, state, str(path))
+    model.load_state_dict(state, assign=True)
+    model.reset_rope(device)
+    model.eval().requires_grad_(False)
+    meta = {"format": MODEL_TYPE, "name": hf.get("name") or path.name, "recipe": recipe,
+            "dtype": str(dtype).removeprefix("torch."), "device": str(device), "n_params": est["n_params"],
+            "memory_estimate": est}
+    return Checkpoint(path, cfg, model, meta, path / TOKENIZER, checkpoint_id(cfg, model.state_dict()))
+
+
+def _read_weights(path: Path, files: dict[str, list[str]], cfg: ModelConfig, dtype: torch.dtype,
+                  device: torch.device) -> dict[str, torch.Tensor]:
+    """Our state dict, read tensor by tensor (views of each file's lazily mapped tensors when no
+    conversion is needed; otherwise one tensor at a time is converted), shapes checked first."""
+    shapes = huginn_shapes(cfg)
+    state, seen = {}, set()
+    for file, listed in files.items():
+        with _open(path / file) as f:
+            names = set(f.keys())
+            missing = [n for n in listed if n not in names]
+            if missing:
+                raise CheckpointError(f"{path / file}: lacks {len(missing)} tensors its index puts there, "
+                                      f"e.g. {missing[0]}")
+            for name in sorted(names):
+                if name in SKIPPED or (name == "lm_head.weight" and cfg.tie_embeddings):
+                    continue
+                if name not in shapes:
+                    raise CheckpointError(f"{path / file}: unexpected tensor {name} (not part of a Huginn "
+                                          "model with this config.json)")
+                shape = tuple(f.get_slice(name).get_shape())
+                if shape != shapes[name]:
+                    raise CheckpointError(f"{path / file}: {name} has shape {shape} in the weights, "
+                                          f"{shapes[name]} expected from config.json")
+                if f.get_slice(name).get_dtype() == _SAFETENSORS_DTYPES[dtype] and device.type == "cpu":
+                    t = f.get_tensor(name)  # a lazily mapped view of the file: no copy
+                else:  # converted alone, from its own short-lived mapping, so the source pages go
+                    with _open(path / file) as one:
+                        t = one.get_tensor(name).to(device=device, dtype=dtype)
+                state.update(huginn_tensors(name, t, cfg))
+                seen.add(name)
+    missing = sorted(set(shapes) - seen)
+    if missing:
+        raise CheckpointError(f"{path}: missing tensor{'s' if len(missing) > 1 else ''} {', '.join(missing[:5])}"
+                              + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+    return state

@@ -26,8 +26,10 @@ with cols[1]:
 with cols[2]:
     st.subheader("A2 · learned router")
     if prb:
-        kind = st.segmented_control("Probe labels", sorted(prb), default="kl", key="cmp_kind", required=True,
-                                    format_func={"kl": "KL < ε labels", "argmax": "argmax-change labels"}.get)
+        kind = st.segmented_control("Probe labels", list(prb), default="kl", key="cmp_kind", required=True,
+                                    format_func={"kl": "KL ≥ ε at the next loop", "argmax": "argmax change at the next loop",
+                                                 "kl_any": "KL ≥ ε at any later loop",
+                                                 "argmax_any": "argmax change at any later loop"}.get)
         tau = st.slider("τ: halt once the predicted chance of change < τ", 0.0, 1.0, 0.5, 0.01, key="cmp_tau")
         policies.append(("A2", f"A2 {kind} τ={tau:.2f}", compute.a2(*m.key, kind, tau, m.r_max)))
     else:

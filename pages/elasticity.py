@@ -28,11 +28,32 @@ for path in chosen:
         st.info(f"Skipped {usable[path].name}: it ships no eval windows (elasticity is measured on them).")
         continue
     el = compute.elasticity(*other.key)
-    runs.append({"name": f"{usable[path].name} ({other.checkpoint_id[:8]})", "r_bar": other.r_bar, **el})
+    runs.append({"name": f"{usable[path].name} ({other.checkpoint_id[:8]})", "r_bar": other.r_bar, "key": other.key,
+                 **el})
 if not runs:
     st.info("Pick at least one checkpoint.")
     st.stop()
-charts.show(charts.elasticity(runs), "elasticity", key="elasticity")
+diffs, note = [], None
+if len(runs) > 1:  # checkpoints compared: default to their paired difference from the first one
+    ref = runs[0]
+    try:
+        diffs = [{"name": r["name"], **compute.elasticity_difference(*r["key"][:2], *ref["key"][:2], m.device)}
+                 for r in runs[1:]]
+    except ValueError as err:
+        note = f"No paired difference: {err}."
+view = st.segmented_control("View", ["diff", "absolute"], default="diff" if diffs else "absolute", key="elastic_view",
+                            required=True, disabled=not diffs,
+                            format_func={"diff": f"Difference from {runs[0]['name']} (paired)",
+                                         "absolute": "Loss"}.get,
+                            help="Difference: each checkpoint's loss minus the first one's at the same depth, with "
+                                 "paired bootstrap bands (both on the same resampled eval windows), so the "
+                                 "window-to-window spread cancels. Needs two or more checkpoints on the same windows.")
+if note:
+    st.info(note)
+if view == "diff" and diffs:
+    charts.show(charts.elasticity_differences(diffs, runs[0]["name"]), "elasticity_difference", key="elasticity")
+else:
+    charts.show(charts.elasticity(runs), "elasticity", key="elasticity")
 parts = [pd.DataFrame({"loops": r["loops"], f"{r['name']} loss": r["loss"], f"{r['name']} low": r["loss_ci_low"],
                        f"{r['name']} high": r["loss_ci_high"]}).set_index("loops") for r in runs]
 table = pd.concat(parts, axis=1).reset_index()  # checkpoints traced to different depths line up by loop

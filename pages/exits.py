@@ -7,8 +7,9 @@ from ui.strip import plain_visible
 m = state.require_model()
 st.title("Token exit depths")
 st.caption("Every token is coloured by its **A1 exit depth**: the first loop i at which KL(p_i ‖ p_{i−1}) "
-           "drops below ε, after which the token is frozen. Hover a token for its depth, final KL and top "
-           "prediction; pick one below to drill in.")
+           "drops below ε, after which the token is frozen. A1 first checks at loop 2 (the paper's convention: "
+           "loop 1's KL compares with the readout of the noise state). Hover a token for its depth, final KL and "
+           "top prediction; pick one below to drill in.")
 
 enc = state.pasted_text(m, "exits_form")
 tr = compute.text_trace(*m.key, enc.ids, False)

@@ -8,22 +8,29 @@ between policies are paired.
 Conventions:
   loss        mean next-token cross-entropy in nats over scored tokens (those with a target).
   mean_loops  mean exit depth over the same tokens (the FLOP proxy of the paper).
-  fast path   a policy's tokens are scored at their exit loop of the uniform run (instant).
-  exact path  the masking harness (recur_core.harness): frozen tokens stay in the context.
+  fast path   a policy's tokens are scored at their exit loop of the uniform run (instant; the
+              app's sliders).
+  exact path  the masking harness (recur_core.harness): frozen tokens stay in the context. The
+              headline allocation numbers (report.json's `allocation`) are exact: every ε / τ of
+              the sweep in one batched harness pass (`exact_curves`); `fast_minus_exact` is the gap.
+  A1's first check is at loop 2 (ConvergenceExit.FIRST_CHECK, the paper's convention); a1_min_loops=1
+  lets A1 exit at loop 1, where its KL compares with the readout of the noise state.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
 
-from .harness import run_exact
+from .harness import ExactResult, SweepWork, run_exact_sweep
 from .policies import ConvergenceExit, LinearRouter, Policy, Uniform
 from .settings import SETTINGS
 from .stats import Bootstrap
-from .trace import Trace
+from .trace import Trace, resolve_cache, resolve_model
 
 MOVING_KL = SETTINGS.moving_kl  # still moving at loop i while KL(p_i || p_{i-1}) > this
 EPS_GRID, TAU_GRID = SETTINGS.eps_grid, SETTINGS.tau_grid  # A1's ε and A2's τ sweeps
@@ -164,16 +171,52 @@ def matched_depth_table(a0: Curve, others: list[Curve], boot: Bootstrap) -> list
 
 
 def loops_to_match(curve: Curve, a0: Curve, depth: int, boot: Bootstrap) -> dict:
-    """Mean loops the curve needs to reach A0's loss at `depth` (e.g. r_bar), with CI."""
+    """Mean loops the curve needs to reach A0's loss at `depth` (e.g. r_bar), with CI. Replicates
+    whose curve never reaches the target count as "not reached" (+inf, i.e. more than `cap`, the
+    largest depth swept), not dropped; `n_boot_not_reached` says how many of `n_boot` did so."""
     target = a0_loss_at(a0, depth)
-    out = boot.summarise(loops_to_reach(target, curve.mean_loops, curve.loss)).to_dict()
-    return {**out, "a0_depth": int(depth), "a0_loss": float(target[0])}
+    est, never = boot.summarise_reach(loops_to_reach(target, curve.mean_loops, curve.loss))
+    return {**est.to_dict(), "n_boot": boot.n_boot, "n_boot_not_reached": never, "cap": int(max(a0.thresholds)),
+            "a0_depth": int(depth), "a0_loss": float(target[0])}
+
+
+# -- paired differences (what the charts compare) --------------------------------------------------
+def difference_from_a0(curve: Curve, a0: Curve, boot: Bootstrap) -> dict:
+    """The curve minus A0 at the same mean loops, at each of the curve's points: in every bootstrap
+    replicate both losses are interpolated at the point's mean loops (row 0's), so both terms come
+    from the same resampled windows and the window-to-window spread cancels (a paired band).
+    NaN where A0's depths do not reach that mean loops."""
+    x = curve.mean_loops[0]
+    diff = np.stack([interp_rows(float(g), curve.mean_loops, curve.loss) - interp_rows(float(g), a0.mean_loops, a0.loss)
+                     for g in x], axis=1)
+    est = boot.summarise(diff)
+    return {"name": curve.name, "threshold_name": curve.threshold_name, "thresholds": list(curve.thresholds),
+            "mean_loops": x.tolist(), "diff": np.atleast_1d(est.value).tolist(),
+            "ci_low": np.atleast_1d(est.ci_low).tolist(), "ci_high": np.atleast_1d(est.ci_high).tolist()}
+
+
+def elasticity_curve(tr: Trace, boot: Bootstrap) -> Curve:
+    """A0 at every depth 1 .. max_loops of a trace (the elasticity curve) as bootstrap replicates."""
+    return fast_curve(tr, "A0", [Uniform(r) for r in range(1, tr.max_loops + 1)], boot)
+
+
+def elasticity_difference(tr: Trace, reference: Trace, boot: Bootstrap) -> dict:
+    """Loss of one checkpoint minus a reference checkpoint's at the same uniform depth, paired over
+    the same windows (both traces must score the same windows; the same bootstrap resamples them)."""
+    if tr.ids.shape != reference.ids.shape or not (np.array_equal(tr.ids, reference.ids)
+                                                   and np.array_equal(tr.targets, reference.targets)):
+        raise ValueError("a paired difference needs both checkpoints traced on the same windows")
+    loops = min(tr.max_loops, reference.max_loops)
+    a, b = (elasticity_curve(t, boot).loss[:, :loops] for t in (tr, reference))
+    est = boot.summarise(a - b)
+    return {"loops": list(range(1, loops + 1)), "diff": np.atleast_1d(est.value).tolist(),
+            "ci_low": np.atleast_1d(est.ci_low).tolist(), "ci_high": np.atleast_1d(est.ci_high).tolist()}
 
 
 # -- the paper's measurements ---------------------------------------------------------------------
 def elasticity(tr: Trace, boot: Bootstrap) -> dict:
     """Loss at uniform depth 1 .. max_loops (Table 2 / Fig. 1)."""
-    curve = fast_curve(tr, "A0", [Uniform(r) for r in range(1, tr.max_loops + 1)], boot)
+    curve = elasticity_curve(tr, boot)
     est = boot.summarise(curve.loss)
     return {"loops": list(range(1, tr.max_loops + 1)), "loss": est.value.tolist(),
             "loss_ci_low": est.ci_low.tolist(), "loss_ci_high": est.ci_high.tolist()}
@@ -217,30 +260,44 @@ def convergence(tr: Trace, boot: Bootstrap, threshold: float = MOVING_KL) -> dic
 
 # -- allocation -------------------------------------------------------------------------------------
 def policy_families(r_max: int, eps_grid=EPS_GRID, tau_grid=TAU_GRID, probes: dict | None = None,
-                    min_loops: int = 1) -> dict[str, list[Policy]]:
-    """A0 at r = 1..r_max, A1 over eps_grid, and A2 over tau_grid for each probe label kind."""
+                    a1_min_loops: int = ConvergenceExit.FIRST_CHECK) -> dict[str, list[Policy]]:
+    """A0 at r = 1..r_max, A1 over eps_grid (first check at a1_min_loops), and A2 over tau_grid for
+    each probe label kind."""
     families = {"A0": [Uniform(r) for r in range(1, r_max + 1)],
-                "A1": [ConvergenceExit(eps, min_loops, r_max) for eps in eps_grid]}
+                "A1": [ConvergenceExit(eps, min(a1_min_loops, r_max), r_max) for eps in eps_grid]}
     for kind, probe in (probes or {}).items():
-        families[f"A2_{kind}"] = [LinearRouter(probe, tau, min_loops, r_max) for tau in tau_grid]
+        families[f"A2_{kind}"] = [LinearRouter(probe, tau, 1, r_max) for tau in tau_grid]
     return families
 
 
-def allocation(tr: Trace, boot: Bootstrap, r_max: int, r_bar: int, *, eps_grid=EPS_GRID, tau_grid=TAU_GRID,
-               probes: dict | None = None, min_loops: int = 1) -> dict:
-    """Fast-path allocation curves, the matched-depth table and loops to match A0 at r_bar.
-
-    Returns {"curves": {name: Curve}, "report": JSON-ready dict}; probes: {label kind: Probe},
-    whose chances the trace must hold (trace(..., probes=...)).
-    """
-    families = policy_families(min(r_max, tr.max_loops), eps_grid, tau_grid, probes, min_loops)
-    curves = {name: fast_curve(tr, name, policies, boot) for name, policies in families.items()}
+def allocation_report(curves: dict[str, Curve], boot: Bootstrap, r_bar: int) -> dict:
+    """JSON-ready curve points, the matched-depth table and loops to match A0 at r_bar."""
     a0, others = curves["A0"], [c for name, c in curves.items() if name != "A0"]
     report = {name: c.points(boot) for name, c in curves.items()}
     report["matched_depth"] = matched_depth_table(a0, others, boot)
     for c in others:
         report[f"{c.name.lower()}_loops_to_match_a0_rbar"] = loops_to_match(c, a0, r_bar, boot)
-    return {"curves": curves, "report": report}
+    return report
+
+
+def allocation(tr: Trace, boot: Bootstrap, r_max: int, r_bar: int, *, eps_grid=EPS_GRID, tau_grid=TAU_GRID,
+               probes: dict | None = None, a1_min_loops: int = ConvergenceExit.FIRST_CHECK, exact=None,
+               cache=False, progress=None, work: SweepWork | None = None) -> dict:
+    """Allocation curves, the matched-depth table and loops to match A0 at r_bar.
+
+    Fast path (exact=None): every policy read off the trace; probes: {label kind: Probe} whose
+    chances the trace must hold (trace(..., probes=...)). Exact path: exact=(ckpt or model, ids) of
+    the traced windows; every policy of the sweep runs in the masking harness (`exact_curves`).
+    Returns {"curves": {name: Curve}, "report": JSON-ready dict, "path": "fast" | "exact"}.
+    """
+    families = policy_families(min(r_max, tr.max_loops), eps_grid, tau_grid, probes, a1_min_loops)
+    if exact is None:
+        curves = {name: fast_curve(tr, name, policies, boot) for name, policies in families.items()}
+    else:
+        curves = exact_curves(*exact, families, tr.max_loops, tr.seed, boot, cache=cache, progress=progress,
+                              work=work)
+    return {"curves": curves, "report": allocation_report(curves, boot, r_bar),
+            "path": "fast" if exact is None else "exact"}
 
 
 def operating_threshold(curve: Curve, target_loss: float, default: float) -> float:
@@ -314,42 +371,80 @@ def token_exit_table(tr: Trace, classes_of_vocab: np.ndarray, policy: Policy) ->
 
 
 # -- exact path and the fast/exact gap ----------------------------------------------------------------
-def exact_sums(ckpt_or_model, ids, policy: Policy, max_loops: int, seed: int = 0, progress=None) -> WindowSums:
-    result = run_exact(ckpt_or_model, ids, policy, max_loops, seed, progress=progress)
-    return WindowSums.of(result.ce, result.exit_depth, result.converged, result.has_target)
+EXACT_FORMAT_VERSION = 1
 
 
-def fast_vs_exact(ckpt_or_model, ids, tr: Trace, policies: list[Policy], boot: Bootstrap, progress=None) -> list[dict]:
-    """Both paths for each policy on the same windows (tr must be their trace), with the paired
-    gap exact - fast in loss and mean loops."""
-    rows = []
-    for policy in policies:
-        fast, exact = fast_sums(tr, policy), exact_sums(ckpt_or_model, ids, policy, tr.max_loops, tr.seed, progress)
-        f_loss, e_loss = boot.ratio(fast.loss, fast.tokens), boot.ratio(exact.loss, exact.tokens)
-        f_loops, e_loops = (boot.ratio(s.loops.astype(np.float64), s.tokens) for s in (fast, exact))
-        rows.append({"policy": repr(policy), "threshold_name": policy.threshold_name,
-                     "threshold": policy.threshold,
-                     "fast": {"loss": boot.summarise(f_loss).to_dict(), "mean_loops": boot.summarise(f_loops).to_dict()},
-                     "exact": {"loss": boot.summarise(e_loss).to_dict(), "mean_loops": boot.summarise(e_loops).to_dict()},
-                     "gap_loss": boot.summarise(e_loss - f_loss).to_dict(),
-                     "gap_mean_loops": boot.summarise(e_loops - f_loops).to_dict()})
-    return rows
+def exact_curves(ckpt_or_model, ids, families: dict[str, list[Policy]], max_loops: int, seed: int,
+                 boot: Bootstrap, *, cache=False, progress=None, work: SweepWork | None = None) -> dict[str, Curve]:
+    """Every family's sweep in the masking harness, all thresholds in one batched pass
+    (harness.run_exact_sweep); results are kept in the trace cache when `cache` is given."""
+    flat = [p for policies in families.values() for p in policies]
+    results = exact_results(ckpt_or_model, ids, flat, max_loops, seed, cache=cache, progress=progress, work=work)
+    curves, at = {}, 0
+    for name, policies in families.items():
+        part, at = results[at:at + len(policies)], at + len(policies)
+        curves[name] = sweep(name, policies, [WindowSums.of(r.ce, r.exit_depth, r.converged, r.has_target)
+                                              for r in part], boot)
+    return curves
 
 
-def exact_sweep(ckpt_or_model, ids, tr: Trace, families: dict[str, list[Policy]], boot: Bootstrap,
-                progress=None) -> list[dict]:
-    """fast_vs_exact for every policy of every family, one row each (with its "family").
-    progress(done, total) counts policies. Each policy is one masking-harness run; a harness pass
-    that takes all thresholds of a family at once replaces this loop without changing its rows."""
-    todo = [(name, policy) for name, family in families.items() for policy in family]
-    rows = []
-    for i, (name, policy) in enumerate(todo):
-        if progress is not None:
-            progress(i, len(todo))
-        rows += [{"family": name, **row} for row in fast_vs_exact(ckpt_or_model, ids, tr, [policy], boot)]
-    if progress is not None:
-        progress(len(todo), len(todo))
-    return rows
+def exact_results(ckpt_or_model, ids, policies: list[Policy], max_loops: int, seed: int, *, cache=False,
+                  progress=None, work: SweepWork | None = None) -> list[ExactResult]:
+    """run_exact_sweep, through the on-disk cache (key: checkpoint, ids, policies, loops, seed)."""
+    model, ckpt_id = resolve_model(ckpt_or_model)
+    store = resolve_cache(cache)
+    ids_np = np.asarray(ids.cpu() if hasattr(ids, "cpu") else ids, dtype=np.int64)
+    key = _exact_key(ckpt_id, ids_np, policies, max_loops, seed)
+    path = None if store is None else store.trace_path(ckpt_id, f"exact-{key[:32]}")
+    if store is not None:
+        hit = store.load(path, key)
+        if hit is not None and hit[0]["ce"].shape[0] == len(policies):
+            a = hit[0]
+            return [ExactResult(a["ce"][p], a["exit_depth"][p], a["converged"][p], a["targets"])
+                    for p in range(len(policies))]
+    results = run_exact_sweep(model, ids_np, policies, max_loops, seed, progress=progress, work=work)
+    if store is not None:
+        arrays = {"ce": np.stack([r.ce for r in results]), "exit_depth": np.stack([r.exit_depth for r in results]),
+                  "converged": np.stack([r.converged for r in results]), "targets": results[0].targets}
+        store.save(path, key, arrays, {"kind": "exact sweep", "policies": [repr(p) for p in policies]})
+    return results
+
+
+def exact_is_cached(ckpt_or_model, ids, families: dict[str, list[Policy]], max_loops: int, seed: int,
+                    cache) -> bool:
+    """Whether exact_curves would be served from the cache (no harness run)."""
+    store = resolve_cache(cache)
+    if store is None:
+        return False
+    _, ckpt_id = resolve_model(ckpt_or_model)
+    ids_np = np.asarray(ids.cpu() if hasattr(ids, "cpu") else ids, dtype=np.int64)
+    key = _exact_key(ckpt_id, ids_np, [p for f in families.values() for p in f], max_loops, seed)
+    return store.trace_path(ckpt_id, f"exact-{key[:32]}").is_file()
+
+
+def _exact_key(ckpt_id: str, ids: np.ndarray, policies: list[Policy], max_loops: int, seed: int) -> str:
+    spec = {"checkpoint_id": ckpt_id, "policies": [repr(p) for p in policies], "max_loops": max_loops,
+            "seed": seed, "format_version": EXACT_FORMAT_VERSION}
+    h = hashlib.sha256(json.dumps(spec, sort_keys=True).encode())
+    h.update(np.ascontiguousarray(ids).tobytes())
+    return h.hexdigest()
+
+
+def fast_minus_exact(fast: dict[str, Curve], exact: dict[str, Curve], boot: Bootstrap) -> dict:
+    """Per family and threshold: both paths' loss and mean loops and the paired gap fast − exact
+    (same windows, same bootstrap replicates)."""
+    out = {}
+    for name, e in exact.items():
+        f = fast[name]
+        rows = []
+        for p, t in enumerate(e.thresholds):
+            est = {k: boot.summarise(v[:, p]).to_dict() for k, v in
+                   (("fast_loss", f.loss), ("exact_loss", e.loss), ("fast_mean_loops", f.mean_loops),
+                    ("exact_mean_loops", e.mean_loops), ("gap_loss", f.loss - e.loss),
+                    ("gap_mean_loops", f.mean_loops - e.mean_loops))}
+            rows.append({"threshold_name": e.threshold_name, "threshold": t, **est})
+        out[name] = rows
+    return out
 
 
 def json_safe(obj):

@@ -1,26 +1,30 @@
 """`python -m recur_core.analyze CKPT`: the paper's measurements on a checkpoint, as report.json.
 
-Steps: train (or load from the cache) the A2 probes on the checkpoint's training-side windows,
-trace the first --windows validation windows once to --max-loops (with the probes' chances), derive
-elasticity, convergence, allocation curves (fast path), the matched-depth table and token classes
-from that one trace, and optionally (--exact) rerun a few policies in the masking harness to
-measure how far the fast path is from the exact one. Keys of report.json: docs/REPORT_KEYS.md.
+Steps: train (or load from the cache) the A2 probes on the checkpoint's training-side windows (four
+label kinds; the KL labels' ε tied to A1's matched ε there), trace the first --windows validation
+windows once to --max-loops (with the probes' chances) for elasticity, convergence, token classes and
+the fast allocation curves, then run every ε / τ of the allocation sweep exactly in the masking
+harness (one batched pass, recur_core.harness.run_exact_sweep). The headline allocation numbers
+(`allocation`) are the exact ones; `allocation_fast` holds the fast path's and `fast_minus_exact`
+the gap per policy. --fast-only skips the harness. Keys of report.json: docs/REPORT_KEYS.md.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
-from .analysis import (MOVING_KL, allocation, convergence, elasticity, fast_vs_exact, json_safe,
+from .analysis import (MOVING_KL, allocation, convergence, elasticity, fast_minus_exact, json_safe,
                        operating_threshold, token_classes, vocab_classes)
 from .cache import TraceCache
 from .checkpoint import load_checkpoint
 from .ground_truth import eos_id, ground_truth_section, load_ground_truth, print_ground_truth
-from .policies import ConvergenceExit, LinearRouter, Uniform
-from .probe import DEFAULT_LABEL_EPS, load_or_train_probes
+from .harness import SweepWork
+from .policies import ConvergenceExit
+from .probe import LABEL_EPS_A1, load_or_train_probes
 from .settings import SETTINGS
 from .stats import Bootstrap
 from .trace import trace
@@ -40,20 +44,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=SETTINGS.seed, help="seed of the noise and the bootstrap")
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None, help="output folder (default: reports/<checkpoint id>)")
-    p.add_argument("--batch-size", type=int, default=16, help="windows per forward batch")
+    p.add_argument("--batch-size", type=int, default=16, help="windows (lanes in the harness) per forward batch")
     p.add_argument("--n-boot", type=int, default=SETTINGS.n_boot, help="bootstrap replicates")
     p.add_argument("--probe-windows", type=int, default=SETTINGS.probe_windows,
                    help="training-side windows for the A2 probes")
     p.add_argument("--probe-tokens", type=int, default=SETTINGS.probe_tokens,
                    help="sampled positions per probe window")
-    p.add_argument("--label-eps", type=float, default=DEFAULT_LABEL_EPS, help="threshold of A2's KL labels")
-    p.add_argument("--exact", action="store_true", help="also run a few policies in the exact masking harness")
-    p.add_argument("--exact-windows", type=int, default=SETTINGS.exact_windows,
-                   help="windows for --exact (the first ones)")
+    p.add_argument("--label-eps", default=LABEL_EPS_A1,
+                   help="ε of A2's KL labels: a number, or 'a1' (default) for A1's matched ε on the probe windows")
+    p.add_argument("--a1-first-check", type=int, choices=(1, 2), default=ConvergenceExit.FIRST_CHECK,
+                   help="first loop at which A1 may exit: 2 (default, the paper's) or 1 (KL against the noise readout)")
+    p.add_argument("--fast-only", action="store_true",
+                   help="skip the masking harness: allocation numbers from the trace (fast path) only")
     p.add_argument("--cache-dir", default=None, help="trace/probe cache (default $RECUR_CACHE_DIR or ~/.cache/recur_core)")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     p.add_argument("--export-trace", action="store_true", help="also write trace.parquet (one row per token x loop)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.label_eps != LABEL_EPS_A1:
+        try:
+            args.label_eps = float(args.label_eps)
+        except ValueError:
+            p.error(f"--label-eps must be a number or '{LABEL_EPS_A1}', got {args.label_eps!r}")
+    return args
 
 
 def main(argv=None) -> dict:
@@ -72,8 +84,9 @@ def main(argv=None) -> dict:
     timing = {}
 
     t0 = time.perf_counter()
-    probes = load_or_train_probes(ckpt, r_max, args.seed, label_eps=args.label_eps, n_windows=args.probe_windows,
-                                  tokens_per_window=args.probe_tokens, cache=cache, progress=True) if r_max >= 2 else {}
+    probes = load_or_train_probes(ckpt, r_max, args.seed, label_eps=args.label_eps, r_bar=r_bar,
+                                  n_windows=args.probe_windows, tokens_per_window=args.probe_tokens, cache=cache,
+                                  progress=True) if r_max >= 2 else {}
     timing["probes_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -84,20 +97,35 @@ def main(argv=None) -> dict:
 
     t0 = time.perf_counter()
     boot = Bootstrap(tr.n_windows, args.n_boot, args.seed)
-    alloc = allocation(tr, boot, r_max, r_bar, probes=probes)
-    a0_rbar_loss = alloc["curves"]["A0"].loss[0, r_bar - 1]
-    class_eps = operating_threshold(alloc["curves"]["A1"], a0_rbar_loss, MOVING_KL)
+    grids = dict(probes=probes, a1_min_loops=args.a1_first_check)
+    fast = allocation(tr, boot, r_max, r_bar, **grids)
+    timing["analysis_s"] = time.perf_counter() - t0
+    exact, work = None, SweepWork()
+    if not args.fast_only:
+        t0 = time.perf_counter()
+        exact = allocation(tr, boot, r_max, r_bar, **grids, exact=(ckpt, windows), cache=cache, progress=True,
+                           work=work)
+        timing["exact_s"] = time.perf_counter() - t0
+    headline = exact or fast
+    a0_rbar_loss = fast["curves"]["A0"].loss[0, r_bar - 1]
+    class_eps = operating_threshold(fast["curves"]["A1"], a0_rbar_loss, MOVING_KL)
+    label_eps = next(iter(probes.values())).label_eps if probes else None
     report = {
         "checkpoint": {"path": str(Path(args.checkpoint).resolve()), "checkpoint_id": ckpt.checkpoint_id,
                        "recipe": recipe.to_meta(), "recipe_defaulted": list(recipe.defaulted),
                        "step": ckpt.meta.get("step"), "n_params": ckpt.model.num_params()},
         "settings": {**SETTINGS.as_dict(), "windows": tr.n_windows, "seq_len": tr.seq_len, "max_loops": max_loops,
                      "seed": args.seed, "r_max": r_max, "r_bar": r_bar, "n_boot": args.n_boot, "ci_level": boot.level,
-                     "label_eps": args.label_eps, "device": args.device, "path": "fast"},
+                     "label_eps": label_eps,
+                     "label_eps_rule": next(iter(probes.values())).metrics.get("label_eps_rule") if probes else None,
+                     "a1_first_check": args.a1_first_check, "moving_threshold": MOVING_KL, "device": args.device,
+                     "path": headline["path"], "torch_threads": _threads()},
         "elasticity": elasticity(tr, boot),
         "convergence": convergence(tr, boot),
-        "allocation": {**alloc["report"], "probes": {k: p.metrics for k, p in probes.items()}},
-        "token_classes": {"eps": class_eps, **token_classes(
+        "allocation": {**headline["report"], "path": headline["path"],
+                       "probes": {k: {**p.metrics, "label_eps": p.label_eps} for k, p in probes.items()}},
+        "allocation_fast": {**fast["report"], "path": "fast"},
+        "token_classes": {"eps": class_eps, "path": "fast", **token_classes(
             tr, vocab_classes(ckpt.tokenizer(), ckpt.config.vocab_size),
             ConvergenceExit(class_eps, r_max=r_max), boot)},
     }
@@ -105,13 +133,9 @@ def main(argv=None) -> dict:
     if gt is not None:  # a checkpoint whose answer tokens have known hop counts (training/hops.py)
         report["ground_truth"] = ground_truth_section(tr, *gt, eos_id(ckpt.tokenizer()), r_max, r_bar, boot,
                                                       probes, SETTINGS.eps_grid, SETTINGS.tau_grid)
-    timing["analysis_s"] = time.perf_counter() - t0
-
-    if args.exact:
-        t0 = time.perf_counter()
-        report["exact"] = exact_section(ckpt, windows, tr, alloc["curves"], probes, r_max, r_bar, class_eps,
-                                        a0_rbar_loss, args)
-        timing["exact_s"] = time.perf_counter() - t0
+    if exact is not None:
+        report["fast_minus_exact"] = fast_minus_exact(fast["curves"], exact["curves"], boot)
+        report["exact_work"] = work.as_dict()
     if args.export_trace:
         tr.to_parquet(out / "trace.parquet")
     timing["total_s"] = time.perf_counter() - t_start
@@ -123,19 +147,9 @@ def main(argv=None) -> dict:
     return report
 
 
-def exact_section(ckpt, windows, tr, curves, probes, r_max, r_bar, class_eps, a0_rbar_loss, args) -> dict:
-    """Fast vs exact on the first --exact-windows windows: A0 at r_bar (a sanity check: the gap is
-    0), A1 at the token-class eps and at 1e-3, and each A2 at its operating tau."""
-    n = min(args.exact_windows, tr.n_windows)
-    policies = [Uniform(r_bar), ConvergenceExit(class_eps, r_max=r_max)]
-    if class_eps != MOVING_KL:
-        policies.append(ConvergenceExit(MOVING_KL, r_max=r_max))
-    for kind, probe in probes.items():
-        tau = operating_threshold(curves[f"A2_{kind}"], a0_rbar_loss, 0.5)
-        policies.append(LinearRouter(probe, tau, r_max=r_max))
-    rows = fast_vs_exact(ckpt, windows[:n], tr.subset(range(n)), policies, Bootstrap(n, args.n_boot, args.seed),
-                         progress=True)
-    return {"windows": n, "points": rows}
+def _threads() -> dict:
+    import torch
+    return {"torch": torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
 
 
 # -- printing ---------------------------------------------------------------------------------------
@@ -186,30 +200,52 @@ def print_tables(report: dict, file) -> None:
         p(f"  {name:12s} {_ci(c['mean_exit_depth'], c['ci_low'], c['ci_high'], 2)}   ({c['n_tokens']} tokens)")
     if "ground_truth" in report:
         print_ground_truth(report["ground_truth"], p)
-    if "exact" in report:
-        p(f"\nFast vs exact (masking harness) on {report['exact']['windows']} windows: gap = exact - fast")
-        for row in report["exact"]["points"]:
-            p(f"  {row['policy']}")
-            p(f"    fast  loss {_est(row['fast']['loss'])}  loops {_est(row['fast']['mean_loops'], 2)}")
-            p(f"    exact loss {_est(row['exact']['loss'])}  loops {_est(row['exact']['mean_loops'], 2)}")
-            p(f"    gap   loss {_diff(row['gap_loss'])}  loops {_diff(row['gap_mean_loops'])}")
+    if "fast_minus_exact" in report:
+        print_gaps(report, p)
+
+
+def print_gaps(report: dict, p) -> None:
+    w = report["exact_work"]
+    p(f"\nFast (trace) vs exact (masking harness), all {report['settings']['windows']} windows: gap = fast - exact "
+      f"(paired). The harness ran {w['lane_loops']} lane-loops for the whole sweep, against "
+      f"{w['naive_window_loops']} window-loops for one run per policy.")
+    for name, rows in report["fast_minus_exact"].items():
+        p(f"  {name}")
+        for r in rows:
+            thr = r["threshold"] if isinstance(r["threshold"], str) else f"{r['threshold']:g}"
+            p(f"    {r['threshold_name']} = {thr:>7s}  exact loops {r['exact_mean_loops']['value']:6.2f} loss "
+              f"{r['exact_loss']['value']:.4f} | fast loops {r['fast_mean_loops']['value']:6.2f} loss "
+              f"{r['fast_loss']['value']:.4f} | gap loss {_diff(r['gap_loss'])}  loops {_diff(r['gap_mean_loops'])}")
+    ex, fa = report["allocation"], report["allocation_fast"]
+    for key in (k for k in ex if k.endswith("_loops_to_match_a0_rbar")):
+        p(f"  {key}: exact {_reach(ex[key])}, fast {_reach(fa[key])}")
+
+
+def _reach(m: dict) -> str:
+    """Loops to match: the estimate with "> cap" for an end that is not reached, and the count of
+    bootstrap replicates that never reached the target."""
+    fmt = lambda x: f"> {m['cap']}" if x == "inf" else "n/a" if x is None else f"{x:.2f}"
+    return (f"{fmt(m['value'])} [{fmt(m['ci_low'])}, {fmt(m['ci_high'])}]"
+            f" ({m['n_boot_not_reached']} of {m['n_boot']} replicates never reach it)")
 
 
 def print_allocation(al: dict, p) -> None:
-    names = [n for n in ("A1", "A2_argmax", "A2_kl") if n in al]
-    p("\nTable 4. Matched depth: loss at the same mean loops, and the difference from A0")
+    names = [n for n in al if n.startswith(("A1", "A2_")) and isinstance(al[n], list)]
+    p(f"\nTable 4. Matched depth ({al['path']} path): loss at the same mean loops, and the difference from A0")
     p("  depth  A0                          " + "".join(f"{n + ' - A0':30s}" for n in names))
     for row in al["matched_depth"]:
         p(f"  {row['depth']:5d}  {_est(row['A0']):28s}" + "".join(f"{_diff(row[n + '_minus_A0']):30s}" for n in names))
     for n in names:
         m = al[f"{n.lower()}_loops_to_match_a0_rbar"]
-        p(f"  {n} mean loops to reach A0's loss at r_bar = {m['a0_depth']}: {_est(m, 2)}")
+        p(f"  {n} mean loops to reach A0's loss at r_bar = {m['a0_depth']}: {_reach(m)}")
+    p("\n  A2 label kinds side by side (held-out probe windows; loops to match A0 at r_bar):")
     for kind, metrics in al.get("probes", {}).items():
         h = metrics["heldout"]
-        p(f"  A2 probe ({kind} labels), held-out windows: accuracy {h['accuracy']:.3f}, AUC "
-          f"{'n/a' if h['auc'] is None else format(h['auc'], '.3f')}, positive rate {h['positive_rate']:.3f}")
-    for n in ("A1", *names[1:]):
-        p(f"\n  {n} curve (fast path): threshold -> mean loops, loss")
+        eps = f", label ε {metrics['label_eps']:.2g}" if kind.startswith("kl") else ""
+        p(f"    {kind:11s} accuracy {h['accuracy']:.3f}, AUC {'n/a' if h['auc'] is None else format(h['auc'], '.3f')}, "
+          f"positive rate {h['positive_rate']:.3f}{eps}; loops {_reach(al[f'a2_{kind}_loops_to_match_a0_rbar'])}")
+    for n in names:
+        p(f"\n  {n} curve ({al['path']} path): threshold -> mean loops, loss")
         for pt in al[n]:
             thr = pt["threshold"]
             thr = thr if isinstance(thr, str) else f"{thr:g}"

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import read_safetensors
-from .policies import ConvergenceExit, LatentDiff, LinearRouter, Policy, Uniform
+from .policies import ConvergenceExit, LatentDiff, LinearRouter, Policy
 from .stats import Bootstrap
 from .trace import Trace
 

@@ -1,4 +1,4 @@
-"""Exact evaluation of a policy: the paper's masking harness.
+"""Exact evaluation of policies: the paper's masking harness, many thresholds in one pass.
 
 Every window runs loop by loop up to the policy's cap. After each loop the policy sees that loop's
 signals and decides which tokens halt; halted tokens are frozen (their state is kept bit-for-bit)
@@ -8,7 +8,21 @@ final states) and scored. No compute is saved; this measures what the policy's o
 
 This differs from the fast path (a token scored at its exit loop in the uniform run) in two ways:
 later tokens see frozen rather than still-updated context, and the coda reads the final states of
-the whole window. `analysis.fast_vs_exact` reports the gap.
+the whole window. `analysis.exact_curve` / `analysis.fast_minus_exact` report both and the gap.
+
+`run_exact_sweep` evaluates a whole threshold sweep (every policy of every family) at once. A
+*lane* is one window's run under one freeze history; all policies start in the window's root lane
+(nothing frozen). After each loop the policies of a lane are grouped by the tokens they halt: a
+group that halts nothing stays in the lane, every other group continues in its own lane. So the
+thresholds are a batch dimension, and the work a lane saves is exact, not approximate:
+  * policies that have frozen the same tokens so far share one computation (e.g. every A0 depth,
+    and every small ε until its first exit, ride on the root lane);
+  * a lane stops as soon as every token in it is frozen (the state can no longer change);
+  * tokens after a lane's last unfrozen position are left out of its forward pass: attention is
+    causal, so they cannot influence any token that still loops, and their state is frozen;
+  * the last core block, and for A1's per-loop KL the last coda block and the LM head, run only for
+    the unfrozen tokens (a frozen token's own output is discarded; its keys and values are not).
+Lanes of all windows are batched together (`batch_size` lanes per forward pass).
 
 Inputs and noise follow recur_core.trace: windows (N, T + 1) or one text (T,), and window n's noise
 seeded by noise_seed(seed, n), so the exact and fast paths start from identical states.
@@ -21,11 +35,11 @@ import numpy as np
 import torch
 
 from .checkpoint import Checkpoint
-from .model import LoopedLM
+from .model import LoopedLM, take_rows
 from .policies import LoopSignals, Policy
 from .readout import readout_stats
-from .trace import (NO_TARGET, cosine_change, loop_readout, progress_bar, relative_change, resolve_model, split_inputs,
-                    window_noise)
+from .trace import (NO_TARGET, cosine_change, loop_readout, progress_bar, relative_change, resolve_model,
+                    split_inputs, window_noise)
 
 
 @dataclass
@@ -43,29 +57,201 @@ class ExactResult:
         return self.targets != NO_TARGET
 
 
+@dataclass
+class SweepWork:
+    """What a sweep computed: lane-loops (one window's forward through one loop) and, for
+    comparison, the window-loops that one harness run per policy would have taken."""
+
+    lane_loops: int = 0
+    readout_lane_loops: int = 0  # of those, with the per-loop readout (A1's KL)
+    token_loops: int = 0  # positions actually run (lanes are cut after their last unfrozen token)
+    live_token_loops: int = 0  # of those, unfrozen ones (the rest are only context)
+    naive_window_loops: int = 0
+
+    def as_dict(self) -> dict:
+        return {"lane_loops": self.lane_loops, "readout_lane_loops": self.readout_lane_loops,
+                "token_loops": self.token_loops, "live_token_loops": self.live_token_loops,
+                "naive_window_loops": self.naive_window_loops}
+
+
 def run_exact(ckpt_or_model: Checkpoint | LoopedLM, ids, policy: Policy, max_loops: int, seed: int = 0, *,
               batch_size: int = 16, progress=None) -> ExactResult:
-    """Evaluate `policy` exactly on windows (N, T + 1) or a text (T,) with a budget of max_loops."""
+    """Evaluate one `policy` exactly on windows (N, T + 1) or a text (T,) with a budget of max_loops."""
+    return run_exact_sweep(ckpt_or_model, ids, [policy], max_loops, seed, batch_size=batch_size,
+                           progress=progress)[0]
+
+
+def run_exact_sweep(ckpt_or_model: Checkpoint | LoopedLM, ids, policies: list[Policy], max_loops: int,
+                    seed: int = 0, *, batch_size: int = 16, window_group: int = 8, progress=None,
+                    work: SweepWork | None = None) -> list[ExactResult]:
+    """Evaluate every policy exactly (one ExactResult each, in order) in one batched pass.
+
+    window_group windows are in flight at a time (bounds the memory of their lanes); `work`, if
+    given, is filled with the amount of computation done.
+    """
+    if not policies:
+        return []
     model, _ = resolve_model(ckpt_or_model)
     inputs, targets = split_inputs(ids)
     N, T = inputs.shape
-    cap = policy.cap(max_loops)
-    update, close = progress_bar(progress, N, f"exact {policy}")
-    parts = []
+    caps = [p.cap(max_loops) for p in policies]
+    work = work if work is not None else SweepWork()
+    work.naive_window_loops += N * sum(caps)
+    ce = np.full((len(policies), N, T), np.nan, dtype=np.float32)
+    depth = np.zeros((len(policies), N, T), dtype=np.int64)
+    converged = np.zeros((len(policies), N, T), dtype=bool)
+    # a policy that remembers earlier loops (e.g. argmax stability) keeps its memory per batch row:
+    # it runs alone, on fixed full-width batches; every other policy shares the lanes
+    alone = [p for p, pol in enumerate(policies) if pol.remembers_loops]
+    shared = [p for p in range(len(policies)) if p not in alone]
+    update, close = progress_bar(progress, N, f"exact harness ({len(policies)} policies)")
     try:
-        for start in range(0, N, batch_size):
-            rows = range(start, min(start + batch_size, N))
-            parts.append(_exact_batch(model, inputs[start:rows.stop], targets[start:rows.stop],
-                                      window_noise(model, rows, T, seed), policy, cap))
+        for start in range(0, N, window_group):
+            rows = range(start, min(start + window_group, N))
+            noise = window_noise(model, rows, T, seed)
+            sweep = _Sweep(model, inputs[start:rows.stop], targets[start:rows.stop], noise,
+                           [policies[p] for p in shared], [caps[p] for p in shared], batch_size, work)
+            for i, w, final_ce, final_depth, final_conv in sweep.run():
+                p = shared[i]
+                ce[p, start + w], depth[p, start + w], converged[p, start + w] = final_ce, final_depth, final_conv
+            for p in alone:
+                out = _exact_batch(model, inputs[start:rows.stop], targets[start:rows.stop], noise, policies[p], caps[p])
+                ce[p, start:rows.stop], depth[p, start:rows.stop], converged[p, start:rows.stop] = (t.numpy() for t in out)
+                work.lane_loops += len(rows) * caps[p]
             update(len(rows))
     finally:
         close()
-    ce, depth, converged = (torch.cat(p).numpy() for p in zip(*parts))
-    return ExactResult(ce, depth, converged, targets.numpy())
+    return [ExactResult(ce[p], depth[p], converged[p], targets.numpy()) for p in range(len(policies))]
+
+
+@dataclass
+class _Lane:
+    """One window under one freeze history, shared by the policies that produced that history.
+    state / h_prev are (T, d) tensors (never modified in place); the rest are numpy (T,)."""
+
+    window: int
+    state: torch.Tensor
+    h_prev: torch.Tensor | None  # coda hidden of the previous loop, kept while a policy needs kl_prev
+    frozen: np.ndarray
+    exit_depth: np.ndarray
+    converged: np.ndarray
+    policies: list[int]
+
+    @property
+    def active_len(self) -> int:
+        """Positions up to and including the last unfrozen one."""
+        live = np.flatnonzero(~self.frozen)
+        return int(live[-1]) + 1 if len(live) else 0
+
+
+class _Sweep:
+    """The lanes of one group of windows, advanced loop by loop until every policy has finished."""
+
+    def __init__(self, model: LoopedLM, inputs, targets, noise, policies, caps, batch_size, work: SweepWork):
+        self.model, self.policies, self.caps, self.batch_size, self.work = model, policies, caps, batch_size, work
+        self.device = next(model.parameters()).device
+        self.targets = targets.to(self.device)
+        self.readout_policies = {i for i, p in enumerate(policies) if p.needs_readout}
+        with torch.inference_mode():
+            self.e = model.prelude(inputs.to(self.device))
+            noise = noise.to(self.device)
+            h0 = model.coda(noise) if self.readout_policies else None  # p_0: readout of the noise state
+        T = inputs.shape[1]
+        self.lanes = [_Lane(w, noise[w], None if h0 is None else h0[w], np.zeros(T, bool),
+                            np.zeros(T, np.int64), np.zeros(T, bool), list(range(len(policies))))
+                      for w in range(inputs.shape[0])]
+        self.finals: list[tuple[torch.Tensor, int, list[tuple[int, np.ndarray, np.ndarray]]]] = []
+
+    def needs_readout(self, lane: _Lane) -> bool:
+        return any(p in self.readout_policies for p in lane.policies)
+
+    @torch.inference_mode()
+    def run(self):
+        """Yields (policy index, window, ce (T,), exit_depth (T,), converged (T,)) per finished pair."""
+        loop = 0
+        while self.lanes:
+            loop += 1
+            lanes, self.lanes = self.lanes, []
+            for readout in (False, True):  # similar widths share a forward pass
+                kind = sorted((ln for ln in lanes if self.needs_readout(ln) == readout), key=lambda ln: ln.active_len)
+                for at in range(0, len(kind), self.batch_size):
+                    self._advance(kind[at:at + self.batch_size], loop, readout)
+            yield from self._score_finals()
+
+    def _advance(self, chunk: list[_Lane], loop: int, readout: bool) -> None:
+        """Run one loop for a chunk of lanes, then split each lane by what its policies halt."""
+        width = max(ln.active_len for ln in chunk)
+        state = torch.stack([ln.state[:width] for ln in chunk])
+        frozen_np = np.stack([ln.frozen[:width] for ln in chunk])
+        frozen = torch.from_numpy(frozen_np).to(self.device)
+        rows, valid = _live_rows(frozen_np)
+        rows, valid = rows.to(self.device), valid.to(self.device)
+        windows = [ln.window for ln in chunk]
+        new = self.model.core_step(state, self.e[windows, :width], freeze=frozen, live_rows=rows)
+        signals = LoopSignals(state=new, state_change=relative_change(new, state), cosine_change=cosine_change(new, state))
+        h_rows = None
+        if readout:  # KL(p_i || p_{i-1}) of the unfrozen tokens only (coda's last block and the head)
+            h_prev = torch.stack([ln.h_prev[:width] for ln in chunk])
+            h_rows = self.model.coda(new, rows=rows)  # (B, M, d)
+            # padding repeats a live row, so it scatters the same value to the same place
+            stats = readout_stats(h_rows, self.model.head_weight, None, take_rows(h_prev, rows))
+            at_rows = lambda x, fill: torch.full(frozen.shape, fill, dtype=x.dtype, device=self.device).scatter(1, rows, x)
+            signals.kl_prev = at_rows(stats.kl_prev.clamp_min(0.0), float("nan"))
+            signals.kl_prev_reverse = at_rows(stats.kl_prev_reverse.clamp_min(0.0), float("nan"))
+            signals.entropy, signals.argmax = at_rows(stats.entropy, float("nan")), at_rows(stats.argmax, -1)
+            self.work.readout_lane_loops += len(chunk)
+        self.work.lane_loops += len(chunk)
+        self.work.token_loops += len(chunk) * width
+        self.work.live_token_loops += int(valid.sum())
+        met = {p: self.policies[p].rule_met(loop, signals).cpu().numpy()
+               for p in sorted({p for ln in chunk for p in ln.policies})}
+        for b, lane in enumerate(chunk):
+            full_state = _splice(new[b], lane.state, width)
+            full_h = None
+            if h_rows is not None:  # the readout hidden of the tokens still looping (others are never asked again)
+                full_h = lane.h_prev.clone()
+                full_h[rows[b][valid[b]]] = h_rows[b][valid[b]]
+            self._split(lane, loop, full_state, full_h, {p: _pad(met[p][b], len(lane.frozen)) for p in lane.policies})
+
+    def _split(self, lane: _Lane, loop: int, state, h, met: dict[int, np.ndarray]) -> None:
+        groups: dict[bytes, list[int]] = {}
+        finished: list[tuple[int, np.ndarray, np.ndarray]] = []
+        live = ~lane.frozen
+        for p, rule in met.items():
+            halt = rule & live
+            if loop >= self.caps[p]:  # the cap stops every token still looping
+                finished.append((p, np.where(live, loop, lane.exit_depth), lane.converged | halt))
+            else:
+                groups.setdefault(np.packbits(halt).tobytes(), []).append(p)
+        for ps in groups.values():
+            halt = met[ps[0]] & live
+            frozen = lane.frozen | halt
+            exit_depth = np.where(halt, loop, lane.exit_depth)
+            conv = lane.converged | halt
+            if frozen.all():
+                finished.extend((p, exit_depth, conv) for p in ps)
+            else:
+                keep_h = h if any(p in self.readout_policies for p in ps) else None
+                self.lanes.append(_Lane(lane.window, state, keep_h, frozen, exit_depth, conv, ps))
+        if finished:
+            self.finals.append((state, lane.window, finished))
+
+    def _score_finals(self):
+        """Read out the final states of the policies that finished this loop (one readout per state)."""
+        finals, self.finals = self.finals, []
+        for at in range(0, len(finals), self.batch_size):
+            part = finals[at:at + self.batch_size]
+            windows = [w for _, w, _ in part]
+            state = torch.stack([s for s, _, _ in part])
+            ce = readout_stats(self.model.coda(state), self.model.head_weight, self.targets[windows]).ce.cpu().numpy()
+            for b, (_, w, done) in enumerate(part):
+                for p, exit_depth, conv in done:
+                    yield p, w, ce[b], exit_depth, conv
 
 
 @torch.inference_mode()
 def _exact_batch(model: LoopedLM, inputs, targets, noise, policy: Policy, cap: int):
+    """One policy on a fixed full-width batch of windows (for policies that remember earlier loops)."""
     device = next(model.parameters()).device
     inputs, targets = inputs.to(device), targets.to(device)
     e = model.prelude(inputs)
@@ -93,3 +279,22 @@ def _exact_batch(model: LoopedLM, inputs, targets, noise, policy: Policy, cap: i
     ce = readout_stats(model.coda(state), model.head_weight, targets).ce
     return ce.cpu(), exit_depth.cpu(), converged.cpu()
 
+
+def _live_rows(frozen: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows (B, M), valid (B, M)): each lane's unfrozen positions, padded to the chunk's largest
+    count by repeating its last one (a repeat computes and writes the same value twice)."""
+    live = [np.flatnonzero(~f) for f in frozen]
+    M = max(len(x) for x in live)
+    rows = np.stack([np.concatenate([x, np.full(M - len(x), x[-1])]) for x in live])
+    valid = np.arange(M)[None, :] < np.array([len(x) for x in live])[:, None]
+    return torch.from_numpy(rows), torch.from_numpy(valid)
+
+
+def _splice(head: torch.Tensor, tail: torch.Tensor, width: int) -> torch.Tensor:
+    """head's first `width` positions followed by tail's positions from `width` on."""
+    return head if width >= tail.shape[0] else torch.cat([head, tail[width:]])
+
+
+def _pad(x: np.ndarray, length: int) -> np.ndarray:
+    """A (width,) bool decision padded with False to the window length (the cut-off tail is frozen)."""
+    return x if len(x) >= length else np.concatenate([x, np.zeros(length - len(x), bool)])

@@ -99,14 +99,20 @@ class Attention(nn.Module):
         B, _, T, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
-    def forward(self, x, cos, sin, kv=None):
+    def forward(self, x, cos, sin, kv=None, rows=None):
         """kv: None (causal over x itself) or a cache view: its update(k, v) stores this call's
-        keys/values and returns (keys, values, mask) to attend to."""
+        keys/values and returns (keys, values, mask) to attend to.
+        rows: optional (B, M) positions (without kv); then only their outputs (B, M, d) are computed,
+        each attending causally to every position of x up to its own (keys / values from all of x)."""
         q, k, v = self.project_qkv(x, cos, sin)
-        if kv is None:
+        if kv is not None:
+            k, v, mask = kv.update(k, v)
+            return self.attend(q, k, v, is_causal=False, attn_mask=mask)
+        if rows is None:
             return self.attend(q, k, v)
-        k, v, mask = kv.update(k, v)
-        return self.attend(q, k, v, is_causal=False, attn_mask=mask)
+        q = q.gather(2, rows[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[-1]))
+        causal = torch.arange(k.shape[2], device=x.device)[None, None, None, :] <= rows[:, None, :, None]
+        return self.attend(q, k, v, is_causal=False, attn_mask=causal)
 
 
 class SwiGLU(nn.Module):
@@ -130,8 +136,10 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, x, cos, sin, kv=None):
-        x = x + self.attn(self.attn_norm(x), cos, sin, kv)
+    def forward(self, x, cos, sin, kv=None, rows=None):
+        """kv: optional cache view (see Attention.forward); rows: optional (B, M) positions whose
+        outputs alone are wanted."""
+        x = take_rows(x, rows) + self.attn(self.attn_norm(x), cos, sin, kv, rows)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -146,9 +154,14 @@ class SandwichBlock(Block):
         self.attn_out_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp_out_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
 
-    def forward(self, x, cos, sin, kv=None):
-        x = self.attn_out_norm(self.attn(self.attn_norm(x), cos, sin, kv) + x)
+    def forward(self, x, cos, sin, kv=None, rows=None):
+        x = self.attn_out_norm(self.attn(self.attn_norm(x), cos, sin, kv, rows) + take_rows(x, rows))
         return self.mlp_out_norm(self.mlp(self.mlp_norm(x)) + x)
+
+
+def take_rows(x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """x (B, T, d) at positions rows (B, M) -> (B, M, d); x itself when rows is None."""
+    return x if rows is None else x.gather(1, rows[..., None].expand(-1, -1, x.shape[-1]))
 
 
 class LoopedLM(nn.Module):
@@ -240,32 +253,43 @@ class LoopedLM(nn.Module):
         return F.linear(e, self.adapter.weight[:, self.cfg.d_model:])
 
     def core_step(self, state: torch.Tensor, e: torch.Tensor | None, freeze: torch.Tensor | None = None,
-                  positions: torch.Tensor | None = None, kv=None, inject: torch.Tensor | None = None) -> torch.Tensor:
+                  positions: torch.Tensor | None = None, kv=None, inject: torch.Tensor | None = None,
+                  live_rows: torch.Tensor | None = None) -> torch.Tensor:
         """One loop: adapter(concat(state, e)) through the core blocks.
 
         freeze: optional bool (B, T); frozen tokens keep their state bit-for-bit, while the other
         tokens still attend to them (their keys/values are computed from the frozen state).
         kv: optional cache views, one per core block (the slabs of this loop).
         inject: `inject(e)` precomputed (e is then unused): the adapter runs as W_s s + inject.
+        live_rows: optional (B, M) positions that include every unfrozen one (repeats allowed); the
+        last core block then runs only for them (a frozen token's own output is discarded anyway).
         """
         cos, sin = self.rope(state.shape[1], positions)
         if inject is None:
             x = self.adapter(torch.cat((state, e), dim=-1))
         else:
             x = F.linear(state, self.adapter.weight[:, :self.cfg.d_model]) + inject
-        for block, cache in zip(self.core_blocks, kv or [None] * len(self.core_blocks)):
-            x = block(x, cos, sin, cache)
+        last = len(self.core_blocks) - 1
+        for i, (block, cache) in enumerate(zip(self.core_blocks, kv or [None] * len(self.core_blocks))):
+            x = block(x, cos, sin, cache, live_rows if i == last else None)
+        if live_rows is not None:
+            x = state.scatter(1, live_rows[..., None].expand(-1, -1, x.shape[-1]), x.to(state.dtype))
         if freeze is not None:
             x = torch.where(freeze.unsqueeze(-1), state, x.to(state.dtype))
         return x
 
-    def coda(self, state: torch.Tensor, positions: torch.Tensor | None = None, kv=None) -> torch.Tensor:
-        """State -> coda blocks -> final RMSNorm: the hidden the LM head reads (B, T, d).
+    def coda(self, state: torch.Tensor, positions: torch.Tensor | None = None, kv=None,
+             rows: torch.Tensor | None = None) -> torch.Tensor:
+        """State -> coda blocks -> final RMSNorm: the hidden the LM head reads (B, T, d); with rows
+        (B, M), only at those positions (B, M, d) (the last coda block runs only for them).
         With cfg.coda_input_norm the final norm is applied before the coda too (Huginn's ln_f)."""
         cos, sin = self.rope(state.shape[1], positions)
         x = self.final_norm(state) if self.cfg.coda_input_norm else state
-        for block, cache in zip(self.coda_blocks, kv or [None] * len(self.coda_blocks)):
-            x = block(x, cos, sin, cache)
+        last = len(self.coda_blocks) - 1
+        for i, (block, cache) in enumerate(zip(self.coda_blocks, kv or [None] * len(self.coda_blocks))):
+            x = block(x, cos, sin, cache, rows if i == last else None)
+        if not self.coda_blocks:
+            x = take_rows(x, rows)
         return self.final_norm(x)
 
     def readout(self, state: torch.Tensor, positions: torch.Tensor | None = None, kv=None) -> torch.Tensor:

@@ -14,7 +14,7 @@ the harness's loop budget). A token that never meets its rule exits at that cap 
 not converged.
 
   Uniform(r)               A0: every token gets exactly r loops.
-  ConvergenceExit(eps)     A1: halt once kl_prev = KL(p_i || p_{i-1}) < eps.
+  ConvergenceExit(eps)     A1: halt once kl_prev = KL(p_i || p_{i-1}) < eps; first checked at loop 2.
   LinearRouter(probe, tau) A2: halt once the probe's predicted chance of change is below tau.
   LatentDiff(delta)        Huginn's latent rule: halt once ||s_i - s_{i-1}|| / ||s_i|| < delta.
 
@@ -96,6 +96,7 @@ class Policy:
     """Base class: subclasses define `_rule_online` and `_rule_trace`; min_loops / r_max live here."""
 
     needs_readout: bool = False
+    remembers_loops: bool = False  # the rule keeps memory of earlier loops per batch row (see _Remembering)
     threshold_name: str = ""
 
     def __init__(self, min_loops: int = 1, r_max: int | None = None):
@@ -177,12 +178,18 @@ class Uniform(Policy):
 
 class ConvergenceExit(Policy):
     """A1: freeze a token after the first loop whose KL(p_i || p_{i-1}) is below eps.
-    eps = 0 never halts (KL >= 0); eps = inf halts at min_loops."""
+    eps = 0 never halts (KL >= 0); eps = inf halts at min_loops.
 
+    The first check is at loop FIRST_CHECK = 2 by default, the paper's convention: its KL series
+    starts at loop 2, because loop 1's KL compares p_1 with p_0, the readout of the *noise* state,
+    which says nothing about convergence. min_loops=1 is the other option (a loop-1 exit allowed).
+    """
+
+    FIRST_CHECK = 2
     needs_readout = True
     threshold_name = "eps"
 
-    def __init__(self, eps: float, min_loops: int = 1, r_max: int | None = None):
+    def __init__(self, eps: float, min_loops: int = FIRST_CHECK, r_max: int | None = None):
         super().__init__(min_loops, r_max)
         self.eps = eps
 
@@ -288,6 +295,7 @@ class _Remembering(Policy):
     the previous one (loop 1, or skipped loops) starts a new run."""
 
     signal = ""
+    remembers_loops = True
 
     def __init__(self, min_loops: int = 1, r_max: int | None = None):
         super().__init__(min_loops, r_max)

@@ -1,13 +1,22 @@
 """A2's router: a logistic-regression probe on the core state that predicts "the output still changes".
 
-Features at loop i: the core state s_i (d values) and the loop index i. Two label kinds:
-  "argmax"  argmax p_{i+1} != argmax p_i          (the paper's labels)
-  "kl"      KL(p_{i+1} || p_i) >= label_eps       (the review's fairer labels: A1's own signal)
-so a label exists for loops 1 .. max_loops - 1. Labels and states are harvested from uniform runs of
-the checkpoint's training-side windows (`ckpt.windows("probe")`); a seeded sample of token positions
-per window keeps memory bounded (every loop of a sampled token is kept). Windows are split into
-train and held-out sets (disjoint), and the probe's accuracy and AUC are measured on the held-out
-windows. The fit is an L2-regularised logistic regression on standardised features, full-batch LBFGS.
+Features at loop i: the core state s_i (d values) and the loop index i. Four label kinds, two
+horizons (the next loop, or any later loop up to r_max) times two notions of "change":
+  "argmax"      argmax p_{i+1} != argmax p_i                              (the paper's labels)
+  "kl"          KL(p_{i+1} || p_i) >= label_eps                           (A1's own signal)
+  "argmax_any"  argmax p_j != argmax p_i for some j in i+1 .. r_max       (the paper's router
+                predicts whether the prediction changes in *later* loops and halts on "no more change")
+  "kl_any"      KL(p_j || p_{j-1}) >= label_eps for some j in i+1 .. r_max  (not yet settled for good:
+                a later loop still moves the output by at least label_eps)
+so a label exists for loops 1 .. r_max - 1 (the harvest runs to r_max). label_eps, the KL labels'
+threshold, is by default tied to A1: the ε at which A1 (fast path, first check at loop 2) first
+reaches A0's loss at r_bar on the probe's own training windows (`a1_matched_eps`); a float fixes it.
+
+Labels and states are harvested from uniform runs of the checkpoint's training-side windows
+(`ckpt.windows("probe")`); a seeded sample of token positions per window keeps memory bounded (every
+loop of a sampled token is kept). Windows are split into train and held-out sets (disjoint), and the
+probe's accuracy and AUC are measured on the held-out windows. The fit is an L2-regularised logistic
+regression on standardised features, full-batch LBFGS.
 
 Probes are saved as safetensors beside the checkpoint's trace cache (<cache>/<ckpt id>/probes/).
 """
@@ -24,14 +33,18 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from .analysis import EPS_GRID, fast_sums
 from .cache import CacheCorrupt, TraceCache, read_arrays, write_arrays
 from .checkpoint import Checkpoint
-from .trace import (progress_bar, resolve_cache, resolve_model, split_inputs, trace_batch,
+from .policies import ConvergenceExit, Uniform
+from .trace import (Trace, progress_bar, resolve_cache, resolve_model, split_inputs, trace_batch,
                     window_noise)
 
-LABEL_KINDS = ("argmax", "kl")
-PROBE_FORMAT_VERSION = 1
-DEFAULT_LABEL_EPS = 1e-3
+LABEL_KINDS = ("argmax", "kl", "argmax_any", "kl_any")
+PROBE_FORMAT_VERSION = 2
+FALLBACK_LABEL_EPS = 1e-3  # KL labels' ε when A1 never reaches A0's loss at r_bar on the probe windows
+LABEL_EPS_A1 = "a1"  # label_eps setting: tie it to A1's matched ε (see module doc)
+DEFAULT_LABEL_EPS = LABEL_EPS_A1
 
 
 @dataclass
@@ -85,47 +98,60 @@ class Probe:
 
 @dataclass
 class Harvest:
-    """Probe training data: M samples of (state, loop) features with both label kinds.
+    """Probe training data: M samples of (state, loop) features with what every label kind needs.
 
-    features (M, d + 1) float32; changed_argmax, changed_kl (M,) bool; window (M,) int (the
-    sample's window, for the disjoint split); label_eps is the KL labels' threshold.
+    features (M, d + 1) float32; window (M,) int (the sample's window, for the disjoint split);
+    changed_argmax / changed_argmax_any (M,) bool; kl_next (M,) KL(p_{i+1} || p_i) and kl_later_max
+    (M,) the largest KL(p_j || p_{j-1}) over j > i, so the KL labels follow label_eps. trace: the
+    uniform trace of the harvested windows (calibrates label_eps), None when built by hand.
     """
 
     features: np.ndarray
-    changed_argmax: np.ndarray
-    changed_kl: np.ndarray
     window: np.ndarray
+    changed_argmax: np.ndarray
+    changed_argmax_any: np.ndarray
+    kl_next: np.ndarray
+    kl_later_max: np.ndarray
     label_eps: float
+    trace: Trace | None = None
 
     def labels(self, kind: str) -> np.ndarray:
         if kind not in LABEL_KINDS:
             raise ValueError(f"label kind must be one of {LABEL_KINDS}, got {kind!r}")
-        return self.changed_argmax if kind == "argmax" else self.changed_kl
+        return {"argmax": lambda: self.changed_argmax, "argmax_any": lambda: self.changed_argmax_any,
+                "kl": lambda: self.kl_next >= self.label_eps,
+                "kl_any": lambda: self.kl_later_max >= self.label_eps}[kind]()
 
 
 @torch.inference_mode()
 def harvest(ckpt_or_model, windows, max_loops: int, seed: int = 0, *, tokens_per_window: int = 64,
-            label_eps: float = DEFAULT_LABEL_EPS, batch_size: int = 16, progress=None) -> Harvest:
-    """Run windows (N, T + 1) to max_loops and keep features/labels of a seeded sample of positions."""
+            label_eps: float = FALLBACK_LABEL_EPS, batch_size: int = 16, progress=None) -> Harvest:
+    """Run windows (N, T + 1) to max_loops and keep features/labels of a seeded sample of positions
+    (and the windows' whole uniform trace, without top-k)."""
     if max_loops < 2:
         raise ValueError("labels look one loop ahead: harvest needs max_loops >= 2")
-    model, _ = resolve_model(ckpt_or_model)
+    model, ckpt_id = resolve_model(ckpt_or_model)
     device = next(model.parameters()).device
     inputs, targets = split_inputs(windows)
     N, T = inputs.shape
     positions = _sample_positions(N, T, tokens_per_window, seed)  # (N, P)
     update, close = progress_bar(progress, N, "probe harvest")
-    parts = []
+    parts, traced = [], []
     try:
         for start in range(0, N, batch_size):
             rows = range(start, min(start + batch_size, N))
-            parts.append(_harvest_batch(model, inputs[start:rows.stop].to(device), targets[start:rows.stop],
-                                        window_noise(model, rows, T, seed), positions[start:rows.stop],
-                                        max_loops, label_eps, rows))
+            samples, out = _harvest_batch(model, inputs[start:rows.stop].to(device), targets[start:rows.stop],
+                                          window_noise(model, rows, T, seed), positions[start:rows.stop],
+                                          max_loops, rows)
+            parts.append(samples)
+            traced.append(out)
             update(len(rows))
     finally:
         close()
-    return Harvest(*(np.concatenate(arrays) for arrays in zip(*parts)), label_eps=label_eps)
+    arrays = {name: torch.cat([o[name] for o in traced]).numpy() for name in traced[0]}
+    tr = Trace(ids=inputs.numpy(), targets=targets.numpy(), **arrays, max_loops=max_loops, seed=seed,
+               checkpoint_id=ckpt_id)
+    return Harvest(*(np.concatenate(a) for a in zip(*parts)), label_eps=label_eps, trace=tr)
 
 
 def _sample_positions(n_windows: int, seq_len: int, per_window: int, seed: int) -> torch.Tensor:
@@ -134,9 +160,10 @@ def _sample_positions(n_windows: int, seq_len: int, per_window: int, seed: int) 
     return torch.from_numpy(np.stack([np.sort(rng.choice(seq_len, k, replace=False)) for _ in range(n_windows)]))
 
 
-def _harvest_batch(model, inputs, targets, noise, positions, max_loops, label_eps, rows):
-    """(features, changed_argmax, changed_kl, window) of one batch, in (window, position, loop)
-    order, for loops 1 .. max_loops - 1 (the last loop has no next loop to label it)."""
+def _harvest_batch(model, inputs, targets, noise, positions, max_loops, rows):
+    """((features, window, changed_argmax, changed_argmax_any, kl_next, kl_later_max), trace fields)
+    of one batch; samples in (window, position, loop) order, for loops 1 .. max_loops - 1 (the last
+    loop has no later loop to label it)."""
     states = []
     gather = positions.to(inputs.device)[..., None].expand(-1, -1, model.cfg.d_model)
     out = trace_batch(model, inputs, targets, noise, max_loops,
@@ -147,10 +174,15 @@ def _harvest_batch(model, inputs, targets, noise, positions, max_loops, label_ep
     loop = torch.arange(1, max_loops, dtype=torch.float32).expand(*state.shape[:-1])[..., None]
     window = torch.tensor(list(rows))[:, None, None].expand(*state.shape[:-1])
     features = torch.cat([state, loop], dim=-1).flatten(0, 2)
-    changed_argmax = argmax[..., 1:] != argmax[..., :-1]
-    changed_kl = kl_prev[..., 1:] >= label_eps  # KL(p_{i+1} || p_i), labelled at loop i
-    return (features.numpy(), changed_argmax.flatten().numpy(), changed_kl.flatten().numpy(),
-            window.flatten().numpy())
+    now = argmax[..., :-1]  # argmax p_i at loops i = 1 .. L - 1
+    changed_argmax = argmax[..., 1:] != now
+    # any j > i with argmax p_j != argmax p_i: compare every later loop with loop i
+    later = argmax[..., None, :] != now[..., :, None]  # (B, P, i, j)
+    changed_any = (later & torch.ones(max_loops - 1, max_loops, dtype=torch.bool).triu(1)).any(-1)
+    kl_next = kl_prev[..., 1:]  # KL(p_{i+1} || p_i), labelled at loop i
+    kl_later_max = kl_next.flip(-1).cummax(-1).values.flip(-1)  # max over j = i + 1 .. L
+    samples = tuple(t.flatten().numpy() for t in (window, changed_argmax, changed_any, kl_next, kl_later_max))
+    return (features.numpy(), *samples), {k: out[k] for k in out}
 
 
 # -- fitting ----------------------------------------------------------------------------------
@@ -218,14 +250,31 @@ def _metrics(probe: Probe, features: np.ndarray, labels: np.ndarray) -> dict:
 
 
 # -- cached training for a checkpoint -----------------------------------------------------------
+def a1_matched_eps(tr: Trace, r_bar: int, r_max: int) -> float | None:
+    """A1's ε at the matched point on a trace: the cheapest ε of analysis.EPS_GRID (fast path, A1's
+    default first check) whose loss is at most A0's at r_bar; None if no ε reaches it."""
+    target = fast_sums(tr, Uniform(r_bar)).mean_loss
+    ok = [(s.mean_loops, eps) for eps in EPS_GRID if 0 < eps < float("inf")
+          for s in [fast_sums(tr, ConvergenceExit(eps, r_max=r_max))] if s.mean_loss <= target]
+    return min(ok)[1] if ok else None
+
+
 def load_or_train_probes(ckpt: Checkpoint, max_loops: int, seed: int = 0, *, kinds=LABEL_KINDS,
-                         label_eps: float = DEFAULT_LABEL_EPS, n_windows: int = 32,
+                         label_eps: float | str = DEFAULT_LABEL_EPS, r_bar: int | None = None, n_windows: int = 32,
                          tokens_per_window: int = 64, l2: float = 1e-3, heldout_fraction: float = 0.25,
                          cache=True, progress=None) -> dict[str, Probe]:
     """Probes of each label kind for a checkpoint, from its first n_windows probe windows; loaded
-    from <cache>/<ckpt id>/probes/ when saved with the same settings, else harvested and trained."""
+    from <cache>/<ckpt id>/probes/ when saved with the same settings, else harvested and trained.
+
+    label_eps: a float, or LABEL_EPS_A1 ("a1") for A1's matched ε on these windows at r_bar
+    (default: the recipe's r_bar, capped at max_loops); each probe records the ε it used
+    (`probe.label_eps`, and `metrics["label_eps_rule"]`).
+    """
     windows = ckpt.windows("probe")[:n_windows]
-    settings = {"max_loops": max_loops, "seed": seed, "label_eps": label_eps, "l2": l2,
+    if r_bar is None:
+        r_bar = round(float(ckpt.meta.get("recipe", {}).get("r_bar", max_loops)))
+    r_bar = max(1, min(r_bar, max_loops))
+    settings = {"max_loops": max_loops, "seed": seed, "label_eps": label_eps, "l2": l2, "r_bar": r_bar,
                 "tokens_per_window": tokens_per_window, "heldout_fraction": heldout_fraction,
                 "format_version": PROBE_FORMAT_VERSION}
     store = resolve_cache(cache)
@@ -237,10 +286,18 @@ def load_or_train_probes(ckpt: Checkpoint, max_loops: int, seed: int = 0, *, kin
         if probes[kind] is None:
             missing.append((kind, path, key))
     if missing:
-        data = harvest(ckpt, windows, max_loops, seed, tokens_per_window=tokens_per_window,
-                       label_eps=label_eps, progress=progress)
+        data = harvest(ckpt, windows, max_loops, seed, tokens_per_window=tokens_per_window, progress=progress)
+        rule = f"fixed {label_eps}"
+        if label_eps == LABEL_EPS_A1:
+            matched = a1_matched_eps(data.trace, r_bar, max_loops)
+            data.label_eps = FALLBACK_LABEL_EPS if matched is None else matched
+            rule = (f"A1's matched ε at r_bar {r_bar} on the probe windows" if matched is not None else
+                    f"A1 never reaches A0's loss at r_bar {r_bar} on the probe windows: fallback {FALLBACK_LABEL_EPS}")
+        else:
+            data.label_eps = float(label_eps)
         for kind, path, key in missing:
             probes[kind] = train_probe(data, kind, l2=l2, heldout_fraction=heldout_fraction, seed=seed)
+            probes[kind].metrics["label_eps_rule"] = rule
             if path is not None:
                 probes[kind].save(path, key)
     return probes

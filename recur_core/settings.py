@@ -25,10 +25,6 @@ class Settings:
     eps_per_decade: int = 4
     tau_grid: tuple[float, ...] = (0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8,
                                    0.9, 0.95, 0.99, math.inf)  # A2's router threshold τ
-    # the exact masking harness runs each policy separately: it sweeps these coarser subsets
-    exact_eps_log10: tuple[int, ...] = (-7, -6, -5, -4, -3, -2, -1, 0, 1)  # one ε per decade
-    exact_tau_grid: tuple[float, ...] = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
-    exact_windows: int = 32  # first eval windows the exact harness runs on by default
     probe_windows: int = 32  # training-side windows A2's probes are trained on
     probe_tokens: int = 64  # sampled positions per probe window
 
@@ -40,10 +36,6 @@ class Settings:
     @property
     def eps_grid(self) -> tuple[float, ...]:
         return (0.0, *(10.0 ** x for x in self.eps_log10), math.inf)
-
-    @property
-    def exact_eps_grid(self) -> tuple[float, ...]:
-        return tuple(10.0 ** x for x in self.exact_eps_log10)
 
     def trace_loops(self, recipe: Recipe) -> int:
         """Depth of a checkpoint's traces: max(min_trace_loops, r_max)."""

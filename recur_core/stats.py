@@ -55,6 +55,21 @@ class Bootstrap:
             low, high = np.nanquantile(values[1:], [alpha, 1 - alpha], axis=0)
         return Estimate(_scalar(values[0]), _scalar(low), _scalar(high))
 
+    def summarise_reach(self, values: np.ndarray) -> tuple[Estimate, int]:
+        """Estimate of a level-crossing statistic (e.g. loops to reach a loss) from (1 + n_boot,)
+        values with NaN where a replicate never reaches the level. Such replicates are not dropped
+        (that would bias the interval low exactly where the level is barely reached): they count as
+        +inf, "not reached", so an interval end or the value itself can be inf ("> the cap").
+        Returns the estimate and how many of the n_boot replicates never reached the level."""
+        values = np.where(np.isnan(values), np.inf, np.asarray(values, dtype=np.float64))
+        alpha = (1 - self.level) / 2
+        low, high = (_quantile_with_inf(values[1:], q) for q in (alpha, 1 - alpha))
+        return Estimate(_scalar(values[0]), _scalar(low), _scalar(high)), int(np.isinf(values[1:]).sum())
+
+    @property
+    def n_boot(self) -> int:
+        return self.weights.shape[0] - 1
+
     def ratio(self, numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
         """(R, ...) replicate values of sum_w num_w / sum_w den_w; numerator and denominator are
         per-window sums of the same shape (n_windows, ...)."""
@@ -67,6 +82,19 @@ class Bootstrap:
         """Mean over windows of a per-window value (n_windows, ...)."""
         per_window = np.asarray(per_window, dtype=np.float64)
         return self.summarise(self.ratio(per_window, np.ones_like(per_window)))
+
+
+def _quantile_with_inf(x: np.ndarray, q: float) -> np.ndarray:
+    """np.quantile's default (linear) rule along axis 0 where +inf is a value: a quantile that falls
+    on or interpolates towards an inf is inf."""
+    x = np.sort(x, axis=0)
+    h = (len(x) - 1) * q
+    lo = int(np.floor(h))
+    hi, g = min(lo + 1, len(x) - 1), h - lo
+    a, b = x[lo], x[hi]
+    with np.errstate(invalid="ignore"):
+        mixed = a + g * (b - a)
+    return np.where(np.isinf(a) | (np.isinf(b) & (g > 0)), np.inf, np.where(g > 0, mixed, a))
 
 
 def _scalar(x):

@@ -15,7 +15,8 @@ from recur_core.stats import Bootstrap
 
 ROOT = Path(__file__).resolve().parents[1]
 PLACEHOLDERS = {"<class>": ["whitespace", "numeral", "punctuation", "word", "other"],
-                "<curve>": ["A0", "A1", "A2_argmax", "A2_kl"], "<kind>": ["argmax", "kl"]}
+                "<curve>": ["A0", "A1", "A2_argmax", "A2_kl", "A2_argmax_any", "A2_kl_any"],
+                "<kind>": ["argmax", "kl", "argmax_any", "kl_any"]}
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -97,11 +98,11 @@ def check_path(node, parts: list[str], where: str) -> None:
 def test_cli_writes_a_report_with_every_documented_key(tiny_ckpt, tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "recur_core.analyze", str(tiny_ckpt), "--windows", "6", "--max-loops", "6",
-           "--n-boot", "50", "--probe-windows", "6", "--probe-tokens", "8", "--exact", "--exact-windows", "3",
+           "--n-boot", "50", "--probe-windows", "6", "--probe-tokens", "8",
            "--cache-dir", str(tmp_path / "cache"), "--out", str(out), "--export-trace"]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    for title in ("Table 2", "Table 3", "Table 4", "Fig. 4", "Fast vs exact"):
+    for title in ("Table 2", "Table 3", "Table 4", "Fig. 4", "Fast (trace) vs exact", "label kinds side by side"):
         assert title in run.stdout
     text = (out / "report.json").read_text()
     report = json.loads(text)
@@ -116,12 +117,19 @@ def test_cli_writes_a_report_with_every_documented_key(tiny_ckpt, tmp_path):
     for r, point in enumerate(report["allocation"]["A0"], start=1):
         assert point["mean_loops"] == r
         assert point["loss"] == pytest.approx(report["elasticity"]["loss"][r - 1])
+    assert report["allocation"]["path"] == report["settings"]["path"] == "exact"
     a1 = {str(p["threshold"]): p for p in report["allocation"]["A1"]}
-    assert a1["inf"]["mean_loops"] == 1.0 and a1["0.0"]["mean_loops"] == 6.0
+    assert a1["inf"]["mean_loops"] == 2.0 and a1["0.0"]["mean_loops"] == 6.0  # first check at loop 2
     assert a1["0.0"]["loss"] == pytest.approx(report["elasticity"]["loss"][5])
     for point in report["allocation"]["A1"]:
         assert point["ci_low"] <= point["ci_high"]
     assert len(pd.read_parquet(out / "trace.parquet")) == 6 * 32 * 6
+    # exact and fast agree where they must (uniform depth), and the gap is fast - exact
+    for row in report["fast_minus_exact"]["A0"]:
+        assert row["gap_loss"]["value"] == pytest.approx(0.0, abs=1e-5)
+    for row in report["fast_minus_exact"]["A1"]:
+        assert row["gap_loss"]["value"] == pytest.approx(row["fast_loss"]["value"] - row["exact_loss"]["value"], abs=1e-9)
+    assert report["exact_work"]["lane_loops"] < report["exact_work"]["naive_window_loops"]
 
     # a second run is served by the trace and probe caches and gives the same numbers
     again = subprocess.run(cmd[:-1] + ["--out", str(tmp_path / "out2")], cwd=ROOT, capture_output=True, text=True,
@@ -129,3 +137,61 @@ def test_cli_writes_a_report_with_every_documented_key(tiny_ckpt, tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     second = json.loads((tmp_path / "out2" / "report.json").read_text())
     assert second["allocation"] == report["allocation"] and second["elasticity"] == report["elasticity"]
+
+
+# -- paired differences (issue 12, item 13) -------------------------------------------------------------
+def _curve(name, loss, loops, thresholds, boot):
+    """A Curve from per-window loss sums (n_windows, P), one token per window, through the bootstrap."""
+    tokens = np.ones_like(loss)
+    return Curve(name, "t", thresholds, boot.ratio(loss, tokens), boot.ratio(loops, tokens), np.ones(len(thresholds)))
+
+
+def test_difference_from_a0_bands_are_paired():
+    """Every window is 0.01 nats better under the policy than under A0 at the same depth, while the
+    windows themselves differ by ~1 nat. A paired band (same resampled windows in both terms) is
+    exactly 0.01 wide zero; an unpaired one would span about +-0.4 nats."""
+    from recur_core.analysis import difference_from_a0
+    rng = np.random.default_rng(0)
+    n, depths = 30, np.arange(1, 6, dtype=float)
+    window_level = rng.normal(3.0, 1.0, size=(n, 1))
+    a0_loss = window_level + 0.1 / depths  # (n, 5): A0 falls with depth
+    boot = Bootstrap(n, n_boot=300, seed=1)
+    a0 = _curve("A0", a0_loss, np.tile(depths, (n, 1)), list(range(1, 6)), boot)
+    policy_loops = np.array([1.5, 2.5, 3.5])
+    policy_loss = window_level + 0.1 / policy_loops - 0.01
+    # A0 interpolates linearly between depths: compare against that line, not 0.1 / x
+    lin = np.interp(policy_loops, depths, 0.1 / depths)
+    policy_loss = window_level + lin - 0.01
+    policy = _curve("A1", policy_loss, np.tile(policy_loops, (n, 1)), [1e-3, 1e-4, 1e-5], boot)
+    d = difference_from_a0(policy, a0, boot)
+    np.testing.assert_allclose(d["diff"], -0.01, atol=1e-9)
+    np.testing.assert_allclose(d["ci_low"], -0.01, atol=1e-9)
+    np.testing.assert_allclose(d["ci_high"], -0.01, atol=1e-9)
+    assert d["mean_loops"] == [1.5, 2.5, 3.5]
+    # the unpaired bands of the two curves themselves are wide and overlap
+    loss_band = boot.summarise(policy.loss)
+    assert (loss_band.ci_high - loss_band.ci_low > 0.3).all()
+    # pairing is by replicate: shuffling the replicates of one term breaks it
+    shuffled = Curve("A1", "t", policy.thresholds, policy.loss[np.r_[0, rng.permutation(np.arange(1, 301))]],
+                     policy.mean_loops, policy.frac_converged)
+    unpaired = difference_from_a0(shuffled, a0, boot)
+    assert (np.array(unpaired["ci_high"]) - np.array(unpaired["ci_low"]) > 0.3).all()
+
+
+def test_elasticity_difference_is_paired_and_needs_the_same_windows(ckpt):
+    from recur_core.analysis import elasticity_difference
+    from recur_core.trace import trace
+    windows = ckpt.windows("eval")[:6]
+    tr = trace(ckpt, windows, 3, seed=0, cache=False)
+    other = trace(ckpt, windows, 3, seed=7, cache=False)  # another noise draw: a stand-in for a second checkpoint
+    boot = Bootstrap(6, n_boot=200, seed=0)
+    d = elasticity_difference(other, tr, boot)
+    per_window = np.nanmean(other.ce, axis=1) - np.nanmean(tr.ce, axis=1)  # (6, 3), same windows
+    for r in range(3):
+        assert d["diff"][r] == pytest.approx(np.nanmean(other.ce[..., r]) - np.nanmean(tr.ce[..., r]), abs=1e-6)
+        assert d["ci_low"][r] >= per_window[:, r].min() - 1e-6 and d["ci_high"][r] <= per_window[:, r].max() + 1e-6
+    self_diff = elasticity_difference(tr, tr, boot)
+    assert self_diff["ci_low"] == self_diff["ci_high"] == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="same windows"):
+        elasticity_difference(trace(ckpt, ckpt.windows("eval")[1:7], 3, seed=0, cache=False), tr, boot)
+

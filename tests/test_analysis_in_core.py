@@ -7,8 +7,7 @@ import pandas as pd
 import pytest
 
 from recur_core import analysis
-from recur_core.policies import ConvergenceExit, Uniform
-from recur_core.stats import Bootstrap
+from recur_core.policies import ConvergenceExit
 from recur_core.trace import trace
 
 
@@ -36,19 +35,6 @@ def test_token_exit_table_matches_a_groupby_over_scored_positions(ckpt, small_tr
     rank = table["class"].map(analysis.TOKEN_CLASSES.index)
     assert rank.is_monotonic_increasing
     assert all(g["count"].is_monotonic_decreasing for _, g in table.groupby("class"))
-
-
-def test_exact_sweep_is_fast_vs_exact_for_every_policy_with_its_family(ckpt, small_trace):
-    tr, windows = small_trace.subset(range(2)), ckpt.windows("eval")[:2]
-    boot = Bootstrap(2, 50, 0)
-    families = {"A0": [Uniform(2), Uniform(3)], "A1": [ConvergenceExit(1e-2, r_max=6)]}
-    calls = []
-    rows = analysis.exact_sweep(ckpt, windows, tr, families, boot, progress=lambda d, t: calls.append((d, t)))
-    assert [r["family"] for r in rows] == ["A0", "A0", "A1"]
-    assert calls[0] == (0, 3) and calls[-1] == (3, 3)
-    alone = analysis.fast_vs_exact(ckpt, windows, tr, [families["A1"][0]], boot)[0]
-    assert {k: v for k, v in rows[2].items() if k != "family"} == alone
-    assert rows[0]["gap_loss"]["value"] == pytest.approx(0.0, abs=1e-5)  # uniform depth: both paths agree
 
 
 def test_metrics_parser_reads_old_and_new_logs(tmp_path):

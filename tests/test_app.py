@@ -165,10 +165,12 @@ def highlighted(fig: dict) -> tuple[float, float]:
 
 def test_curve_page_policies_and_slider(app_env):
     at = goto(new_app(), "curve")
+    at.segmented_control(key="curve_view").set_value("absolute").run()
     fig = curve_figure(at)
     names = {t["name"] for t in fig["data"] if t.get("mode") == "lines+markers"}
     assert names == {"A0 uniform depth", "A1 convergence exit (KL < ε)", "A2 router (argmax labels)",
-                     "A2 router (KL labels)"}  # one curve per policy
+                     "A2 router (KL labels)", "A2 router (argmax, any later loop)",
+                     "A2 router (KL, any later loop)"}  # one curve per policy
     assert fig["layout"]["yaxis"]["title"]["text"] == "loss [nats/token]"
     assert any(t.get("fill") == "toself" for t in fig["data"])  # bootstrap bands
     before = highlighted(fig)
@@ -181,6 +183,24 @@ def test_curve_page_policies_and_slider(app_env):
     assert any(b.label == "⬇ CSV" for b in at.download_button)
     at.toggle(key="bands").set_value(False).run()
     assert not any(t.get("fill") == "toself" for t in curve_figure(at)["data"])
+
+
+def test_curve_page_defaults_to_paired_differences_from_a0(app_env):
+    at = goto(new_app(), "curve")
+    assert at.segmented_control(key="curve_view").value == "diff"
+    fig = curve_figure(at)
+    assert "A0" in fig["layout"]["yaxis"]["title"]["text"]
+    curves = {t["name"]: t for t in fig["data"] if t.get("mode") == "lines+markers"}
+    assert "A0 uniform depth" not in curves and "A1 convergence exit (KL < ε)" in curves  # A0 is the zero line
+    at.segmented_control(key="curve_view").set_value("absolute").run()
+    absolute = {t["name"]: t for t in curve_figure(at)["data"] if t.get("mode") == "lines+markers"}
+    a0 = absolute["A0 uniform depth"]
+    x0, y0 = plotly_values(a0["x"]), plotly_values(a0["y"])
+    a1 = absolute["A1 convergence exit (KL < ε)"]
+    diff = curves["A1 convergence exit (KL < ε)"]
+    for x, y, d in zip(plotly_values(a1["x"]), plotly_values(a1["y"]), plotly_values(diff["y"])):
+        if x0[0] <= x <= x0[-1]:  # each point minus A0 interpolated at the same mean loops
+            assert d == pytest.approx(y - np.interp(x, x0, y0), abs=1e-9)
 
 
 def test_curve_slider_only_looks_the_sweep_up(app_env, monkeypatch):
@@ -212,7 +232,8 @@ def test_curve_page_exact_mode_on_eval_windows(app_env):
     assert not at.exception, [e.message for e in at.exception]
     fig = curve_figure(at)
     assert "4 window(s), exact" in fig["layout"]["title"]["text"]
-    assert len({t["name"] for t in fig["data"] if t.get("mode") == "lines+markers"}) == 4
+    assert len({t["name"] for t in fig["data"] if t.get("mode") == "lines+markers"}) == 5  # A0 is the zero line
+    assert len(at.dataframe) >= 2  # matched depth (exact) + fast - exact per policy
 
 
 def test_curve_page_exact_mode_on_pasted_text(app_env):
@@ -220,6 +241,7 @@ def test_curve_page_exact_mode_on_pasted_text(app_env):
     goto(at, "curve")
     at.segmented_control(key="source").set_value("text").run()
     at.segmented_control(key="eval_mode").set_value("exact").run()
+    at.segmented_control(key="curve_view").set_value("absolute").run()
     assert not at.exception, [e.message for e in at.exception]
     fig = curve_figure(at)
     assert {"A0 uniform depth", "A1 convergence exit (KL < ε)"} <= {t["name"] for t in fig["data"]}
@@ -341,3 +363,20 @@ def test_two_sessions_at_once_get_their_own_results(app_env):
     assert not errors, errors
     for text in texts:
         assert results[text] == engine_depths(app_env["ckpt"], text, 1e-3)[0].tolist()
+
+
+def test_elasticity_page_compares_checkpoints_by_paired_difference(app_env, tmp_path, monkeypatch):
+    import shutil
+    copy = tmp_path / "ckpts" / "tiny_copy"
+    shutil.copytree(app_env["ckpt"], copy)
+    monkeypatch.setenv("RECUR_CHECKPOINTS", str(tmp_path / "ckpts"))
+    at = goto(new_app(), "elasticity")
+    assert len(at.multiselect(key="elastic_ckpts").value) == 2
+    assert at.segmented_control(key="elastic_view").value == "diff"
+    fig = figures(at)[0]
+    assert "Difference from" in fig["layout"]["title"]["text"]
+    [curve] = [t for t in fig["data"] if t.get("mode") == "lines+markers"]
+    # the same weights on the same windows: the paired difference is exactly 0 at every depth
+    assert plotly_values(curve["y"]) == [0.0] * 32
+    at.segmented_control(key="elastic_view").set_value("absolute").run()
+    assert "Elasticity" in figures(at)[0]["layout"]["title"]["text"]

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
@@ -44,7 +43,7 @@ def test_ground_truth_page_plots_and_tooltips(hops_env):
     assert not at.error
     figs = [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
     boxes = next(f for f in figs if any(t.get("type") == "box" for t in f["data"]))
-    assert len(boxes["data"]) == 4  # A1, latent, A2 (argmax labels), A2 (KL labels)
+    assert len(boxes["data"]) == 6  # A1, latent, A2 with each of the four label kinds
     lines = next(f for f in figs if f["layout"]["title"]["text"].startswith("Answer accuracy against loops"))
     assert len(lines["data"]) == 4  # hop counts 1..3 trained, 4 unseen
     assert any(m.label.startswith("Spearman") for m in at.metric)

@@ -136,7 +136,7 @@ def test_a0_decode_equals_forward(ckpt, windows, loops, mode):
 
 def test_a0_generate_equals_forward_with_readout_policy_never_halting(ckpt, windows):
     """A1 with eps 0 never halts: every token runs the cap, its logits are the forward's."""
-    gen = generate(ckpt, windows[1, :8], 6, ConvergenceExit(0.0), max_loops=4, greedy=True, seed=SEED)
+    gen = generate(ckpt, windows[1, :8], 6, ConvergenceExit(0.0, min_loops=1), max_loops=4, greedy=True, seed=SEED)
     assert gen.exit_loops == [4] * 6
     ref = full_depth_logits(ckpt, gen.prompt_ids + gen.ids[:-1], 4, seed=SEED)[len(gen.prompt_ids) - 1:]
     torch.testing.assert_close(gen.logits, ref, atol=TOL, rtol=0)

@@ -41,7 +41,7 @@ def test_analyze_adds_the_ground_truth_section(hops_ckpt, tmp_path):
     for h in gt["hop_counts"]:
         accs = gt["uniform"]["accuracy_by_hops"][str(h)]
         assert len(accs) == 6 and all(0 <= a <= 1 for a in accs)
-    assert set(gt["policies"]) == {"A1", "latent", "A2_argmax", "A2_kl"}
+    assert set(gt["policies"]) == {"A1", "latent", "A2_argmax", "A2_kl", "A2_argmax_any", "A2_kl_any"}
     for pol in gt["policies"].values():
         assert {"threshold", "answer_accuracy", "mean_loops", "exit_depth_by_hops", "spearman_exit_vs_hops",
                 "vs_a0_rbar_loops_ratio", "vs_best_uniform_loops_ratio", "accuracy_by_hops", "curve"} <= set(pol)

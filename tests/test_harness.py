@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from recur_core.analysis import fast_vs_exact
+from recur_core.analysis import exact_curves, fast_curve, fast_minus_exact
 from recur_core.harness import run_exact
 from recur_core.policies import ConvergenceExit, LatentDiff, Policy, Uniform
 from recur_core.stats import Bootstrap
@@ -30,7 +30,7 @@ def test_eps_zero_equals_uniform_r_max(ckpt, windows, tr):
 
 
 def test_eps_inf_equals_one_loop(ckpt, windows, tr):
-    result = run_exact(ckpt, windows, ConvergenceExit(math.inf), R_MAX, seed=2)
+    result = run_exact(ckpt, windows, ConvergenceExit(math.inf, min_loops=1), R_MAX, seed=2)
     assert (result.exit_depth == 1).all() and result.converged.all()
     np.testing.assert_allclose(result.ce, tr.ce[..., 0], rtol=1e-5, atol=1e-6)
 
@@ -62,10 +62,73 @@ def test_frozen_tokens_stay_in_the_context(ckpt, windows, tr):
     assert not np.allclose(result.ce[:, 1:], tr.ce[:, 1:, R_MAX - 1], rtol=0, atol=1e-7)
 
 
-def test_fast_vs_exact_rows(ckpt, windows, tr):
-    rows = fast_vs_exact(ckpt, windows, tr, [Uniform(2), ConvergenceExit(1e-3, r_max=R_MAX)], Bootstrap(4, 50))
-    assert rows[0]["gap_loss"]["value"] == pytest.approx(0.0, abs=1e-6)
-    assert rows[0]["gap_mean_loops"]["value"] == 0.0
-    for row in rows:
-        assert set(row) >= {"policy", "threshold", "fast", "exact", "gap_loss", "gap_mean_loops"}
-        assert row["fast"]["loss"]["ci_low"] <= row["fast"]["loss"]["ci_high"]
+def test_fast_minus_exact_per_policy(ckpt, windows, tr):
+    boot = Bootstrap(4, 50)
+    families = {"A0": [Uniform(2), Uniform(R_MAX)], "A1": [ConvergenceExit(1e-3, r_max=R_MAX), ConvergenceExit(0.0, r_max=R_MAX)]}
+    exact = exact_curves(ckpt, windows, families, R_MAX, 2, boot)
+    fast = {name: fast_curve(tr, name, policies, boot) for name, policies in families.items()}
+    gap = fast_minus_exact(fast, exact, boot)
+    for row in gap["A0"] + gap["A1"][1:]:  # uniform depth (and eps 0 = r_max): both paths agree
+        assert row["gap_loss"]["value"] == pytest.approx(0.0, abs=1e-5)
+        assert row["gap_mean_loops"]["value"] == 0.0
+    row = gap["A1"][0]
+    assert row["gap_loss"]["value"] == pytest.approx(row["fast_loss"]["value"] - row["exact_loss"]["value"])
+    assert set(row) >= {"threshold", "fast_mean_loops", "exact_mean_loops", "gap_mean_loops"}
+
+
+# -- the batched sweep ---------------------------------------------------------------------------
+class RandomProbe:
+    """A fixed random linear probe (stands in for a trained A2 router)."""
+
+    probe_id = "random-test-probe"
+
+    def __init__(self, d: int):
+        self.weight = torch.randn(d, generator=torch.Generator().manual_seed(5))
+
+    def chance(self, state, loop):
+        return torch.sigmoid(state.float() @ self.weight / 4 + 0.3 * (2 - loop))
+
+
+@torch.inference_mode()
+def naive_exact(model, windows, policy, max_loops, seed):
+    """Test oracle: one full-width masking-harness run of one policy (no lanes, no cut-off)."""
+    from recur_core.readout import readout_stats
+    from recur_core.trace import cosine_change, loop_readout, relative_change, split_inputs, window_noise
+    from recur_core.policies import LoopSignals
+    inputs, targets = split_inputs(windows)
+    e, state = model.prelude(inputs), window_noise(model, range(len(inputs)), inputs.shape[1], seed)
+    h_prev = model.coda(state)
+    cap = policy.cap(max_loops)
+    frozen = torch.zeros(inputs.shape, dtype=torch.bool)
+    depth, conv = torch.full(inputs.shape, cap), torch.zeros_like(frozen)
+    for loop in range(1, cap + 1):
+        new = model.core_step(state, e, freeze=frozen)
+        h_prev, stats = loop_readout(model, new, h_prev, None)
+        signals = LoopSignals(new, relative_change(new, state), stats.kl_prev, stats.kl_prev_reverse, stats.entropy,
+                              stats.argmax, cosine_change(new, state))
+        met = policy.rule_met(loop, signals) & ~frozen
+        halt = met | ~frozen if loop == cap else met
+        depth[halt], conv, frozen, state = loop, conv | met, frozen | halt, new
+    return readout_stats(model.coda(state), model.head_weight, targets).ce.numpy(), depth.numpy(), conv.numpy()
+
+
+def test_sweep_equals_one_run_per_policy(ckpt, windows):
+    from recur_core.harness import SweepWork, run_exact_sweep
+    from recur_core.policies import ArgmaxStable, CosineExit, EntropyDiff, LinearRouter, ReverseKLExit
+    probe = RandomProbe(ckpt.config.d_model)
+    policies = ([Uniform(r) for r in (1, 3, R_MAX)]
+                + [ConvergenceExit(eps, r_max=R_MAX) for eps in (0.0, 1e-4, 1e-2, 0.1, math.inf)]
+                + [ConvergenceExit(1e-2, min_loops=1, r_max=R_MAX), LatentDiff(0.05, r_max=4)]
+                + [LinearRouter(probe, tau, r_max=R_MAX) for tau in (0.0, 0.3, 0.6, 1.0)]
+                + [ReverseKLExit(1e-2, r_max=R_MAX), CosineExit(1e-3, r_max=R_MAX)]  # Huginn's criteria
+                + [ArgmaxStable(2, r_max=R_MAX), EntropyDiff(1e-2, r_max=R_MAX)])  # these remember loops: run alone
+    work = SweepWork()
+    results = run_exact_sweep(ckpt, windows, policies, R_MAX, seed=2, batch_size=3, window_group=3, work=work)
+    for policy, got in zip(policies, results):
+        ce, depth, conv = naive_exact(ckpt.model, windows, policy, R_MAX, seed=2)
+        np.testing.assert_array_equal(got.exit_depth, depth, err_msg=repr(policy))
+        np.testing.assert_array_equal(got.converged, conv, err_msg=repr(policy))
+        np.testing.assert_allclose(got.ce, ce, rtol=1e-4, atol=1e-5, err_msg=repr(policy))
+    # the thresholds shared lanes: far less work than one run per policy
+    assert 0 < work.lane_loops < work.naive_window_loops / 2
+    assert work.token_loops <= work.lane_loops * windows.shape[1] - 1

@@ -19,7 +19,7 @@ from recur_core.decode import full_depth_logits, generate
 from recur_core.harness import run_exact
 from recur_core.huginn import INDEX, huginn_config, memory_estimate
 from recur_core.policies import (ArgmaxStable, ConvergenceExit, CosineExit, EntropyDiff, LatentDiff, LoopSignals,
-                                 ReverseKLExit, Uniform)
+                                 ReverseKLExit)
 from recur_core.trace import trace
 
 FIXTURE = Path(__file__).parent / "fixtures" / "huginn_tiny"

@@ -28,23 +28,34 @@ KL = [[[0.5, 0.2, 0.05, 0.01, 0.2],     # first below 0.1 at loop 3
 
 def test_convergence_exit_on_hand_made_trace():
     tr = make_trace(KL)
-    exits = ConvergenceExit(0.1).exits(tr)
+    exits = ConvergenceExit(0.1, min_loops=1).exits(tr)
     assert exits.depth.tolist() == [[3, 5, 1]]
     assert exits.converged.tolist() == [[True, False, True]]
+
+
+def test_a1_first_check_is_loop_2_by_default():
+    """The paper's convention: loop 1's KL is against the noise readout, so A1 first checks at loop 2."""
+    tr = make_trace(KL)
+    assert ConvergenceExit.FIRST_CHECK == 2
+    assert ConvergenceExit(0.1).exit_depth(tr).tolist() == [[3, 5, 5]]  # token 3's loop-1 KL is ignored
+    assert (ConvergenceExit(math.inf).exit_depth(tr) == 2).all()
+    assert (ConvergenceExit(math.inf, min_loops=1).exit_depth(tr) == 1).all()
+    signals = LoopSignals(state=torch.zeros(1, 1, 3), state_change=torch.zeros(1, 1), kl_prev=torch.zeros(1, 1))
+    assert not ConvergenceExit(0.1).halt(1, signals).any() and ConvergenceExit(0.1).halt(2, signals).all()
 
 
 def test_min_loops_and_r_max():
     tr = make_trace(KL)
     assert ConvergenceExit(0.1, min_loops=2).exit_depth(tr).tolist() == [[3, 5, 5]]
     assert ConvergenceExit(0.1, min_loops=4).exit_depth(tr).tolist() == [[4, 5, 5]]
-    capped = ConvergenceExit(0.1, r_max=2).exits(tr)
+    capped = ConvergenceExit(0.1, min_loops=1, r_max=2).exits(tr)
     assert capped.depth.tolist() == [[2, 2, 1]]
     assert capped.converged.tolist() == [[False, False, True]]
 
 
 def test_extreme_eps():
     tr = make_trace(KL)
-    assert (ConvergenceExit(math.inf).exit_depth(tr) == 1).all()
+    assert (ConvergenceExit(math.inf, min_loops=1).exit_depth(tr) == 1).all()
     assert (ConvergenceExit(0.0).exit_depth(tr) == 5).all()
     assert not ConvergenceExit(0.0).exits(tr).converged.any()
 
@@ -108,6 +119,6 @@ def test_needs_readout():
 def test_nan_kl_never_halts_and_missing_kl_is_an_error():
     signals = LoopSignals(state=torch.zeros(1, 2, 3), state_change=torch.zeros(1, 2),
                           kl_prev=torch.tensor([[math.nan, 0.0]]))
-    assert ConvergenceExit(0.1).halt(1, signals).tolist() == [[False, True]]
+    assert ConvergenceExit(0.1, min_loops=1).halt(1, signals).tolist() == [[False, True]]
     with pytest.raises(ValueError):
-        ConvergenceExit(0.1).halt(1, LoopSignals(state=torch.zeros(1, 2, 3), state_change=torch.zeros(1, 2)))
+        ConvergenceExit(0.1).halt(2, LoopSignals(state=torch.zeros(1, 2, 3), state_change=torch.zeros(1, 2)))

@@ -16,7 +16,8 @@ def separable_harvest(n_windows=40, per_window=50, d=6, seed=0) -> Harvest:
     state = rng.normal(size=(M, d)).astype(np.float32)
     loop = rng.integers(1, 8, size=(M, 1)).astype(np.float32)
     rule = 2 * state[:, 0] - state[:, 3] + 0.3 * loop[:, 0] > 1
-    return Harvest(np.hstack([state, loop]), rule, ~rule, np.repeat(np.arange(n_windows), per_window), 1e-3)
+    kl = np.where(rule, 0.0, 1.0)  # KL labels (>= 1e-3) are the complement here
+    return Harvest(np.hstack([state, loop]), np.repeat(np.arange(n_windows), per_window), rule, rule, kl, kl, 1e-3)
 
 
 def test_probe_finds_a_separable_rule():
@@ -70,14 +71,15 @@ def test_harvest_and_cached_probes(tiny_ckpt, tmp_path):
     d = ckpt.config.d_model
     assert data.features.shape == (3 * 5 * 3, d + 1)
     assert sorted(set(data.features[:, -1])) == [1.0, 2.0, 3.0]
-    assert data.changed_kl.dtype == bool and len(data.window) == len(data.changed_argmax)
+    assert len(data.window) == len(data.changed_argmax) == len(data.kl_next)
+    assert data.trace.kl_prev.shape == (3, ckpt.windows("probe").shape[1] - 1, 4)
 
     store = TraceCache(tmp_path)
     kwargs = dict(n_windows=4, tokens_per_window=6, cache=store)
     probes = load_or_train_probes(ckpt, 4, **kwargs)
-    assert set(probes) == {"argmax", "kl"}
+    assert set(probes) == {"argmax", "kl", "argmax_any", "kl_any"}
     files = sorted((tmp_path / ckpt.checkpoint_id / "probes").glob("*.safetensors"))
-    assert len(files) == 2
+    assert len(files) == 4
     again = load_or_train_probes(ckpt, 4, **kwargs)
     assert again["kl"].probe_id == probes["kl"].probe_id
     torch.testing.assert_close(again["kl"].weight, probes["kl"].weight)
@@ -95,3 +97,56 @@ def test_probe_save_load_roundtrip(tmp_path):
     assert loaded.probe_id == probe.probe_id and loaded.metrics == probe.metrics
     state = torch.randn(2, 3, 6)
     torch.testing.assert_close(loaded.chance(state, 4), probe.chance(state, 4))
+
+
+def test_kl_labels_follow_label_eps_at_both_horizons():
+    """One token over 5 loops with KL(p_i || p_(i-1)) = 9, .5, .001, .2, .0001: samples at loops 1..4."""
+    kl_next = np.array([0.5, 0.001, 0.2, 0.0001])
+    kl_later = np.array([0.5, 0.2, 0.2, 0.0001])
+    data = Harvest(np.zeros((4, 2), np.float32), np.zeros(4, int), np.zeros(4, bool), np.zeros(4, bool),
+                   kl_next, kl_later, 0.01)
+    assert data.labels("kl").tolist() == [True, False, True, False]
+    assert data.labels("kl_any").tolist() == [True, True, True, False]  # loop 2: KL 0.2 at loop 4 is later
+    data.label_eps = 0.3
+    assert data.labels("kl_any").tolist() == [True, False, False, False]
+    with pytest.raises(ValueError):
+        data.labels("entropy")
+
+
+def test_harvested_any_later_labels_follow_the_trace(ckpt):
+    data = harvest(ckpt, ckpt.windows("probe")[:2], max_loops=5, tokens_per_window=4, label_eps=1e-4)
+    tr = data.trace
+    positions = _positions_of(data, tr, ckpt)
+    for m, (w, t, i) in enumerate(positions):
+        seq = tr.argmax[w, t]
+        assert data.changed_argmax[m] == (seq[i] != seq[i - 1])
+        assert data.changed_argmax_any[m] == (seq[i:] != seq[i - 1]).any()
+        assert data.kl_later_max[m] == pytest.approx(tr.kl_prev[w, t, i:].max())
+    # the any-later label is a superset of the next-loop one
+    assert (data.labels("argmax_any") >= data.labels("argmax")).all()
+    assert (data.labels("kl_any") >= data.labels("kl")).all()
+
+
+def _positions_of(data, tr, ckpt):
+    """(window, position, loop) of every harvested sample, recovered from the sampling seed."""
+    from recur_core.probe import _sample_positions
+    pos = _sample_positions(tr.n_windows, tr.seq_len, 4, 0).numpy()
+    return [(w, t, i) for w in range(tr.n_windows) for t in pos[w] for i in range(1, tr.max_loops)]
+
+
+def test_kl_label_eps_is_tied_to_a1s_matched_eps(ckpt, tmp_path):
+    from recur_core.analysis import fast_sums
+    from recur_core.policies import ConvergenceExit, Uniform
+    from recur_core.probe import a1_matched_eps
+    probes = load_or_train_probes(ckpt, 4, n_windows=4, tokens_per_window=6, r_bar=2, cache=TraceCache(tmp_path))
+    data = harvest(ckpt, ckpt.windows("probe")[:4], max_loops=4, tokens_per_window=6)
+    eps = a1_matched_eps(data.trace, 2, 4)
+    target = fast_sums(data.trace, Uniform(2)).mean_loss
+    if eps is not None:
+        assert fast_sums(data.trace, ConvergenceExit(eps, r_max=4)).mean_loss <= target
+        assert probes["kl"].label_eps == probes["kl_any"].label_eps == eps
+        assert "matched" in probes["kl"].metrics["label_eps_rule"]
+    else:
+        assert probes["kl"].label_eps == 1e-3
+    fixed = load_or_train_probes(ckpt, 4, n_windows=4, tokens_per_window=6, label_eps=0.05, cache=False)
+    assert fixed["kl"].label_eps == 0.05

@@ -64,9 +64,8 @@ def test_the_cli_and_the_app_take_their_defaults_from_settings():
     from ui import compute
 
     args = parse_args(["ckpt"])
-    assert (args.windows, args.seed, args.n_boot, args.probe_windows, args.probe_tokens, args.exact_windows) == (
-        SETTINGS.windows, SETTINGS.seed, SETTINGS.n_boot, SETTINGS.probe_windows, SETTINGS.probe_tokens,
-        SETTINGS.exact_windows)
+    assert (args.windows, args.seed, args.n_boot, args.probe_windows, args.probe_tokens) == (
+        SETTINGS.windows, SETTINGS.seed, SETTINGS.n_boot, SETTINGS.probe_windows, SETTINGS.probe_tokens)
     assert compute.S is SETTINGS
     # the app's ε slider stops are the report's A1 grid (0 and inf aside)
     assert [10.0 ** x for x in SETTINGS.eps_log10] == list(SETTINGS.eps_grid[1:-1])
@@ -74,26 +73,32 @@ def test_the_cli_and_the_app_take_their_defaults_from_settings():
 
 
 def test_app_headline_figures_equal_report_json_on_the_demo_checkpoint(tmp_path, monkeypatch):
-    """analyze and the app on checkpoints/demo with the same settings (16 windows, 8 probe windows and
+    """analyze and the app on checkpoints/demo with the same settings (4 windows, 8 probe windows and
     200 bootstrap replicates, to keep the test short): elasticity, convergence and every allocation
-    figure (curves, matched-depth table, loops to match A0 at r̄) are equal."""
+    figure (curves, matched-depth table, loops to match A0 at r̄) are equal, on the exact path (the
+    report's headline `allocation`, the app's Exact mode) and on the fast one."""
     from recur_core import analyze
     from recur_core.analysis import json_safe
     from ui import compute
 
-    small = dataclasses.replace(SETTINGS, windows=16, probe_windows=8, n_boot=200)
+    small = dataclasses.replace(SETTINGS, windows=4, probe_windows=8, n_boot=200)
     monkeypatch.setattr(compute, "S", small)
     monkeypatch.setenv("RECUR_CACHE_DIR", str(tmp_path / "cache"))
-    analyze.main([DEMO, "--windows", "16", "--probe-windows", "8", "--n-boot", "200", "--out", str(tmp_path / "report"),
+    analyze.main([DEMO, "--windows", "4", "--probe-windows", "8", "--n-boot", "200", "--out", str(tmp_path / "report"),
                   "--cache-dir", str(tmp_path / "cache")])
     report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["allocation"]["path"] == "exact" and report["allocation_fast"]["path"] == "fast"
 
     m = compute.open_model(DEMO, "cpu")
     assert (m.r_max, m.r_bar) == (report["settings"]["r_max"], report["settings"]["r_bar"])
-    app = json_safe(compute.sweep_fast(*m.key, None, m.r_max, m.r_bar)["report"])
-    for key in ("a1_loops_to_match_a0_rbar", "a2_argmax_loops_to_match_a0_rbar", "a2_kl_loops_to_match_a0_rbar",
-                "matched_depth", "A0", "A1", "A2_argmax", "A2_kl"):
-        assert app[key] == report["allocation"][key], key
+    fast = json_safe(compute.sweep_fast(*m.key, None, m.r_max, m.r_bar)["report"])
+    exact = json_safe(compute.sweep_exact(*m.key, None, m.r_max, m.r_bar, small.windows)["report"])
+    keys = [k for k in report["allocation"] if k.endswith("_loops_to_match_a0_rbar")]
+    keys += ["matched_depth", "A0", "A1", *(k for k in report["allocation"] if k.startswith("A2_"))]
+    assert len(keys) >= 12  # A1 and the four A2 label kinds, their curves and the matched-depth table
+    for key in keys:
+        assert fast[key] == report["allocation_fast"][key], key
+        assert exact[key] == report["allocation"][key], key
     assert json_safe(compute.elasticity(*m.key)) == report["elasticity"]
     assert json_safe(compute.convergence(*m.key, None)) == report["convergence"]
     assert np.isfinite(report["allocation"]["a1_loops_to_match_a0_rbar"]["value"])

@@ -51,3 +51,31 @@ def test_nan_replicates_are_ignored_and_all_nan_gives_nan():
     est = boot.summarise(values)
     assert np.isnan(est.value[0]) and np.isnan(est.ci_low[0])
     assert 0.0 < est.ci_low[1] < est.ci_high[1] < 1.0
+
+
+def test_replicates_that_never_reach_the_level_count_as_not_reached():
+    """Dropping NaN replicates (nanquantile) would bias the upper end low; they are +inf instead."""
+    boot = Bootstrap(10, n_boot=100, seed=0)
+    values = np.concatenate([[3.0], np.linspace(2.0, 4.0, 100)])
+    values[1:][::4] = np.nan  # a quarter of the replicates never reach the level
+    est, never = boot.summarise_reach(values)
+    assert never == 25
+    assert est.value == 3.0 and np.isfinite(est.ci_low)
+    assert est.ci_high == np.inf  # 25% > 2.5%: the upper end is "not reached" (> the cap)
+    dropped = boot.summarise(values)  # the old behaviour, for contrast
+    assert np.isfinite(dropped.ci_high) and dropped.ci_high < 4.0
+
+
+def test_reach_interval_is_the_ordinary_one_when_every_replicate_reaches():
+    boot = Bootstrap(10, n_boot=200, seed=1)
+    values = np.concatenate([[3.0], np.random.default_rng(2).normal(3.0, 0.1, 200)])
+    est, never = boot.summarise_reach(values)
+    ref = boot.summarise(values)
+    assert never == 0 and est.ci_low == pytest.approx(ref.ci_low) and est.ci_high == pytest.approx(ref.ci_high)
+    # a couple of unreached replicates (1%) move the upper end up but keep it finite
+    values[1:3] = np.nan
+    est2, never2 = boot.summarise_reach(values)
+    assert never2 == 2 and est.ci_high < est2.ci_high < np.inf
+    # the data itself never reaching the level: the value is inf, not NaN
+    values[0] = np.nan
+    assert boot.summarise_reach(values)[0].value == np.inf

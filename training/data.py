@@ -148,7 +148,7 @@ class DataSpec:
         return (d for d in self._docs(self.train, "train") if is_heldout(d))
 
     def _hub_has_validation(self) -> bool:
-        if local_files(self.train) is not None:
+        if local_files(self.train) is not None or looks_local(self.train):
             return False
         require_hub(f"the dataset {self.train!r}")
         import datasets

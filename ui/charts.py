@@ -16,9 +16,12 @@ from plotly.subplots import make_subplots
 KL_AXIS = "KL(p_i ‖ p_{i−1}) [nats]"
 LOSS_AXIS = "loss [nats/token]"
 LOOPS_AXIS = "mean loops per token"
-FAMILY_COLORS = {"A0": "#4c78a8", "A1": "#f58518", "A2_argmax": "#54a24b", "A2_kl": "#b279a2"}
+DIFF_AXIS = "loss − A0's at the same mean loops [nats/token]"
+FAMILY_COLORS = {"A0": "#4c78a8", "A1": "#f58518", "A2_argmax": "#54a24b", "A2_kl": "#b279a2",
+                 "A2_argmax_any": "#72b7b2", "A2_kl_any": "#e45756"}
 FAMILY_NAMES = {"A0": "A0 uniform depth", "A1": "A1 convergence exit (KL < ε)",
-                "A2_argmax": "A2 router (argmax labels)", "A2_kl": "A2 router (KL labels)"}
+                "A2_argmax": "A2 router (argmax labels)", "A2_kl": "A2 router (KL labels)",
+                "A2_argmax_any": "A2 router (argmax, any later loop)", "A2_kl_any": "A2 router (KL, any later loop)"}
 PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d")
 KL_FLOOR = 1e-12  # log10 of a KL of exactly 0 is drawn at this floor
 # Inferno, with its first stop "#000004" nudged: the app frontend turned exactly that colour into lavender
@@ -164,6 +167,57 @@ def depth_loss(curves: dict[str, list[dict]], highlight: dict | None, reference:
         pad = 0.08 * (max(ys) - min(ys) or 1e-3)
         fig.update_yaxes(range=[min(ys) - pad, max(ys) + pad])
     return base_layout(fig, title, height=470)
+
+
+def difference_curves(diffs: dict[str, dict], highlight: dict | None, title: str) -> go.Figure:
+    """Each policy's loss minus A0's at the same mean loops, with paired 95% bootstrap bands
+    (analysis.difference_from_a0); A0 is the zero line. `highlight` is the current ε's point."""
+    fig = go.Figure()
+    xs = [x for d in diffs.values() for x in d["mean_loops"]]
+    if xs:
+        fig.add_trace(go.Scatter(x=[min(xs), max(xs)], y=[0, 0], mode="lines", name=FAMILY_NAMES["A0"] + " (zero)",
+                                 line=dict(color=FAMILY_COLORS["A0"], width=2), hoverinfo="skip"))
+    for name, d in diffs.items():
+        order = np.argsort(d["mean_loops"], kind="stable")
+        pick = lambda key: np.asarray(d[key], dtype=float)[order]
+        x, y, lo, hi = pick("mean_loops"), pick("diff"), pick("ci_low"), pick("ci_high")
+        color = FAMILY_COLORS.get(name, "#666")
+        fig.add_trace(band(x, lo, hi, color, name, group=name))
+        thr = np.array([fmt_threshold(d["threshold_name"], t) for t in d["thresholds"]], dtype=object)[order]
+        fig.add_trace(go.Scatter(
+            x=x, y=y, mode="lines+markers", name=FAMILY_NAMES.get(name, name), legendgroup=name,
+            line=dict(color=color, width=2), marker=dict(size=5), customdata=np.stack([thr, lo, hi], axis=1),
+            hovertemplate=("%{customdata[0]}<br>mean loops %{x:.2f}<br>− A0: %{y:+.4f} "
+                           "[%{customdata[1]:+.4f}, %{customdata[2]:+.4f}]<extra>" + name + "</extra>")))
+    if highlight is not None:
+        fig.add_trace(go.Scatter(
+            x=[highlight["mean_loops"]], y=[highlight["diff"]], mode="markers",
+            name=f"current {fmt_threshold(highlight['threshold_name'], highlight['threshold'])}",
+            marker=dict(size=18, symbol="circle-open", color="#d62728", line=dict(width=3)),
+            hovertemplate="mean loops %{x:.2f}<br>− A0: %{y:+.4f}<extra>current ε</extra>"))
+    fig.update_xaxes(title=LOOPS_AXIS)
+    fig.update_yaxes(title=DIFF_AXIS, zeroline=True)
+    return base_layout(fig, title, height=470)
+
+
+def elasticity_differences(diffs: list[dict], reference: str) -> go.Figure:
+    """diffs: {name, loops, diff, ci_low, ci_high} per checkpoint, each minus the reference
+    checkpoint at the same depth with paired 95% bootstrap bands (same windows)."""
+    fig = go.Figure()
+    for i, d in enumerate(diffs):
+        color = PALETTE[(i + 1) % len(PALETTE)]
+        fig.add_trace(band(d["loops"], d["ci_low"], d["ci_high"], color, d["name"]))
+        fig.add_trace(go.Scatter(x=d["loops"], y=d["diff"], mode="lines+markers", name=d["name"],
+                                 legendgroup=d["name"], line=dict(color=color), marker=dict(size=5),
+                                 hovertemplate="loops %{x}<br>− reference: %{y:+.4f}<extra>" + d["name"] + "</extra>"))
+    if diffs:
+        loops = diffs[0]["loops"]
+        fig.add_trace(go.Scatter(x=[loops[0], loops[-1]], y=[0, 0], mode="lines", name=f"{reference} (zero)",
+                                 line=dict(color=PALETTE[0], width=2), hoverinfo="skip"))
+    fig.update_xaxes(title="loops (uniform depth r)", dtick=2)
+    fig.update_yaxes(title=f"loss − {reference}'s at the same depth [nats/token]", zeroline=True)
+    return base_layout(fig, f"Difference from {reference} at each depth (paired 95% bootstrap bands, same windows)",
+                       height=470)
 
 
 def fmt_threshold(name: str, value) -> str:

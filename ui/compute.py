@@ -37,6 +37,7 @@ from .strip import plain_visible
 S = SETTINGS  # seed, bootstrap, windows, loops, top-k and grids: the same as `python -m recur_core.analyze`
 
 
+
 @dataclass(frozen=True)
 class Model:
     """What the pages need to know about the selected checkpoint (the weights stay cached)."""
@@ -242,38 +243,60 @@ def outcome(tr: Trace, policy) -> Outcome:
 
 
 # -- sweeps (page 2) --------------------------------------------------------------------------------
+def differences(curves: dict, boot: Bootstrap) -> dict[str, dict]:
+    """Every curve but A0 minus A0 at the same mean loops, with paired bands."""
+    return {name: analysis.difference_from_a0(c, curves["A0"], boot) for name, c in curves.items() if name != "A0"}
+
+
 @st.cache_data(max_entries=16, show_spinner="Sweeping ε and τ over the trace…")
 def sweep_fast(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, r_max: int, r_bar: int) -> dict:
     """A0 / A1 / A2 allocation curves (fast path) with the matched-depth table, on the grids of
     report.json (A1's ε grid holds every stop of the ε slider, so moving it only looks a point up)."""
     tr = source_trace(path, ckpt_id, device, ids)
     prb = probes(path, ckpt_id, device)
-    res = analysis.allocation(tr, Bootstrap(tr.n_windows, S.n_boot, S.seed), r_max, r_bar, probes=prb)
-    return {"report": res["report"], "curves": res["curves"], "n_windows": tr.n_windows, "seq_len": tr.seq_len,
-            "probe_metrics": {k: p.metrics for k, p in prb.items()}}
+    boot = Bootstrap(tr.n_windows, S.n_boot, S.seed)
+    res = analysis.allocation(tr, boot, r_max, r_bar, probes=prb)
+    return {"report": res["report"], "curves": res["curves"], "diffs": differences(res["curves"], boot),
+            "n_windows": tr.n_windows, "seq_len": tr.seq_len, "probe_metrics": {k: p.metrics for k, p in prb.items()}}
 
 
-@st.cache_data(max_entries=8, show_spinner=False)
-def sweep_exact(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, r_max: int,
-                n_windows: int) -> dict:
-    """The same families on the exact masking harness (the settings' coarser exact grids, the first
-    n_windows eval windows), each point next to its fast-path value on the same windows (paired bootstrap)."""
+def _exact_inputs(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, n_windows: int):
+
     ckpt = _ckpt(path, ckpt_id, device)
-    prb = probes(path, ckpt_id, device)
     if ids is None:
         full = eval_trace(path, ckpt_id, device)
         n = min(n_windows, full.n_windows)
-        tr, inputs = full.subset(range(n)), ckpt.windows("eval")[:n]
-    else:
-        tr, inputs = text_trace(path, ckpt_id, device, ids, True), np.asarray(ids, dtype=np.int64)
+        return ckpt, full.subset(range(n)), ckpt.windows("eval")[:n]
+    return ckpt, text_trace(path, ckpt_id, device, ids, True), np.asarray(ids, dtype=np.int64)
+
+
+def exact_cached(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, r_max: int, n_windows: int) -> bool:
+    """Whether the exact sweep is already in the disk cache (e.g. written by `python -m recur_core.analyze`)."""
+    ckpt, tr, inputs = _exact_inputs(path, ckpt_id, device, ids, n_windows)
+    families = analysis.policy_families(min(r_max, tr.max_loops), probes=probes(path, ckpt_id, device))
+    return analysis.exact_is_cached(ckpt, inputs, families, tr.max_loops, tr.seed, TraceCache())
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def sweep_exact(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, r_max: int, r_bar: int,
+                n_windows: int) -> dict:
+    """The report's families (SETTINGS' ε / τ grids) in the masking harness, every threshold in
+    one batched pass (analysis.allocation with exact=...; cached on disk, shared with the analyze CLI),
+    with the fast − exact gap per policy on the same windows (paired bootstrap)."""
+    ckpt, tr, inputs = _exact_inputs(path, ckpt_id, device, ids, n_windows)
+    prb = probes(path, ckpt_id, device)
     boot = Bootstrap(tr.n_windows, S.n_boot, S.seed)
-    families = analysis.policy_families(r_max, S.exact_eps_grid, S.exact_tau_grid, prb)
-    bar = Progress(f"Exact masking harness on {tr.n_windows} window(s), policy by policy")
+    fast = analysis.allocation(tr, boot, r_max, r_bar, probes=prb)
+    bar = Progress(f"Exact masking harness on {tr.n_windows} window(s): the whole ε / τ sweep in one pass")
     try:
-        rows = analysis.exact_sweep(ckpt, inputs, tr, families, boot, progress=bar)
+        exact = analysis.allocation(tr, boot, r_max, r_bar, probes=prb, exact=(ckpt, inputs), cache=TraceCache(),
+                                    progress=bar)
+
     finally:
         bar.close()
-    return {"rows": rows, "n_windows": tr.n_windows}
+    return {"report": exact["report"], "curves": exact["curves"], "diffs": differences(exact["curves"], boot),
+            "gaps": analysis.fast_minus_exact(fast["curves"], exact["curves"], boot), "n_windows": tr.n_windows,
+            "seq_len": tr.seq_len}
 
 
 # -- convergence, classes, elasticity --------------------------------------------------------------
@@ -317,6 +340,14 @@ def token_classes(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | N
 def elasticity(path: str, ckpt_id: str, device: str) -> dict:
     tr = eval_trace(path, ckpt_id, device)
     return analysis.elasticity(tr, Bootstrap(tr.n_windows, S.n_boot, S.seed))
+
+
+@st.cache_data(max_entries=16, show_spinner="Paired differences…")
+def elasticity_difference(path: str, ckpt_id: str, ref_path: str, ref_id: str, device: str) -> dict:
+    """Loss at each depth minus the reference checkpoint's, paired over the same eval windows
+    (ValueError when the two checkpoints do not share their eval windows)."""
+    tr, ref = eval_trace(path, ckpt_id, device), eval_trace(ref_path, ref_id, device)
+    return analysis.elasticity_difference(tr, ref, Bootstrap(ref.n_windows, S.n_boot, S.seed))
 
 
 # -- training log -----------------------------------------------------------------------------------

@@ -70,7 +70,7 @@ def token_label(table: pd.DataFrame, pos: int) -> str:
 
 
 # -- depth / loss curves --------------------------------------------------------------------------------
-FAMILIES = ("A0", "A1", "A2_argmax", "A2_kl")
+FAMILIES = ("A0", "A1", "A2_argmax", "A2_kl", "A2_argmax_any", "A2_kl_any")
 
 
 def point_at(points: list[dict], eps: float) -> dict:
@@ -103,48 +103,51 @@ def curve_table(points: dict[str, list[dict]]) -> pd.DataFrame:
     return df
 
 
-def exact_points(rows: list[dict]) -> dict[str, list[dict]]:
-    """The exact harness rows (analysis.fast_vs_exact + family) as curve points like the fast ones."""
-    out: dict[str, list[dict]] = {}
-    for r in rows:
-        e = r["exact"]
-        out.setdefault(r["family"], []).append({
-            "threshold_name": r["threshold_name"], "threshold": r["threshold"],
-            "mean_loops": e["mean_loops"]["value"], "mean_loops_ci_low": e["mean_loops"]["ci_low"],
-            "mean_loops_ci_high": e["mean_loops"]["ci_high"], "loss": e["loss"]["value"],
-            "ci_low": e["loss"]["ci_low"], "ci_high": e["loss"]["ci_high"]})
-    return out
-
-
-def exact_table(rows: list[dict]) -> pd.DataFrame:
+def gap_table(gaps: dict[str, list[dict]]) -> pd.DataFrame:
+    """analysis.fast_minus_exact as one row per policy: both paths and the paired gap fast − exact."""
     flat = []
-    for r in rows:
-        flat.append({"policy": r["family"], "threshold": str(r["threshold"]),
-                     "fast loss": r["fast"]["loss"]["value"], "exact loss": r["exact"]["loss"]["value"],
-                     "gap loss (exact − fast)": r["gap_loss"]["value"], "gap low": r["gap_loss"]["ci_low"],
-                     "gap high": r["gap_loss"]["ci_high"], "fast mean loops": r["fast"]["mean_loops"]["value"],
-                     "exact mean loops": r["exact"]["mean_loops"]["value"],
-                     "gap mean loops": r["gap_mean_loops"]["value"]})
+    for family, rows in gaps.items():
+        for r in rows:
+            flat.append({"policy": family, "threshold": str(r["threshold"]),
+                         "exact mean loops": r["exact_mean_loops"]["value"], "exact loss": r["exact_loss"]["value"],
+                         "fast mean loops": r["fast_mean_loops"]["value"], "fast loss": r["fast_loss"]["value"],
+                         "gap loss (fast − exact)": r["gap_loss"]["value"], "gap low": r["gap_loss"]["ci_low"],
+                         "gap high": r["gap_loss"]["ci_high"], "gap mean loops": r["gap_mean_loops"]["value"]})
     return pd.DataFrame(flat)
 
 
+def diff_point_at(diff: dict, eps: float) -> dict:
+    """The difference-view point of the swept ε nearest eps (as point_at)."""
+    pts = [{"threshold_name": diff["threshold_name"], "threshold": t, "mean_loops": x, "diff": d}
+           for t, x, d in zip(diff["thresholds"], diff["mean_loops"], diff["diff"])]
+    return point_at(pts, eps)
+
+
 def is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not (isinstance(x, float) and math.isnan(x))
+    """A finite number (NaN, None, inf and "inf" are not)."""
+    return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 def fmt_est(d: dict, digits: int = 2) -> str:
+    """value [ci_low, ci_high]; an infinite end (a level some replicates never reach) reads "> cap"."""
     v, lo, hi = d.get("value"), d.get("ci_low"), d.get("ci_high")
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "not reached"
+    cap = d.get("cap")
+    if not is_number(v) or not is_number(hi):
+        end = lambda x: f"{x:.{digits}f}" if is_number(x) else f"> {cap}" if cap is not None else "not reached"
+        return f"{end(v)} [{end(lo)}, {end(hi)}]"
     if lo is None or hi is None or (isinstance(lo, float) and math.isnan(lo)) or lo == hi:
         return f"{v:.{digits}f}"
     return f"{v:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
 def match_sentence(name: str, match: dict, r_bar: int) -> str:
-    if match.get("value") is None or (isinstance(match["value"], float) and math.isnan(match["value"])):
-        return f"{name} never reaches A0's loss at r̄ = {r_bar}"
-    return f"{name} reaches A0's loss at r̄ = {r_bar} with {fmt_est(match)} mean loops"
+    never = match.get("n_boot_not_reached")
+    note = f" ({never} of {match['n_boot']} bootstrap replicates never reach it)" if never else ""
+    if not is_number(match.get("value")):
+        return f"{name} never reaches A0's loss at r̄ = {r_bar}{note}"
+    return f"{name} reaches A0's loss at r̄ = {r_bar} with {fmt_est(match)} mean loops{note}"
 
 
 def number_formats(df: pd.DataFrame) -> dict:
@@ -158,6 +161,18 @@ def number_formats(df: pd.DataFrame) -> dict:
         else:
             config[col] = st.column_config.NumberColumn(format="%.4f")
     return config
+
+
+def label_kinds_table(probes: dict, report: dict) -> pd.DataFrame:
+    """A2's label kinds side by side: probe quality (held-out windows), label ε, and the allocation
+    report's mean loops to match A0 at r̄ with its interval and unreached replicates."""
+    df = probe_table(probes)
+    if df.empty:
+        return df
+    match = [report.get(f"a2_{kind}_loops_to_match_a0_rbar", {}) for kind in df["labels"]]
+    df["loops to match A0 at r̄"] = [fmt_est(m) if m else "n/a" for m in match]
+    df["replicates never reaching it"] = [m.get("n_boot_not_reached") for m in match]
+    return df
 
 
 def probe_table(probes: dict) -> pd.DataFrame:

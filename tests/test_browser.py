@@ -17,6 +17,7 @@ Settings (environment):
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -55,14 +56,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_ckpt, tmp_path_factory):
-    """`streamlit run app.py` on a free port; yields (base url, checkpoint folder)."""
-    chromium_path()
-    ckpt = Path(os.environ.get("RECUR_BROWSER_CHECKPOINT") or tiny_ckpt).resolve()
+@contextlib.contextmanager
+def streamlit_server(ckpt: Path, tmp_path_factory, checkpoints: str = ""):
+    """`streamlit run app.py` on `ckpt`, on a free port, until the block ends; yields the base url."""
     port = free_port()
     log = tmp_path_factory.mktemp("streamlit") / "server.log"
-    env = dict(os.environ, RECUR_CHECKPOINT=str(ckpt), RECUR_CHECKPOINTS=os.environ.get("RECUR_BROWSER_CHECKPOINTS", ""),
+    env = dict(os.environ, RECUR_CHECKPOINT=str(ckpt), RECUR_CHECKPOINTS=checkpoints,
                RECUR_SHIPPED=str(tmp_path_factory.mktemp("no_shipped_checkpoints")),
                RECUR_CACHE_DIR=os.environ.get("RECUR_CACHE_DIR") or str(tmp_path_factory.mktemp("cache")))
     cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
@@ -81,13 +80,22 @@ def server(tiny_ckpt, tmp_path_factory):
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"streamlit did not start:\n{log.read_text()}")
             time.sleep(0.25)  # polling interval of the health check, not a wait for the app
-        yield base, ckpt
+        yield base
     finally:
         proc.terminate()
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_ckpt, tmp_path_factory):
+    """`streamlit run app.py` on a free port; yields (base url, checkpoint folder)."""
+    chromium_path()
+    ckpt = Path(os.environ.get("RECUR_BROWSER_CHECKPOINT") or tiny_ckpt).resolve()
+    with streamlit_server(ckpt, tmp_path_factory, os.environ.get("RECUR_BROWSER_CHECKPOINTS", "")) as base:
+        yield base, ckpt
 
 
 @pytest.fixture(scope="module")

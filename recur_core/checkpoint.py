@@ -108,16 +108,21 @@ def checkpoint_id(config: ModelConfig, state_dict: dict[str, torch.Tensor]) -> s
     return h.hexdigest()[:16]
 
 
-def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """Load a safetensors file, with a clear error for pickles, truncation and missing files."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: file not found")
+def refuse_pickle(path: Path) -> None:
+    """Raise CheckpointError if the file starts like a pickle / torch.save zip: never unpickle."""
     with open(path, "rb") as f:
         head = f.read(8)
     if head[:1] == b"\x80" or head[:2] == b"PK":
         raise CheckpointError(f"{path}: this is a pickle / torch.save file, not safetensors; "
                               "refusing to unpickle it (convert it to safetensors first)")
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """Load a safetensors file, with a clear error for pickles, truncation and missing files."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: file not found")
+    refuse_pickle(path)
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as err:

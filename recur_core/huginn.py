@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from .checkpoint import (CONFIG, TOKENIZER, Checkpoint, CheckpointError, check_state_dict, checkpoint_id,
-                         resolve_dtype)
+                         refuse_pickle, resolve_dtype)
 from .config import ModelConfig
 from .model import LoopedLM
 
@@ -182,11 +182,7 @@ def weight_files(path: Path) -> dict[str, list[str]]:
 def _open(file: Path):
     """safe_open a safetensors file, refusing pickles and unreadable files with a clear message."""
     from safetensors import SafetensorError, safe_open
-    with open(file, "rb") as f:
-        head = f.read(8)
-    if head[:1] == b"\x80" or head[:2] == b"PK":
-        raise CheckpointError(f"{file}: this is a pickle / torch.save file, not safetensors; "
-                              "refusing to unpickle it (convert it to safetensors first)")
+    refuse_pickle(file)
     try:
         return safe_open(str(file), framework="pt")
     except (SafetensorError, OSError, ValueError) as err:

@@ -7,7 +7,8 @@ For one checkpoint:
      A0@r loss meets it.
   2. Serve --requests requests (the first --prompt-len tokens of the next eval windows, --new-tokens
      new tokens each, greedy) through pools of each size in --pools, once per configuration, the
-     configurations in an order rotated per pool. tokens/s = new tokens / wall time of the whole run
+     configurations in an order rotated per pool, --repeats times (interleaved); each figure comes
+     from the run with the median wall time. tokens/s = new tokens / wall time of the whole run
      (prefills included).
   3. The FLOP proxy of the same runs (bench_decode's CostModel: prelude, core loops, coda, head and
      exit checks with the actual exits, readouts and context lengths; a prompt's prefill counted as
@@ -55,17 +56,19 @@ def parse_args(argv=None):
     p.add_argument("--bisect", type=int, default=3)
     p.add_argument("--tf-batch", type=int, default=8)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of each configuration per pool (interleaved); the median-wall run is reported")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-loops", type=int, default=None, help="loop cap (default: the recipe's r_max)")
     p.add_argument("--no-a2", action="store_true", help="skip A2 (its probe is trained on first use)")
     p.add_argument("--calibration", default=None,
                    help="JSON file of the calibration: read if it exists (the search is skipped), else written")
     p.add_argument("--quick", action="store_true",
-                   help="a smoke run: 6 requests, 8 new tokens, 8-token prompts, pools 1 and 3, 4 windows")
+                   help="a smoke run: 6 requests, 8 new tokens, 8-token prompts, pools 1 and 3, 4 windows, 2 repeats")
     args = p.parse_args(argv)
     if args.quick:
         args.requests, args.new_tokens, args.prompt_len, args.pools = 6, 8, 8, "1,3"
-        args.windows, args.bisect, args.tf_batch = 4, 1, 4
+        args.windows, args.bisect, args.tf_batch, args.repeats = 4, 1, 4, 2
     args.pools = [int(x) for x in args.pools.split(",")]
     return args
 
@@ -128,6 +131,18 @@ def serve_run(ckpt, prompts, policy, slots, args, cap, new_tokens=None):
     return run.completions, run.wall_s, run.mixed_steps / max(run.steps, 1)
 
 
+def measure(ckpt, prompts, policy, slots, args, cap, cost: CostModel) -> dict:
+    """One served run of every prompt: throughput, mean exit loop, FLOP proxy, latency percentiles."""
+    comps, wall, mixed = serve_run(ckpt, prompts, policy, slots, args, cap)
+    lat = np.array([x for c in comps for x in c.latencies_s[1:]]) * 1e3
+    loops = [x for c in comps for x in c.decode_exit_loops]
+    return dict(tokens_per_s=sum(len(c.ids) for c in comps) / wall, wall_s=wall,
+                mean_loops=float(np.mean(loops)) if loops else float("nan"),
+                cost=proxy_cost(cost, comps, policy), mixed_step_fraction=mixed,
+                latency_p50_ms=float(np.percentile(lat, 50)) if lat.size else float("nan"),
+                latency_p95_ms=float(np.percentile(lat, 95)) if lat.size else float("nan"))
+
+
 def proxy_cost(cost: CostModel, completions, policy) -> float:
     """FLOP proxy of the decode steps (bench_decode.run_cost) plus the prefills."""
     total = 0.0
@@ -167,17 +182,13 @@ def main(argv=None):
     pools = {}
     for k, slots in enumerate(args.pools):
         order = names[k % len(names):] + names[:k % len(names)]
-        runs = {}
-        for name in order:
-            comps, wall, mixed = serve_run(ckpt, prompts, configs[name][0], slots, args, cap)
-            lat = np.array([x for c in comps for x in c.latencies_s[1:]]) * 1e3
-            loops = [x for c in comps for x in c.decode_exit_loops]
-            runs[name] = dict(tokens_per_s=sum(len(c.ids) for c in comps) / wall, wall_s=wall,
-                              mean_loops=float(np.mean(loops)) if loops else float("nan"),
-                              cost=proxy_cost(cost, comps, configs[name][0]), mixed_step_fraction=mixed,
-                              latency_p50_ms=float(np.percentile(lat, 50)) if lat.size else float("nan"),
-                              latency_p95_ms=float(np.percentile(lat, 95)) if lat.size else float("nan"))
-            log(f"  pool {slots:3d}  {name:28s} {runs[name]['tokens_per_s']:8.1f} tok/s  ({wall:.1f}s)")
+        trials = {name: [] for name in names}
+        for rep in range(args.repeats):
+            for name in order:
+                trials[name].append(measure(ckpt, prompts, configs[name][0], slots, args, cap, cost))
+                log(f"  pool {slots:3d}  {name:28s} {trials[name][-1]['tokens_per_s']:8.1f} tok/s  "
+                    f"({trials[name][-1]['wall_s']:.1f}s, run {rep + 1} of {args.repeats})")
+        runs = {name: sorted(t, key=lambda r: r["wall_s"])[(len(t) - 1) // 2] for name, t in trials.items()}
         table = {}
         for name in names:
             r = runs[name]
@@ -214,6 +225,7 @@ def main(argv=None):
     head = max(policies, key=lambda n: largest[n]["realized_speedup_vs_a0_rbar"])
     h = largest[head]
     out = dict(checkpoint=str(args.ckpt), pool=args.pools[-1], policy=head, threads=torch.get_num_threads(),
+               repeats=args.repeats,
                requests=args.requests, new_tokens=args.new_tokens, prompt_len=prompt_len, loop_cap=cap, r_bar=r_bar,
                target_loss=target, best_uniform_depth=best_u,
                realized_speedup_vs_a0_rbar=h["realized_speedup_vs_a0_rbar"],

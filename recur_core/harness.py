@@ -36,6 +36,7 @@ import torch
 
 from .checkpoint import Checkpoint
 from .model import LoopedLM, take_rows
+from .parallel import map_batches
 from .policies import LoopSignals, Policy
 from .readout import readout_stats
 from .trace import (NO_TARGET, cosine_change, loop_readout, progress_bar, relative_change, resolve_model,
@@ -68,6 +69,10 @@ class SweepWork:
     live_token_loops: int = 0  # of those, unfrozen ones (the rest are only context)
     naive_window_loops: int = 0
 
+    def add(self, other: "SweepWork") -> None:
+        for name in self.as_dict():
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
     def as_dict(self) -> dict:
         return {"lane_loops": self.lane_loops, "readout_lane_loops": self.readout_lane_loops,
                 "token_loops": self.token_loops, "live_token_loops": self.live_token_loops,
@@ -86,8 +91,8 @@ def run_exact_sweep(ckpt_or_model: Checkpoint | LoopedLM, ids, policies: list[Po
                     work: SweepWork | None = None) -> list[ExactResult]:
     """Evaluate every policy exactly (one ExactResult each, in order) in one batched pass.
 
-    window_group windows are in flight at a time (bounds the memory of their lanes); `work`, if
-    given, is filled with the amount of computation done.
+    Groups of window_group windows (which bound the memory of their lanes) run in parallel on a
+    CPU (recur_core.parallel); `work`, if given, is filled with the amount of computation done.
     """
     if not policies:
         return []
@@ -105,20 +110,36 @@ def run_exact_sweep(ckpt_or_model: Checkpoint | LoopedLM, ids, policies: list[Po
     alone = [p for p, pol in enumerate(policies) if pol.remembers_loops]
     shared = [p for p in range(len(policies)) if p not in alone]
     update, close = progress_bar(progress, N, f"exact harness ({len(policies)} policies)")
+
+    def run(rows: range) -> tuple[np.ndarray, np.ndarray, np.ndarray, SweepWork]:
+        """The window group `rows`: (ce, exit_depth, converged) of shape (policies, len(rows), T)."""
+        part = (np.full((len(policies), len(rows), T), np.nan, dtype=np.float32),
+                np.zeros((len(policies), len(rows), T), dtype=np.int64),
+                np.zeros((len(policies), len(rows), T), dtype=bool))
+        part_work = SweepWork()
+        noise = window_noise(model, rows, T, seed)
+        group_inputs, group_targets = inputs[rows.start:rows.stop], targets[rows.start:rows.stop]
+        sweep = _Sweep(model, group_inputs, group_targets, noise, [policies[p] for p in shared],
+                       [caps[p] for p in shared], batch_size, part_work)
+        for i, w, *finals in sweep.run():
+            for array, value in zip(part, finals):
+                array[shared[i], w] = value
+        for p in alone:
+            out = _exact_batch(model, group_inputs, group_targets, noise, policies[p], caps[p])
+            for array, value in zip(part, out):
+                array[p] = value.numpy()
+            part_work.lane_loops += len(rows) * caps[p]
+        return (*part, part_work)
+
+    def gather(rows: range, result) -> None:
+        *part, part_work = result
+        for array, value in zip((ce, depth, converged), part):
+            array[:, rows.start:rows.stop] = value
+        work.add(part_work)
+        update(len(rows))
     try:
-        for start in range(0, N, window_group):
-            rows = range(start, min(start + window_group, N))
-            noise = window_noise(model, rows, T, seed)
-            sweep = _Sweep(model, inputs[start:rows.stop], targets[start:rows.stop], noise,
-                           [policies[p] for p in shared], [caps[p] for p in shared], batch_size, work)
-            for i, w, final_ce, final_depth, final_conv in sweep.run():
-                p = shared[i]
-                ce[p, start + w], depth[p, start + w], converged[p, start + w] = final_ce, final_depth, final_conv
-            for p in alone:
-                out = _exact_batch(model, inputs[start:rows.stop], targets[start:rows.stop], noise, policies[p], caps[p])
-                ce[p, start:rows.stop], depth[p, start:rows.stop], converged[p, start:rows.stop] = (t.numpy() for t in out)
-                work.lane_loops += len(rows) * caps[p]
-            update(len(rows))
+        groups = [range(start, min(start + window_group, N)) for start in range(0, N, window_group)]
+        map_batches(run, groups, next(model.parameters()).device, on_done=gather)
     finally:
         close()
     return [ExactResult(ce[p], depth[p], converged[p], targets.numpy()) for p in range(len(policies))]

@@ -37,6 +37,7 @@ import torch
 from .cache import TraceCache, trace_key
 from .checkpoint import Checkpoint, checkpoint_id
 from .model import LoopedLM
+from .parallel import map_batches
 from .readout import readout_stats
 
 TRACE_FORMAT_VERSION = 2  # 2: kl_prev_reverse and cosine_change
@@ -290,13 +291,13 @@ def _compute(model, inputs, targets, max_loops, seed, topk, probes, batch_size, 
     device = next(model.parameters()).device
     N, T = inputs.shape
     update, close = progress_bar(progress, N * max_loops, "trace (window-loops)")
-    parts = []
+
+    def run(rows: range) -> dict:
+        return trace_batch(model, inputs[rows.start:rows.stop].to(device), targets[rows.start:rows.stop],
+                           window_noise(model, rows, T, seed), max_loops, topk, probes)
     try:
-        for start in range(0, N, batch_size):
-            rows = range(start, min(start + batch_size, N))
-            noise = window_noise(model, rows, T, seed)
-            parts.append(trace_batch(model, inputs[start:rows.stop].to(device), targets[start:rows.stop],
-                                     noise, max_loops, topk, probes, on_state=lambda loop, s: update(len(rows))))
+        batches = [range(start, min(start + batch_size, N)) for start in range(0, N, batch_size)]
+        parts = map_batches(run, batches, device, on_done=lambda rows, _: update(len(rows) * max_loops))
     finally:
         close()
     arrays = {name: torch.cat([p[name] for p in parts]).numpy() for name in parts[0]}

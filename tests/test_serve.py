@@ -154,8 +154,9 @@ def test_bench_serve_runs_on_tiny(tiny_ckpt, tmp_path):
         for figure in ("tokens_per_s", "flop_proxy_speedup", "fraction_of_bound", "latency_p50_ms",
                        "latency_p95_ms", "realized_speedup_vs_a0_rbar", "realized_speedup_vs_best_uniform"):
             assert all(figure in r for r in row.values()), figure
-    for figure in ("tok/s", "FLOP-proxy", "realized", "p50", "p95", "best uniform"):
+    for figure in ("tok/s", "FLOP-proxy", "realized", "p50", "p95", "best uniform", "run 2 of 2"):
         assert figure in out.stdout, figure
+    assert result["repeats"] == 2
 
 
 def test_generate_page_pool_mode(tiny_ckpt):

@@ -1,0 +1,92 @@
+"""recur_core.parallel: batches on CPU worker threads give what one thread gives, in order, and
+leave the caller's torch settings as they were."""
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from recur_core.harness import run_exact_sweep
+from recur_core.parallel import map_batches
+from recur_core.policies import ConvergenceExit, Uniform
+from recur_core.trace import trace
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_map_batches_order_modes_threads_and_callback_thread(two_threads):
+    caller = threading.get_ident()
+    seen = []
+
+    def fn(i):
+        return i * i, torch.get_num_threads(), torch.is_inference_mode_enabled(), threading.get_ident()
+    with torch.inference_mode():
+        out = map_batches(fn, range(7), "cpu", on_done=lambda i, r: seen.append((i, threading.get_ident())))
+    assert [o[0] for o in out] == [i * i for i in range(7)]
+    assert all(o[1] == 1 and o[2] for o in out)  # one torch thread each, the caller's inference mode
+    assert {o[3] for o in out} != {caller}  # the work ran on worker threads ...
+    assert seen == [(i, caller) for i in range(7)]  # ... the callback on the caller's, in order
+    assert torch.get_num_threads() == 2
+
+
+def test_map_batches_runs_a_lone_batch_in_the_caller(two_threads):
+    out = map_batches(lambda i: (torch.get_num_threads(), threading.get_ident()), [0], "cpu")
+    assert out == [(2, threading.get_ident())]
+
+
+def test_error_in_a_worker_reaches_the_caller(two_threads):
+    def fn(i):
+        if i == 3:
+            raise ValueError("batch 3 failed")
+        return i
+    with pytest.raises(ValueError, match="batch 3 failed"):
+        map_batches(fn, range(5), "cpu")
+    assert torch.get_num_threads() == 2
+
+
+def test_parallel_trace_and_sweep_equal_one_thread(ckpt, two_threads):
+    windows = ckpt.windows("eval")[:5]
+    parallel = trace(ckpt, windows, 4, seed=1, batch_size=2, cache=False)
+    policies = [Uniform(3), ConvergenceExit(1e-2, r_max=4)]
+    swept = run_exact_sweep(ckpt, windows, policies, 4, seed=1, window_group=2)
+    torch.set_num_threads(1)  # one worker: every batch in the calling thread
+    alone = trace(ckpt, windows, 4, seed=1, batch_size=2, cache=False)
+    swept_alone = run_exact_sweep(ckpt, windows, policies, 4, seed=1, window_group=2)
+    for name in ("kl_prev", "ce", "entropy", "state_change"):
+        np.testing.assert_allclose(getattr(parallel, name), getattr(alone, name), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(parallel.argmax, alone.argmax)
+    for a, b in zip(swept, swept_alone):
+        np.testing.assert_array_equal(a.exit_depth, b.exit_depth)
+        np.testing.assert_allclose(a.ce, b.ce, rtol=1e-5)
+
+
+def test_recur_workers_env_sets_the_worker_count(monkeypatch, two_threads):
+    monkeypatch.setenv("RECUR_WORKERS", "1")
+    out = map_batches(lambda i: (torch.get_num_threads(), threading.get_ident()), range(3), "cpu")
+    assert out == [(2, threading.get_ident())] * 3  # all in the caller, with torch's threads
+    monkeypatch.setenv("RECUR_WORKERS", "two")
+    with pytest.raises(ValueError, match="RECUR_WORKERS"):
+        map_batches(lambda i: i, range(3), "cpu")
+
+
+def test_bench_parallel_runs_on_tiny(tiny_ckpt, capsys):
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import bench_parallel
+    before = torch.get_num_threads()
+    try:
+        out = bench_parallel.main(["--checkpoint", str(tiny_ckpt), "--windows", "3", "--repeats", "1",
+                                   "--loops", "4"])
+    finally:
+        torch.set_num_threads(before)
+    for key in ("trace_speedup", "sweep_speedup", "trace_max_abs_kl", "exit_depth_differs"):
+        assert np.isfinite(out[key]), key
+    assert out["exit_depth_differs"] < 0.01 and out["trace_max_abs_ce"] < 1e-4
+    assert "speedup" in capsys.readouterr().out

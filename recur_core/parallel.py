@@ -47,11 +47,12 @@ def map_batches(fn: Callable[[T], R], items: Iterable[T], device: torch.device |
         return [_done(on_done, item, fn(item)) for item in items]
     threads = torch.get_num_threads()
     modes = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
+    pool = ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,))
     try:
-        with ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,)) as pool:
-            futures = [pool.submit(_in_modes, modes, fn, item) for item in items]
-            return [_done(on_done, item, f.result()) for item, f in zip(items, futures)]
-    finally:
+        futures = [pool.submit(_in_modes, modes, fn, item) for item in items]
+        return [_done(on_done, item, f.result()) for item, f in zip(items, futures)]
+    finally:  # on an error or an interrupt, batches not yet started are dropped
+        pool.shutdown(wait=True, cancel_futures=True)
         torch.set_num_threads(threads)  # the workers' setting must not leak into the caller
 
 

@@ -1,6 +1,7 @@
 """recur_core.parallel: batches on CPU worker threads give what one thread gives, in order, and
 leave the caller's torch settings as they were."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -40,14 +41,19 @@ def test_map_batches_runs_a_lone_batch_in_the_caller(two_threads):
     assert out == [(2, threading.get_ident())]
 
 
-def test_error_in_a_worker_reaches_the_caller(two_threads):
+def test_error_in_a_worker_reaches_the_caller_and_drops_the_batches_not_started(two_threads):
+    started = []
+
     def fn(i):
-        if i == 3:
-            raise ValueError("batch 3 failed")
+        started.append(i)
+        if i == 1:
+            raise ValueError("batch 1 failed")
+        time.sleep(0.05)
         return i
-    with pytest.raises(ValueError, match="batch 3 failed"):
-        map_batches(fn, range(5), "cpu")
+    with pytest.raises(ValueError, match="batch 1 failed"):
+        map_batches(fn, range(40), "cpu")
     assert torch.get_num_threads() == 2
+    assert len(started) < 40
 
 
 def test_parallel_trace_and_sweep_equal_one_thread(ckpt, two_threads):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -125,22 +126,48 @@ def search(ckpt, args, cap, r_bar, probe):
 
 
 def serve_run(ckpt, prompts, policy, slots, args, cap, new_tokens=None):
-    """(completions, wall seconds, fraction of mixed-loop steps) of every prompt through one pool."""
+    """recur_core.serve.ServeRun of every prompt through one pool."""
     reqs = [Request(prompt, new_tokens or args.new_tokens, policy, seed=args.seed, greedy=True) for prompt in prompts]
-    run = serve(ckpt, reqs, slots, max_loops=cap, max_len=args.prompt_len + args.new_tokens, keep_logits=False)
-    return run.completions, run.wall_s, run.mixed_steps / max(run.steps, 1)
+    return serve(ckpt, reqs, slots, max_loops=cap, max_len=args.prompt_len + args.new_tokens, keep_logits=False)
 
 
 def measure(ckpt, prompts, policy, slots, args, cap, cost: CostModel) -> dict:
-    """One served run of every prompt: throughput, mean exit loop, FLOP proxy, latency percentiles."""
-    comps, wall, mixed = serve_run(ckpt, prompts, policy, slots, args, cap)
+    """One served run of every prompt: throughput, mean exit loop, FLOP proxy, latency percentiles,
+    and the pool's batched calls per new token with their mean rows (prefills not included)."""
+    run = serve_run(ckpt, prompts, policy, slots, args, cap)
+    comps, wall = run.completions, run.wall_s
     lat = np.array([x for c in comps for x in c.latencies_s[1:]]) * 1e3
     loops = [x for c in comps for x in c.decode_exit_loops]
-    return dict(tokens_per_s=sum(len(c.ids) for c in comps) / wall, wall_s=wall,
+    new = run.new_tokens
+    return dict(tokens_per_s=new / wall, wall_s=wall,
                 mean_loops=float(np.mean(loops)) if loops else float("nan"),
-                cost=proxy_cost(cost, comps, policy), mixed_step_fraction=mixed,
+                cost=proxy_cost(cost, comps, policy), mixed_step_fraction=run.mixed_steps / max(run.steps, 1),
                 latency_p50_ms=float(np.percentile(lat, 50)) if lat.size else float("nan"),
-                latency_p95_ms=float(np.percentile(lat, 95)) if lat.size else float("nan"))
+                latency_p95_ms=float(np.percentile(lat, 95)) if lat.size else float("nan"),
+                calls_per_token={k: n / new for k, n in run.calls.items()},
+                rows_per_call={k: run.call_rows[k] / n if n else float("nan") for k, n in run.calls.items()})
+
+
+@torch.inference_mode()
+def call_times_ms(model, rows_list, repeats: int = 30) -> dict[int, dict[str, float]]:
+    """Milliseconds per call of the prelude, one core loop and the readout (coda + head) on `rows`
+    single tokens without a cache (best of 3 x repeats): how a call's cost grows with its rows."""
+    d, out = model.cfg.d_model, {}
+    for rows in rows_list:
+        ids, x = torch.zeros(rows, 1, dtype=torch.long), torch.randn(rows, 1, d)
+        calls = {"prelude": lambda ids=ids: model.prelude(ids), "core": lambda x=x: model.core_step(x, x),
+                 "readout": lambda x=x: model.readout(x)}
+        out[rows] = {}
+        for kind, fn in calls.items():
+            fn()
+            best = float("inf")
+            for _ in range(3):
+                t = time.perf_counter()
+                for _ in range(repeats):
+                    fn()
+                best = min(best, (time.perf_counter() - t) / repeats * 1e3)
+            out[rows][kind] = best
+    return out
 
 
 def proxy_cost(cost: CostModel, completions, policy) -> float:
@@ -201,7 +228,8 @@ def main(argv=None):
                 realized_speedup_vs_best_uniform=r["tokens_per_s"] / runs[u_name]["tokens_per_s"],
                 flop_proxy_speedup_vs_best_uniform=runs[u_name]["cost"] / r["cost"],
                 latency_p50_ms=r["latency_p50_ms"], latency_p95_ms=r["latency_p95_ms"],
-                mixed_step_fraction=r["mixed_step_fraction"])
+                mixed_step_fraction=r["mixed_step_fraction"], calls_per_token=r["calls_per_token"],
+                rows_per_call=r["rows_per_call"])
         pools[slots] = table
 
     # -- report -------------------------------------------------------------------------------------
@@ -215,10 +243,19 @@ def main(argv=None):
                 f"{r['flop_proxy_speedup']:12.3f} {r['realized_speedup_vs_a0_rbar']:10.3f} "
                 f"{r['fraction_of_bound']:14.3f} {r['realized_speedup_vs_best_uniform']:15.3f} "
                 f"{r['latency_p50_ms']:7.2f} {r['latency_p95_ms']:7.2f} {r['mixed_step_fraction']:6.2f}")
+        log(f"{'batched calls per new token (mean rows per call)':50s} {'core':>14s} {'prelude':>14s} {'readout':>14s}")
+        for name, r in table.items():
+            log(f"{name:50s} " + " ".join(f"{r['calls_per_token'][k]:7.3f} ({r['rows_per_call'][k]:4.1f})"
+                                          for k in ("core", "prelude", "readout")))
     log("(tf loss: teacher-forced on the calibration windows; loops: mean exit loop of the decoded tokens; "
         "FLOP-proxy x and realized x against A0@r_bar in the same pool; realized/bound = fraction_of_bound; "
         "vs best uniform: tokens/s ratio to the smallest uniform depth at the target; p50 / p95: per-token "
         "latency; mixed: fraction of core steps whose batch held tokens at different loops)")
+
+    times = call_times_ms(ckpt.model, sorted({1, 4, *args.pools}))
+    log("\nms per batched call on single tokens, no cache (the weights are read once per call):")
+    for rows, t in times.items():
+        log(f"  {rows:3d} rows: " + "  ".join(f"{k} {v:6.3f}" for k, v in t.items()))
 
     largest = pools[args.pools[-1]]
     policies = [n for n in names[2:] if configs[n][2]] or names[2:]
@@ -232,7 +269,7 @@ def main(argv=None):
                realized_speedup_vs_best_uniform=h["realized_speedup_vs_best_uniform"],
                flop_proxy_speedup=h["flop_proxy_speedup"], fraction_of_bound=h["fraction_of_bound"],
                latency_p50_ms=h["latency_p50_ms"], latency_p95_ms=h["latency_p95_ms"],
-               pools={str(k): v for k, v in pools.items()})
+               pools={str(k): v for k, v in pools.items()}, call_ms={str(k): v for k, v in times.items()})
     print(json.dumps(out, default=float))
 
 

@@ -155,6 +155,10 @@ class Pool:
         self.next_id = 0
         self.steps = 0
         self.mixed_steps = 0  # steps whose core batch held tokens at more than one loop index
+        # batched model calls of each kind outside the prefills, and the tokens they carried: on a CPU
+        # a call at a few rows costs about what it costs at one (weights are read once per call)
+        self.calls = {"prelude": 0, "core": 0, "readout": 0}
+        self.call_rows = {"prelude": 0, "core": 0, "readout": 0}
 
     # -- requests -------------------------------------------------------------------------------------
     def submit(self, request: Request) -> int:
@@ -245,8 +249,13 @@ class Pool:
         pos = torch.tensor([s.pos for s in seqs], device=self.device)
         return slots, pos
 
+    def _count(self, kind: str, rows: int) -> None:
+        self.calls[kind] += 1
+        self.call_rows[kind] += rows
+
     def _enter(self, seqs) -> None:
         """The sampled tokens through the prelude (one batched call); their state starts as noise."""
+        self._count("prelude", len(seqs))
         slots, pos = self._rows(seqs)
         ids = torch.tensor([[s.out.ids[-1]] for s in seqs], device=self.device)
         mask = GatherKV.causal_mask(pos)
@@ -265,6 +274,7 @@ class Pool:
 
     def _core(self, seqs, state: Tensor) -> Tensor:
         """One core loop for every row at its own loop: (N, 1, d) -> (N, 1, d)."""
+        self._count("core", len(seqs))
         slots, pos = self._rows(seqs)
         loops = torch.tensor([s.loop for s in seqs], device=self.device)  # loops run so far
         self.mixed_steps += int(len({s.loop for s in seqs}) > 1)
@@ -277,6 +287,7 @@ class Pool:
     def _read(self, seqs, kl: bool) -> None:
         """Coda + head for these rows (each writes its coda entry); sets s.logits (1, 1, V) and, with
         kl, s.signals = readout_signals(p_now, p_prev) where a previous readout exists."""
+        self._count("readout", len(seqs))
         slots, pos = self._rows(seqs)
         mask = GatherKV.causal_mask(pos)
         kv = [GatherKV(k, v, slots, pos, mask) for k, v in self.cache.coda_slabs()]
@@ -327,12 +338,15 @@ class Pool:
 @dataclass
 class ServeRun:
     """What `serve` returns: the completions in request order, the wall time of the run (prefills
-    included) and how many core steps mixed loop indices."""
+    included), how many core steps mixed loop indices, and the pool's batched calls of each kind
+    with the tokens they carried (Pool.calls / Pool.call_rows)."""
 
     completions: list[Completion]
     wall_s: float
     steps: int
     mixed_steps: int
+    calls: dict = field(default_factory=dict)
+    call_rows: dict = field(default_factory=dict)
 
     def __iter__(self):
         return iter(self.completions)
@@ -371,4 +385,4 @@ def serve(ckpt_or_model, requests, slots: int = 8, **pool_kwargs) -> ServeRun:
     wall = time.perf_counter() - t
     errors = iter(errors)
     return ServeRun([done[i] if i is not None else Completion(-1, error=next(errors)) for i in ids], wall,
-                    pool.steps, pool.mixed_steps)
+                    pool.steps, pool.mixed_steps, dict(pool.calls), dict(pool.call_rows))

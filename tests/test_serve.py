@@ -141,6 +141,15 @@ def test_latencies_and_readouts_are_recorded(ckpt, windows):
     assert c.step_readouts == [3] * 5
 
 
+def test_batched_calls_are_counted(ckpt, windows):
+    """Two sequences at uniform depth 3 in lockstep: each new token after the prefill's is one prelude
+    row, three core rows and one readout row, and the two sequences share every call."""
+    run = serve(ckpt, [Request(windows[n, :5].tolist(), 4, Uniform(3), greedy=True) for n in range(2)],
+                slots=2, max_loops=CAP)
+    assert run.calls == {"prelude": 3, "core": 9, "readout": 3}
+    assert run.call_rows == {"prelude": 6, "core": 18, "readout": 6}
+
+
 def test_bench_serve_runs_on_tiny(tiny_ckpt, tmp_path):
     env = {**os.environ, "RECUR_CACHE_DIR": str(tmp_path / "cache")}
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_serve.py"), "--ckpt", str(tiny_ckpt),
@@ -154,9 +163,10 @@ def test_bench_serve_runs_on_tiny(tiny_ckpt, tmp_path):
         for figure in ("tokens_per_s", "flop_proxy_speedup", "fraction_of_bound", "latency_p50_ms",
                        "latency_p95_ms", "realized_speedup_vs_a0_rbar", "realized_speedup_vs_best_uniform"):
             assert all(figure in r for r in row.values()), figure
-    for figure in ("tok/s", "FLOP-proxy", "realized", "p50", "p95", "best uniform", "run 2 of 2"):
+    for figure in ("tok/s", "FLOP-proxy", "realized", "p50", "p95", "best uniform", "run 2 of 2",
+                   "batched calls per new token", "ms per batched call"):
         assert figure in out.stdout, figure
-    assert result["repeats"] == 2
+    assert result["repeats"] == 2 and set(result["call_ms"]["1"]) == {"prelude", "core", "readout"}
 
 
 def test_generate_page_pool_mode(tiny_ckpt):

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from .analysis import EPS_GRID, fast_sums
 from .cache import CacheCorrupt, TraceCache, read_arrays, write_arrays
 from .checkpoint import Checkpoint
+from .parallel import map_batches
 from .policies import ConvergenceExit, Uniform
 from .trace import (Trace, progress_bar, resolve_cache, resolve_model, split_inputs, trace_batch,
                     window_noise)
@@ -136,16 +137,13 @@ def harvest(ckpt_or_model, windows, max_loops: int, seed: int = 0, *, tokens_per
     N, T = inputs.shape
     positions = _sample_positions(N, T, tokens_per_window, seed)  # (N, P)
     update, close = progress_bar(progress, N, "probe harvest")
-    parts, traced = [], []
+
+    def run(rows: range):
+        return _harvest_batch(model, inputs[rows.start:rows.stop].to(device), targets[rows.start:rows.stop],
+                              window_noise(model, rows, T, seed), positions[rows.start:rows.stop], max_loops, rows)
     try:
-        for start in range(0, N, batch_size):
-            rows = range(start, min(start + batch_size, N))
-            samples, out = _harvest_batch(model, inputs[start:rows.stop].to(device), targets[start:rows.stop],
-                                          window_noise(model, rows, T, seed), positions[start:rows.stop],
-                                          max_loops, rows)
-            parts.append(samples)
-            traced.append(out)
-            update(len(rows))
+        batches = [range(start, min(start + batch_size, N)) for start in range(0, N, batch_size)]
+        parts, traced = zip(*map_batches(run, batches, device, on_done=lambda rows, _: update(len(rows))))
     finally:
         close()
     arrays = {name: torch.cat([o[name] for o in traced]).numpy() for name in traced[0]}

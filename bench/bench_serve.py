@@ -8,7 +8,7 @@ For one checkpoint:
   2. Serve --requests requests (the first --prompt-len tokens of the next eval windows, --new-tokens
      new tokens each, greedy) through pools of each size in --pools, once per configuration, the
      configurations in an order rotated per pool, --repeats times (interleaved); each figure comes
-     from the run with the median wall time. tokens/s = new tokens / wall time of the whole run
+     from the run with the median wall time (the faster of two). tokens/s = new tokens / wall time of the whole run
      (prefills included).
   3. The FLOP proxy of the same runs (bench_decode's CostModel: prelude, core loops, coda, head and
      exit checks with the actual exits, readouts and context lengths; a prompt's prefill counted as
@@ -253,7 +253,7 @@ def main(argv=None):
         "latency; mixed: fraction of core steps whose batch held tokens at different loops)")
 
     times = call_times_ms(ckpt.model, sorted({1, 4, *args.pools}))
-    log("\nms per batched call on single tokens, no cache (the weights are read once per call):")
+    log("\nms per batched call on single tokens, no cache, by rows per call:")
     for rows, t in times.items():
         log(f"  {rows:3d} rows: " + "  ".join(f"{k} {v:6.3f}" for k, v in t.items()))
 

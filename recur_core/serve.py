@@ -156,7 +156,7 @@ class Pool:
         self.steps = 0
         self.mixed_steps = 0  # steps whose core batch held tokens at more than one loop index
         # batched model calls of each kind outside the prefills, and the tokens they carried: on a CPU
-        # a call at a few rows costs about what it costs at one (weights are read once per call)
+        # a call's time grows far more slowly than its rows (docs/BENCHMARKS.md), so calls matter too
         self.calls = {"prelude": 0, "core": 0, "readout": 0}
         self.call_rows = {"prelude": 0, "core": 0, "readout": 0}
 

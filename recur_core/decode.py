@@ -176,7 +176,8 @@ class Decoder:
         """The positions tensor of pos (an int or a LongTensor)."""
         return self.positions[pos:pos + 1] if isinstance(pos, int) else pos
 
-    def _prelude(self, ids: Tensor, pos) -> Tensor:
+    def prelude(self, ids: Tensor, pos) -> Tensor:
+        """The prelude for ids at positions pos (writing their prelude cache entries): e (B, Tq, d)."""
         kv = [SlabKV(k, v, pos) for k, v in self.cache.prelude_slabs()]
         return self.model.prelude(ids, self._at(pos), kv)
 
@@ -195,7 +196,7 @@ class Decoder:
     def step(self, ids: Tensor, pos: int) -> tuple[Tensor, Tensor]:
         """Run tokens ids (B,) at position pos until each halts; returns (logits (B, V), exits (B,))."""
         B, cache, sched = self.B, self.cache, self.schedule
-        inject = self.model.inject(self._prelude(ids.view(B, 1), pos))
+        inject = self.model.inject(self.prelude(ids.view(B, 1), pos))
         cache.inject[:, pos] = inject[:, 0]
         state = self.noise[:, pos:pos + 1]
         logp_prev = kept = None
@@ -249,7 +250,7 @@ class Decoder:
         B, P = ids.shape
         cache, sched = self.cache, self.schedule
         pos = self.positions[:P]
-        inject = self.model.inject(self._prelude(ids, pos))
+        inject = self.model.inject(self.prelude(ids, pos))
         cache.inject[:, :P] = inject
         state = self.noise[:, :P]
         logp_prev = None

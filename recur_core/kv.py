@@ -49,10 +49,14 @@ class SlabKV:
 
 class GatherKV:
     """One query per row; row n reads and writes slab `rows[n]` of k, v (S, Hkv, max_len, hd) at
-    position pos[n]. `mask` (N, 1, 1, n_keys), keys <= pos[n], is shared by the layers of a step."""
+    position pos[n]. `mask` (N, 1, 1, n_keys), keys <= pos[n], is shared by the layers of a step.
+    Several rows may be positions of one sequence (a prompt in the pool): every row writes before
+    any reads, so they see each other causally, as in a parallel prefill.
+    keep: optional bool (N,): these rows copy their entry from slab rows[n] - 1 (the same sequence's
+    previous loop) instead of writing this call's ("latest" rule, halted prompt tokens)."""
 
-    def __init__(self, k: Tensor, v: Tensor, rows: Tensor, pos: Tensor, mask: Tensor):
-        self.k, self.v, self.rows, self.pos, self.mask = k, v, rows, pos, mask
+    def __init__(self, k: Tensor, v: Tensor, rows: Tensor, pos: Tensor, mask: Tensor, keep: Tensor | None = None):
+        self.k, self.v, self.rows, self.pos, self.mask, self.keep = k, v, rows, pos, mask, keep
 
     @staticmethod
     def causal_mask(pos: Tensor) -> Tensor:
@@ -60,8 +64,12 @@ class GatherKV:
         return (torch.arange(n_keys, device=pos.device)[None, :] <= pos[:, None])[:, None, None, :]
 
     def update(self, k: Tensor, v: Tensor):
-        self.k[self.rows, :, self.pos] = k[:, :, 0]
-        self.v[self.rows, :, self.pos] = v[:, :, 0]
+        k, v = k[:, :, 0], v[:, :, 0]
+        if self.keep is not None:
+            prev, m = (self.rows - 1).clamp_min(0), self.keep[:, None, None]
+            k, v = torch.where(m, self.k[prev, :, self.pos], k), torch.where(m, self.v[prev, :, self.pos], v)
+        self.k[self.rows, :, self.pos] = k
+        self.v[self.rows, :, self.pos] = v
         n_keys = self.mask.shape[-1]
         return (self.k[:, :, :n_keys].index_select(0, self.rows),
                 self.v[:, :, :n_keys].index_select(0, self.rows), self.mask)
@@ -141,6 +149,8 @@ class LoopKVCache:
 class KVRule:
     """What a token at loop i reads for a past token j that halted at loop e_j < i.
 
+    keeps_exit_entry  True: a halted token's entry of a later loop is the one of its exit loop
+                      (it is not stepped again); False: its frozen state keeps being stepped.
     prefill_keep(cache, loop, halted)  in a parallel prefill, per core layer the `keep` argument of
                                         SlabKV for loop `loop` (None: halted tokens write as usual).
     before_loop(model, cache, loop, upto)  before positions >= upto run loop `loop` (token by token).
@@ -149,9 +159,12 @@ class KVRule:
     """
 
     name = ""
+    keeps_exit_entry = False
 
     def prefill_keep(self, cache: LoopKVCache, loop: int, halted: Tensor):
-        return None
+        if not self.keeps_exit_entry or loop == 1 or not bool(halted.any()):
+            return None
+        return [(k, v, halted) for k, v in cache.core_slabs(loop - 1)]
 
     def before_loop(self, model, cache: LoopKVCache, loop: int, upto: int) -> None:
         pass
@@ -169,11 +182,7 @@ class LatestRule(KVRule):
     (loop e_j's keys come from the state entering that loop, s_{e_j - 1})."""
 
     name = "latest"
-
-    def prefill_keep(self, cache, loop, halted):
-        if loop == 1 or not bool(halted.any()):
-            return None
-        return [(k, v, halted) for k, v in cache.core_slabs(loop - 1)]
+    keeps_exit_entry = True
 
     def finish(self, cache, start, exits, loops_run):
         cache.propagate_latest(start, exits)

@@ -9,21 +9,25 @@ The core is weight-tied, so a token at loop 2 and a token at loop 7 run the same
 KV-cache slab their attention reads, (their sequence, their loop, the layer), differs. Every
 `step()`:
 
-  1. free slots take waiting requests: the prompt is prefilled in its slot (`Decoder.prefill`, the
-     batch-1 prefill), which gives the first new token;
+  1. free slots take waiting requests: the prompt goes through the prelude, and its positions
+     become the sequence's rows: they loop together, one loop per step, inside the shared core
+     step (in-batch prefill: a joining request never stalls the others);
   2. tokens sampled on the previous step enter: one batched prelude over them;
-  3. every in-flight token runs one core loop, whatever its loop index, in one batched
+  3. every in-flight row runs one core loop, whatever its loop index, in one batched
      `model.core_step`; row n reads and writes its own slab (recur_core.kv.GatherKV: keys gathered
      per row and masked at the row's position);
-  4. tokens whose policy reads out (A1) at this loop go through one batched coda + head; each
+  4. rows whose policy reads out (A1) at this loop go through one batched coda + head; each
      sequence's policy decides who halts (rows grouped by policy and loop);
   5. halted tokens are read out at their exit state (if not already), their KV rule finishes the
-     position, and the next token is sampled; a finished sequence leaves its slot.
+     position, and the next token is sampled; a prompt does this when its last position halts
+     (until then its halted positions are frozen, as in `Decoder.prefill`); a finished sequence
+     leaves its slot.
 
 Each sequence keeps batch-1 semantics: its policy, KV rule ("recompute" fills its missing entries
-with its own small core step before the batched one), noise (noise_seed(seed, 0), as `generate`)
-and sampler (seeded with its seed), so it decodes to what `decode.generate` gives it alone
-(tests/test_serve.py), up to float rounding of the batched matmuls.
+with its own small core step before the batched one), noise (noise_seed(seed, 0), as `generate`),
+sampler (seeded with its seed) and the parallel prefill's rules for its prompt, so it decodes to
+what `decode.generate` gives it alone (tests/test_serve.py), up to float rounding of the batched
+matmuls.
 """
 from __future__ import annotations
 
@@ -62,7 +66,7 @@ class Request:
 @dataclass
 class Completion:
     """A finished request. token_s[k]: perf_counter time at which new token k was sampled;
-    admitted_s: when its prefill began. error: why a request was refused (nothing else is set)."""
+    admitted_s: when it took a slot (its prefill began). error: why a request was refused (nothing else is set)."""
 
     request_id: int
     prompt_ids: list[int] = field(default_factory=list)
@@ -90,8 +94,10 @@ class Completion:
 
 
 class _Sequence:
-    """A request in a slot: its decoder (slot cache view, schedule, KV rule), sampler and the token
-    in flight (position pos, `loop` loops run; loop 0 = sampled, not yet through the prelude)."""
+    """A request in a slot: its decoder (slot cache view, schedule, KV rule), sampler and the rows it
+    puts in the core step. While prefilling (`halted` is not None) the rows are its prompt's
+    positions 0..P-1, looping together; then one row, the token in flight at position pos.
+    `loop` loops run so far (0: not yet looped). state / inject: (rows, 1, d)."""
 
     def __init__(self, rid: int, slot: int, req: Request, dec: Decoder, prompt_ids, keep_logits: bool):
         self.rid, self.slot, self.req, self.dec = rid, slot, req, dec
@@ -100,14 +106,23 @@ class _Sequence:
         self.stops = {int(i) for i in req.stop_ids}
         self.out = Completion(rid, prompt_ids=list(prompt_ids), policy=repr(dec.policy), kv_rule=dec.rule.name)
         self.kept = [] if keep_logits else None
-        self.pos = len(prompt_ids)
+        self.pos = 0
         self.loop = 0
         self.readouts_before = 0
-        self.state = self.inject = self.logp_prev = self.logits = self.signals = None
+        self.halted = self.exits = None
+        self.positions = self.state = self.inject = self.logp_prev = self.logits = self.signals = None
 
     @property
     def schedule(self):
         return self.dec.schedule
+
+    @property
+    def prefilling(self) -> bool:
+        return self.halted is not None
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.positions)  # a range or list: its rows' positions
 
     def emit(self, logits: Tensor, exit_loop: int) -> bool:
         """Sample the next token from logits (V,); True when the sequence is finished."""
@@ -155,8 +170,8 @@ class Pool:
         self.next_id = 0
         self.steps = 0
         self.mixed_steps = 0  # steps whose core batch held tokens at more than one loop index
-        # batched model calls of each kind outside the prefills, and the tokens they carried: on a CPU
-        # a call's time grows far more slowly than its rows (docs/BENCHMARKS.md), so calls matter too
+        # batched model calls of each kind, and the rows (token positions) they carried: on a CPU a
+        # call's time grows far more slowly than its rows (docs/BENCHMARKS.md), so calls matter too
         self.calls = {"prelude": 0, "core": 0, "readout": 0}
         self.call_rows = {"prelude": 0, "core": 0, "readout": 0}
 
@@ -193,36 +208,57 @@ class Pool:
     # -- one step -------------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[Completion]:
-        """Admit, then run one core loop for every in-flight token; returns the requests finished."""
-        finished = self._admit()
+        """Admit, then run one core loop for every in-flight row; returns the requests finished."""
+        self._admit()
         seqs = list(self.active.values())
         if not seqs:
-            return finished
+            return []
         self.steps += 1
-        entering = [s for s in seqs if s.loop == 0]
+        entering = [s for s in seqs if s.loop == 0 and not s.prefilling]
         if entering:
             self._enter(entering)
+        first = [s for s in seqs if s.loop == 0 and s.schedule.wants_readout(0)]  # A1: the noise state's readout
+        if first:
+            self._read(first, kl=False)
+            for s in first:
+                s.logp_prev, s.logits = torch.log_softmax(s.logits.float(), dim=-1), None
+        old, new = self._loop(seqs)
+        reading = [s for s in seqs if s.schedule.wants_readout(s.loop)]
+        if reading:
+            self._read(reading, kl=True)
+        halts = self._halts(seqs, new, old)
+        done_prefill = [s for s, stop in zip(seqs, halts) if s.prefilling and self._prefill_halts(s, stop)]
+        exiting = [s for s, stop in zip(seqs, halts) if not s.prefilling and bool(stop[0])]
+        unread = done_prefill + [s for s in exiting if s.logits is None]
+        if unread:
+            self._read(unread, kl=False)
+        finished = []
+        for s in done_prefill:
+            finished += self._leave_prefill(s)
+        if exiting:
+            finished += self._exit(exiting)
+        return finished
+
+    def _loop(self, seqs) -> tuple[Tensor, Tensor]:
+        """One core loop for every row; returns the states (N, 1, d) before and after it."""
         for s in seqs:  # "recompute": this sequence's missing entries of the loop it is about to run
             s.dec.rule.before_loop(self.model, s.dec.cache, s.loop + 1, s.pos)
         old = torch.cat([s.state for s in seqs])
         new = self._core(seqs, old)
-        for i, s in enumerate(seqs):
+        at = 0
+        for s in seqs:
             s.loop += 1
-            s.state, s.logits, s.signals = new[i:i + 1], None, None
-        reading = [s for s in seqs if s.schedule.wants_readout(s.loop)]
-        if reading:
-            self._read(reading, kl=True)
-        halted = self._halts(seqs, new, old)
-        unread = [s for s, h in zip(seqs, halted) if h and s.logits is None]
-        if unread:
-            self._read(unread, kl=False)
-        for s, h in zip(seqs, halted):
-            if h:
-                finished += self._exit(s)
-        return finished
+            s.state, s.logits, s.signals = new[at:at + s.n_rows], None, None
+            if s.prefilling:  # halted prompt positions are frozen
+                s.state = torch.where(s.halted[:, None, None], old[at:at + s.n_rows], s.state)
+            at += s.n_rows
+        if any(s.prefilling for s in seqs):
+            new = torch.cat([s.state for s in seqs])
+        return old, new
 
-    def _admit(self) -> list[Completion]:
-        finished = []
+    def _admit(self) -> None:
+        """Free slots take waiting requests: the prompt goes through the prelude (one call) and its
+        positions become the sequence's rows, looping from the next core step on."""
         free = [b for b in range(self.slots) if b not in self.active]
         while free and self.waiting:
             rid, req, prompt_ids, policy = self.waiting.popleft()
@@ -232,22 +268,24 @@ class Pool:
             dec = Decoder(self.model, policy, max_loops=self.max_loops, kv_rule=req.kv_rule,
                           noise=row_noise(self.model, [0], req.seed), check_every=req.check_every,
                           cache=self.cache.row(slot))
-            seq = _Sequence(rid, slot, req, dec, prompt_ids, self.keep_logits)
-            seq.out.admitted_s = admitted
-            logits, exits = dec.prefill(torch.tensor([prompt_ids], device=self.device))
-            seq.out.prompt_exit_loops = exits[0].tolist()
-            if seq.emit(logits[0, -1], int(exits[0, -1])):
-                finished.append(seq.finish())
-                free.insert(0, slot)
-            else:
-                self.active[slot] = seq
-        return finished
+            s = _Sequence(rid, slot, req, dec, prompt_ids, self.keep_logits)
+            s.out.admitted_s = admitted
+            P = len(prompt_ids)
+            self._count("prelude", P)
+            s.positions = range(P)
+            inject = self.model.inject(dec.prelude(torch.tensor([prompt_ids], device=self.device),
+                                                   torch.arange(P, device=self.device)))
+            dec.cache.inject[:, :P] = inject
+            s.inject, s.state = inject.transpose(0, 1), dec.noise[:, :P].transpose(0, 1)
+            s.halted = torch.zeros(P, dtype=torch.bool, device=self.device)
+            s.exits = torch.zeros(P, dtype=torch.long)
+            self.active[slot] = s
 
     def _rows(self, seqs) -> tuple[Tensor, Tensor]:
-        """(slots (N,), positions (N,)) of the in-flight tokens."""
-        slots = torch.tensor([s.slot for s in seqs], device=self.device)
-        pos = torch.tensor([s.pos for s in seqs], device=self.device)
-        return slots, pos
+        """(slots (N,), positions (N,)) of the in-flight rows."""
+        slots = [s.slot for s in seqs for _ in s.positions]
+        pos = [p for s in seqs for p in s.positions]
+        return torch.tensor(slots, device=self.device), torch.tensor(pos, device=self.device)
 
     def _count(self, kind: str, rows: int) -> None:
         self.calls[kind] += 1
@@ -266,73 +304,105 @@ class Pool:
             s.dec.cache.inject[:, s.pos] = inject[i]
             s.state = s.dec.noise[:, s.pos:s.pos + 1]
             s.logp_prev = None
-        first = [s for s in seqs if s.schedule.wants_readout(0)]  # A1: the noise state's readout
-        if first:
-            self._read(first, kl=False)
-            for s in first:
-                s.logp_prev, s.logits = torch.log_softmax(s.logits.float(), dim=-1), None
 
     def _core(self, seqs, state: Tensor) -> Tensor:
         """One core loop for every row at its own loop: (N, 1, d) -> (N, 1, d)."""
-        self._count("core", len(seqs))
+        self._count("core", len(state))
         slots, pos = self._rows(seqs)
-        loops = torch.tensor([s.loop for s in seqs], device=self.device)  # loops run so far
+        loops = torch.tensor([s.loop for s in seqs for _ in s.positions], device=self.device)  # loops run so far
         self.mixed_steps += int(len({s.loop for s in seqs}) > 1)
         slabs = slots * self.max_loops + loops  # slab of (slot, loop + 1)
+        keep, at = None, 0  # "latest": a halted prompt position copies its previous loop's entry
+        for s in seqs:
+            if s.prefilling and s.dec.rule.keeps_exit_entry:
+                keep = torch.zeros(len(slots), dtype=torch.bool, device=self.device) if keep is None else keep
+                keep[at:at + s.n_rows] = s.halted
+            at += s.n_rows
         mask = GatherKV.causal_mask(pos)
-        kv = [GatherKV(*self.cache.core_flat(l), slabs, pos, mask) for l in range(self.model.cfg.n_core)]
+        kv = [GatherKV(*self.cache.core_flat(l), slabs, pos, mask, keep) for l in range(self.model.cfg.n_core)]
         inject = torch.cat([s.inject for s in seqs])
         return self.model.core_step(state, None, positions=pos[:, None], kv=kv, inject=inject)
 
     def _read(self, seqs, kl: bool) -> None:
-        """Coda + head for these rows (each writes its coda entry); sets s.logits (1, 1, V) and, with
-        kl, s.signals = readout_signals(p_now, p_prev) where a previous readout exists."""
-        self._count("readout", len(seqs))
+        """Coda + head for these rows (each writes its coda entry); sets s.logits (rows, 1, V) and,
+        with kl, s.signals = readout_signals(p_now, p_prev) where a previous readout exists."""
         slots, pos = self._rows(seqs)
+        self._count("readout", len(pos))
         mask = GatherKV.causal_mask(pos)
         kv = [GatherKV(k, v, slots, pos, mask) for k, v in self.cache.coda_slabs()]
-        state = torch.cat([s.state for s in seqs])
-        logits = self.model.readout(state, pos[:, None], kv)
-        for i, s in enumerate(seqs):
+        logits = self.model.readout(torch.cat([s.state for s in seqs]), pos[:, None], kv)
+        at = 0
+        for s in seqs:
             s.dec.readouts += 1
-            s.logits = logits[i:i + 1]
+            s.logits, at = logits[at:at + s.n_rows], at + s.n_rows
             if kl:
                 logp = torch.log_softmax(s.logits.float(), dim=-1)
                 if s.logp_prev is not None:
                     s.signals = readout_signals(logp, s.logp_prev)
                 s.logp_prev = logp
 
-    def _halts(self, seqs, new: Tensor, old: Tensor) -> list[bool]:
-        """Each row's halt decision, asking each policy once per loop index for its rows."""
+    def _halts(self, seqs, new: Tensor, old: Tensor) -> list[Tensor]:
+        """Each sequence's halt decision per row (bool (rows,)), asking each policy once per loop
+        index for all its rows."""
+        spans, at = [], 0
+        for s in seqs:
+            spans.append(range(at, at + s.n_rows))
+            at += s.n_rows
         groups: dict[tuple, list[int]] = {}
         for i, s in enumerate(seqs):
             sc = s.schedule
             groups.setdefault((id(sc.policy), sc.cap, sc.every, s.loop), []).append(i)
-        halted = [False] * len(seqs)
+        halts: list[Tensor] = [None] * len(seqs)
         change = relative_change(new, old)
         for idx in groups.values():
             first = seqs[idx[0]]
             sigs = [seqs[i].signals for i in idx]
             readout = None if any(x is None for x in sigs) else {k: torch.cat([x[k] for x in sigs]) for k in sigs[0]}
-            rows = torch.tensor(idx, device=self.device)
-            stop = first.schedule.halt(first.loop, new[rows], old[rows], readout, change[rows])
-            for i, h in zip(idx, stop[:, 0].tolist()):
-                halted[i] = bool(h)
-        return halted
+            rows = torch.tensor([r for i in idx for r in spans[i]], device=self.device)
+            stop = first.schedule.halt(first.loop, new[rows], old[rows], readout, change[rows])[:, 0]
+            for i, part in zip(idx, stop.split([seqs[i].n_rows for i in idx])):
+                halts[i] = part
+        return halts
 
-    def _exit(self, s: _Sequence) -> list[Completion]:
-        """s's token halted: finish its position under its KV rule and sample the next token."""
-        cache = s.dec.cache
-        cache.exit_state[:, s.pos] = s.state[:, 0]
-        cache.exit_loop[:, s.pos] = s.loop
-        s.dec.rule.finish(cache, s.pos, torch.tensor([[s.loop]]), s.loop)
-        done = s.emit(s.logits[0, 0], s.loop)
-        if done:
+    def _prefill_halts(self, s: _Sequence, stop: Tensor) -> bool:
+        """Freeze the prompt tokens that halt at this loop; True when every one has halted."""
+        stop = stop & ~s.halted
+        s.exits[stop.cpu()] = s.loop
+        s.halted |= stop
+        return bool(s.halted.all())
+
+    def _leave_prefill(self, s: _Sequence) -> list[Completion]:
+        """Every prompt token has halted (s.logits: the readout of their exit states): finish the
+        prompt's positions under the KV rule, sample the first new token, start decoding."""
+        cache, P = s.dec.cache, s.n_rows
+        cache.exit_state[:, :P] = s.state[:, 0]
+        cache.exit_loop[:, :P] = s.exits
+        s.dec.rule.finish(cache, 0, s.exits[None], s.loop)
+        s.out.prompt_exit_loops = s.exits.tolist()
+        if s.emit(s.logits[-1, 0], int(s.exits[-1])):
             del self.active[s.slot]
             return [s.finish()]
-        s.pos += 1
-        s.loop = 0
+        s.halted = s.exits = None
+        s.pos, s.loop = P, 0
+        s.positions = [P]
         return []
+
+    def _exit(self, seqs) -> list[Completion]:
+        """These sequences' tokens halted: finish their positions under their KV rules and sample
+        their next tokens."""
+        slots, pos = self._rows(seqs)
+        self.cache.exit_state[slots, pos] = torch.cat([s.state for s in seqs])[:, 0]
+        finished = []
+        for s in seqs:
+            s.dec.cache.exit_loop[:, s.pos] = s.loop
+            s.dec.rule.finish(s.dec.cache, s.pos, torch.tensor([[s.loop]]), s.loop)
+            if s.emit(s.logits[0, 0], s.loop):
+                del self.active[s.slot]
+                finished.append(s.finish())
+            else:
+                s.pos, s.loop = s.pos + 1, 0
+                s.positions = [s.pos]
+        return finished
 
 
 @dataclass

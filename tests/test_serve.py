@@ -104,6 +104,24 @@ def test_uniform_depth_in_the_pool_equals_the_full_forward(ckpt, windows, kv_rul
         assert c.ids == [int(r.argmax()) for r in ref]
 
 
+def test_a_joining_prompt_loops_inside_the_shared_core_step(ckpt, windows):
+    """A prompt's positions are rows of the pool's one core call per step: while a late request
+    prefills (4 loops), the running sequence keeps emitting tokens; both still equal batch 1."""
+    reqs = [Request(windows[0, :4].tolist(), 12, Uniform(2), greedy=True),
+            Request(windows[1, :20].tolist(), 3, Uniform(4), kv_rule="recompute", greedy=True)]
+    pool = Pool(ckpt, slots=2, max_loops=CAP)
+    first = pool.submit(reqs[0])
+    for _ in range(3):
+        pool.step()
+    late = pool.submit(reqs[1])
+    done = pool.run()
+    a, b = done[first], done[late]
+    assert [t for t in a.token_s if b.admitted_s < t < b.token_s[0]]  # a emitted while b's prompt looped
+    assert pool.calls["core"] == pool.steps
+    for c, req in zip((a, b), reqs):
+        assert_same(c, alone(ckpt, req))
+
+
 def test_bad_requests_get_clear_errors_and_leave_the_others_alone(ckpt, windows):
     max_len = ckpt.config.max_seq_len
     good = [Request(windows[i, :6].tolist(), 8, LatentDiff(0.2, r_max=CAP), seed=i, greedy=True) for i in range(3)]
@@ -142,12 +160,14 @@ def test_latencies_and_readouts_are_recorded(ckpt, windows):
 
 
 def test_batched_calls_are_counted(ckpt, windows):
-    """Two sequences at uniform depth 3 in lockstep: each new token after the prefill's is one prelude
-    row, three core rows and one readout row, and the two sequences share every call."""
+    """Two 5-token prompts at uniform depth 3 in lockstep. Each prompt has its own prelude call;
+    then both prompts' 10 positions share three core calls and one readout call (the first new
+    tokens); each of the 3 later tokens is one prelude row, three core rows and one readout row,
+    and the two sequences share every call."""
     run = serve(ckpt, [Request(windows[n, :5].tolist(), 4, Uniform(3), greedy=True) for n in range(2)],
                 slots=2, max_loops=CAP)
-    assert run.calls == {"prelude": 3, "core": 9, "readout": 3}
-    assert run.call_rows == {"prelude": 6, "core": 18, "readout": 6}
+    assert run.calls == {"prelude": 2 + 3, "core": 3 + 9, "readout": 1 + 3}
+    assert run.call_rows == {"prelude": 10 + 6, "core": 30 + 18, "readout": 10 + 6}
 
 
 def test_bench_serve_runs_on_tiny(tiny_ckpt, tmp_path):

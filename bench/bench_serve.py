@@ -133,7 +133,7 @@ def serve_run(ckpt, prompts, policy, slots, args, cap, new_tokens=None):
 
 def measure(ckpt, prompts, policy, slots, args, cap, cost: CostModel) -> dict:
     """One served run of every prompt: throughput, mean exit loop, FLOP proxy, latency percentiles,
-    and the pool's batched calls per new token with their mean rows (prefills not included)."""
+    and the pool's batched calls per new token with their mean rows (a prompt's rows included: it loops inside the shared calls)."""
     run = serve_run(ckpt, prompts, policy, slots, args, cap)
     comps, wall = run.completions, run.wall_s
     lat = np.array([x for c in comps for x in c.latencies_s[1:]]) * 1e3

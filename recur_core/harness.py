@@ -67,6 +67,9 @@ class SweepWork:
     readout_lane_loops: int = 0  # of those, with the per-loop readout (A1's KL)
     token_loops: int = 0  # positions actually run (lanes are cut after their last unfrozen token)
     live_token_loops: int = 0  # of those, unfrozen ones (the rest are only context)
+    readout_token_loops: int = 0  # positions run in lanes with A1's readout
+    readout_live_token_loops: int = 0  # of those, unfrozen ones (read out)
+    attention_pairs: int = 0  # (query, key) pairs of a causal pass over the positions run
     naive_window_loops: int = 0
 
     def add(self, other: "SweepWork") -> None:
@@ -74,9 +77,9 @@ class SweepWork:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def as_dict(self) -> dict:
-        return {"lane_loops": self.lane_loops, "readout_lane_loops": self.readout_lane_loops,
-                "token_loops": self.token_loops, "live_token_loops": self.live_token_loops,
-                "naive_window_loops": self.naive_window_loops}
+        return {name: getattr(self, name) for name in (
+            "lane_loops", "readout_lane_loops", "token_loops", "live_token_loops", "readout_token_loops",
+            "readout_live_token_loops", "attention_pairs", "naive_window_loops")}
 
 
 def run_exact(ckpt_or_model: Checkpoint | LoopedLM, ids, policy: Policy, max_loops: int, seed: int = 0, *,
@@ -221,9 +224,12 @@ class _Sweep:
             signals.kl_prev_reverse = at_rows(stats.kl_prev_reverse.clamp_min(0.0), float("nan"))
             signals.entropy, signals.argmax = at_rows(stats.entropy, float("nan")), at_rows(stats.argmax, -1)
             self.work.readout_lane_loops += len(chunk)
+            self.work.readout_token_loops += len(chunk) * width
+            self.work.readout_live_token_loops += int(valid.sum())
         self.work.lane_loops += len(chunk)
         self.work.token_loops += len(chunk) * width
         self.work.live_token_loops += int(valid.sum())
+        self.work.attention_pairs += len(chunk) * width * (width + 1) // 2
         met = {p: self.policies[p].rule_met(loop, signals).cpu().numpy()
                for p in sorted({p for ln in chunk for p in ln.policies})}
         for b, lane in enumerate(chunk):

@@ -132,3 +132,25 @@ def test_sweep_equals_one_run_per_policy(ckpt, windows):
     # the thresholds shared lanes: far less work than one run per policy
     assert 0 < work.lane_loops < work.naive_window_loops / 2
     assert work.token_loops <= work.lane_loops * windows.shape[1] - 1
+    # the positions counted: unfrozen ones among those run, A1's readout lanes among all lanes
+    assert 0 < work.readout_live_token_loops <= work.readout_token_loops < work.token_loops
+    assert 0 < work.live_token_loops < work.token_loops
+    assert work.token_loops <= work.attention_pairs <= work.token_loops * windows.shape[1]
+
+
+def test_bench_exact_prints_the_floor(tiny_ckpt, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "RECUR_CACHE_DIR": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, str(root / "bench" / "bench_exact.py"), "--checkpoint", str(tiny_ckpt),
+                          "--windows", "1", "--threads", "1", "--sweep-only"],
+                         capture_output=True, text=True, timeout=600, cwd=root, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["floor_tflop_full"] == pytest.approx(result["floor_tflop"] * 128)
+    assert result["matmul_peak_gflops"] > 0 and result["achieved_gflops"] > 0
+    assert "floor:" in out.stdout and "speedup_vs_per_policy" not in result

@@ -21,7 +21,9 @@ thresholds are a batch dimension, and the work a lane saves is exact, not approx
   * tokens after a lane's last unfrozen position are left out of its forward pass: attention is
     causal, so they cannot influence any token that still loops, and their state is frozen;
   * the last core block, and for A1's per-loop KL the last coda block and the LM head, run only for
-    the unfrozen tokens (a frozen token's own output is discarded; its keys and values are not).
+    the unfrozen tokens (a frozen token's own output is discarded; its keys and values are not);
+    lanes of a batch have different numbers of them, and the MLPs, the head and the KL skip the
+    padding (only the attention of those blocks runs padded).
 Lanes of all windows are batched together (`batch_size` lanes per forward pass).
 
 Inputs and noise follow recur_core.trace: windows (N, T + 1) or one text (T,), and window n's noise
@@ -211,15 +213,17 @@ class _Sweep:
         rows, valid = _live_rows(frozen_np)
         rows, valid = rows.to(self.device), valid.to(self.device)
         windows = [ln.window for ln in chunk]
-        new = self.model.core_step(state, self.e[windows, :width], freeze=frozen, live_rows=rows)
+        new = self.model.core_step(state, self.e[windows, :width], freeze=frozen, live_rows=rows, live_valid=valid)
         signals = LoopSignals(state=new, state_change=relative_change(new, state), cosine_change=cosine_change(new, state))
         h_rows = None
         if readout:  # KL(p_i || p_{i-1}) of the unfrozen tokens only (coda's last block and the head)
             h_prev = torch.stack([ln.h_prev[:width] for ln in chunk])
-            h_rows = self.model.coda(new, rows=rows)  # (B, M, d)
-            # padding repeats a live row, so it scatters the same value to the same place
-            stats = readout_stats(h_rows, self.model.head_weight, None, take_rows(h_prev, rows))
-            at_rows = lambda x, fill: torch.full(frozen.shape, fill, dtype=x.dtype, device=self.device).scatter(1, rows, x)
+            h_rows = self.model.coda(new, rows=rows, valid=valid)  # (B, M, d), padding rows unfinished
+            # the head and the KL only for the valid rows (the padding was ~half the rows on demo)
+            stats = readout_stats(h_rows[valid], self.model.head_weight, None, take_rows(h_prev, rows)[valid])
+            lane = torch.arange(len(chunk), device=self.device)[:, None].expand_as(rows)[valid]
+            at_rows = lambda x, fill: torch.full(frozen.shape, fill, dtype=x.dtype,
+                                                 device=self.device).index_put_((lane, rows[valid]), x)
             signals.kl_prev = at_rows(stats.kl_prev.clamp_min(0.0), float("nan"))
             signals.kl_prev_reverse = at_rows(stats.kl_prev_reverse.clamp_min(0.0), float("nan"))
             signals.entropy, signals.argmax = at_rows(stats.entropy, float("nan")), at_rows(stats.argmax, -1)
@@ -309,7 +313,7 @@ def _exact_batch(model: LoopedLM, inputs, targets, noise, policy: Policy, cap: i
 
 def _live_rows(frozen: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """(rows (B, M), valid (B, M)): each lane's unfrozen positions, padded to the chunk's largest
-    count by repeating its last one (a repeat computes and writes the same value twice)."""
+    count by repeating its last one; valid is False on the padding (whose outputs are never used)."""
     live = [np.flatnonzero(~f) for f in frozen]
     M = max(len(x) for x in live)
     rows = np.stack([np.concatenate([x, np.full(M - len(x), x[-1])]) for x in live])

@@ -136,10 +136,21 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, x, cos, sin, kv=None, rows=None):
+    def forward(self, x, cos, sin, kv=None, rows=None, valid=None):
         """kv: optional cache view (see Attention.forward); rows: optional (B, M) positions whose
-        outputs alone are wanted."""
-        x = take_rows(x, rows) + self.attn(self.attn_norm(x), cos, sin, kv, rows)
+        outputs alone are wanted; valid: optional bool (B, M), the rows that are not padding (the
+        MLP skips the others, whose outputs are then left unfinished and must not be read)."""
+        x = self.attn_residual(x, cos, sin, kv, rows)
+        if valid is None:
+            return self.mlp_residual(x)
+        out = x.clone()
+        out[valid] = self.mlp_residual(x[valid])
+        return out
+
+    def attn_residual(self, x, cos, sin, kv, rows):
+        return take_rows(x, rows) + self.attn(self.attn_norm(x), cos, sin, kv, rows)
+
+    def mlp_residual(self, x):
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -154,8 +165,10 @@ class SandwichBlock(Block):
         self.attn_out_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp_out_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
 
-    def forward(self, x, cos, sin, kv=None, rows=None):
-        x = self.attn_out_norm(self.attn(self.attn_norm(x), cos, sin, kv, rows) + take_rows(x, rows))
+    def attn_residual(self, x, cos, sin, kv, rows):
+        return self.attn_out_norm(self.attn(self.attn_norm(x), cos, sin, kv, rows) + take_rows(x, rows))
+
+    def mlp_residual(self, x):
         return self.mlp_out_norm(self.mlp(self.mlp_norm(x)) + x)
 
 
@@ -254,15 +267,16 @@ class LoopedLM(nn.Module):
 
     def core_step(self, state: torch.Tensor, e: torch.Tensor | None, freeze: torch.Tensor | None = None,
                   positions: torch.Tensor | None = None, kv=None, inject: torch.Tensor | None = None,
-                  live_rows: torch.Tensor | None = None) -> torch.Tensor:
+                  live_rows: torch.Tensor | None = None, live_valid: torch.Tensor | None = None) -> torch.Tensor:
         """One loop: adapter(concat(state, e)) through the core blocks.
 
         freeze: optional bool (B, T); frozen tokens keep their state bit-for-bit, while the other
         tokens still attend to them (their keys/values are computed from the frozen state).
         kv: optional cache views, one per core block (the slabs of this loop).
         inject: `inject(e)` precomputed (e is then unused): the adapter runs as W_s s + inject.
-        live_rows: optional (B, M) positions that include every unfrozen one (repeats allowed); the
-        last core block then runs only for them (a frozen token's own output is discarded anyway).
+        live_rows, live_valid: optional (B, M) positions that include every unfrozen one, padded per
+        row with any positions, and bool (B, M) True where not padding; the last core block then runs
+        only for them (its MLP only for the valid ones: a frozen token's own output is discarded).
         """
         cos, sin = self.rope(state.shape[1], positions)
         if inject is None:
@@ -271,23 +285,27 @@ class LoopedLM(nn.Module):
             x = F.linear(state, self.adapter.weight[:, :self.cfg.d_model]) + inject
         last = len(self.core_blocks) - 1
         for i, (block, cache) in enumerate(zip(self.core_blocks, kv or [None] * len(self.core_blocks))):
-            x = block(x, cos, sin, cache, live_rows if i == last else None)
+            x = block(x, cos, sin, cache, *((live_rows, live_valid) if i == last else (None, None)))
         if live_rows is not None:
-            x = state.scatter(1, live_rows[..., None].expand(-1, -1, x.shape[-1]), x.to(state.dtype))
+            lane = torch.arange(x.shape[0], device=x.device)[:, None].expand_as(live_rows)[live_valid]
+            out = state.clone()
+            out[lane, live_rows[live_valid]] = x[live_valid].to(state.dtype)
+            x = out
         if freeze is not None:
             x = torch.where(freeze.unsqueeze(-1), state, x.to(state.dtype))
         return x
 
     def coda(self, state: torch.Tensor, positions: torch.Tensor | None = None, kv=None,
-             rows: torch.Tensor | None = None) -> torch.Tensor:
+             rows: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
         """State -> coda blocks -> final RMSNorm: the hidden the LM head reads (B, T, d); with rows
-        (B, M), only at those positions (B, M, d) (the last coda block runs only for them).
+        (B, M), only at those positions (B, M, d) (the last coda block runs only for them; with
+        valid (B, M), its MLP only for the rows that are not padding, the others are not to be read).
         With cfg.coda_input_norm the final norm is applied before the coda too (Huginn's ln_f)."""
         cos, sin = self.rope(state.shape[1], positions)
         x = self.final_norm(state) if self.cfg.coda_input_norm else state
         last = len(self.coda_blocks) - 1
         for i, (block, cache) in enumerate(zip(self.coda_blocks, kv or [None] * len(self.coda_blocks))):
-            x = block(x, cos, sin, cache, rows if i == last else None)
+            x = block(x, cos, sin, cache, *((rows, valid) if i == last else (None, None)))
         if not self.coda_blocks:
             x = take_rows(x, rows)
         return self.final_norm(x)

@@ -76,6 +76,30 @@ def test_freeze_mask_keeps_frozen_states_bit_identical_and_others_attend_to_them
     assert torch.equal(stepped2[:, 3], s2[:, 3])
 
 
+def test_live_rows_with_padding_equal_the_full_step_and_coda(model):
+    """core_step / coda on each row's unfrozen positions, padded to a common count (the exact
+    harness's batches): the unfrozen outputs equal the full computation's, frozen states are kept,
+    and the padding (valid False) changes nothing."""
+    x = ids()
+    with torch.no_grad():
+        e = model.prelude(x)
+        s = model.core_step(model.init_state(*x.shape, torch.Generator().manual_seed(2)), e)
+        freeze = torch.zeros(x.shape, dtype=torch.bool)
+        freeze[0, ::2] = True
+        freeze[1, :] = True
+        freeze[1, 5] = False
+        live = [torch.nonzero(~f).flatten() for f in freeze]
+        M = max(len(r) for r in live)
+        rows = torch.stack([torch.cat([r, r[-1:].expand(M - len(r))]) for r in live])
+        valid = torch.arange(M)[None, :] < torch.tensor([len(r) for r in live])[:, None]
+        full = model.core_step(s, e, freeze)
+        fast = model.core_step(s, e, freeze, live_rows=rows, live_valid=valid)
+        torch.testing.assert_close(fast, full, atol=1e-5, rtol=0)
+        assert torch.equal(fast[freeze], s[freeze])
+        h = model.coda(full, rows=rows, valid=valid)
+        torch.testing.assert_close(h[valid], model.coda(full)[freeze.logical_not()], atol=1e-5, rtol=0)
+
+
 def test_full_forward_is_the_composition_of_the_pieces(model):
     x = ids()
     with torch.no_grad():

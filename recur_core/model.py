@@ -85,12 +85,21 @@ class Attention(nn.Module):
 
     def project_qkv(self, x, cos, sin):
         """q: (B, H, T, hd); k, v: (B, H_kv, T, hd), biases (if any) and RoPE applied to q and k."""
+        return (self.project_q(x, cos, sin), *self.project_kv(x, cos, sin))
+
+    def project_q(self, x, cos, sin):
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k, v = self.kv_proj(x).view(B, T, 2, self.n_kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         if self.q_bias is not None:
-            q, k = q + self.q_bias[:, None], k + self.k_bias[:, None]
-        return apply_rope(q, cos, sin, self.rope_layout), apply_rope(k, cos, sin, self.rope_layout), v
+            q = q + self.q_bias[:, None]
+        return apply_rope(q, cos, sin, self.rope_layout)
+
+    def project_kv(self, x, cos, sin):
+        B, T, _ = x.shape
+        k, v = self.kv_proj(x).view(B, T, 2, self.n_kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if self.k_bias is not None:
+            k = k + self.k_bias[:, None]
+        return apply_rope(k, cos, sin, self.rope_layout), v
 
     def attend(self, q, k, v, is_causal: bool = True, attn_mask=None):
         """Attention output projected back to d_model. q: (B, H, Tq, hd); k, v: (B, H_kv, Tk, hd)."""
@@ -104,15 +113,18 @@ class Attention(nn.Module):
         keys/values and returns (keys, values, mask) to attend to.
         rows: optional (B, M) positions (without kv); then only their outputs (B, M, d) are computed,
         each attending causally to every position of x up to its own (keys / values from all of x)."""
+        if rows is not None:  # queries only at rows, at their positions' rotations
+            k, v = self.project_kv(x, cos, sin)
+            at = (lambda t: t[rows][:, None]) if cos.dim() == 2 else (
+                lambda t: t.gather(2, rows[:, None, :, None].expand(-1, 1, -1, t.shape[-1])))
+            q = self.project_q(take_rows(x, rows), at(cos), at(sin))
+            causal = torch.arange(k.shape[2], device=x.device)[None, None, None, :] <= rows[:, None, :, None]
+            return self.attend(q, k, v, is_causal=False, attn_mask=causal)
         q, k, v = self.project_qkv(x, cos, sin)
         if kv is not None:
             k, v, mask = kv.update(k, v)
             return self.attend(q, k, v, is_causal=False, attn_mask=mask)
-        if rows is None:
-            return self.attend(q, k, v)
-        q = q.gather(2, rows[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[-1]))
-        causal = torch.arange(k.shape[2], device=x.device)[None, None, None, :] <= rows[:, None, :, None]
-        return self.attend(q, k, v, is_causal=False, attn_mask=causal)
+        return self.attend(q, k, v)
 
 
 class SwiGLU(nn.Module):

@@ -287,8 +287,9 @@ class LoopedLM(nn.Module):
         kv: optional cache views, one per core block (the slabs of this loop).
         inject: `inject(e)` precomputed (e is then unused): the adapter runs as W_s s + inject.
         live_rows, live_valid: optional (B, M) positions that include every unfrozen one, padded per
-        row with any positions, and bool (B, M) True where not padding; the last core block then runs
-        only for them (its MLP only for the valid ones: a frozen token's own output is discarded).
+        row with any positions, and bool (B, M) True where not padding (default: no padding; repeats
+        are then computed twice); the last core block then runs only for them (its MLP only for the
+        valid ones: a frozen token's own output is discarded).
         """
         cos, sin = self.rope(state.shape[1], positions)
         if inject is None:
@@ -299,9 +300,10 @@ class LoopedLM(nn.Module):
         for i, (block, cache) in enumerate(zip(self.core_blocks, kv or [None] * len(self.core_blocks))):
             x = block(x, cos, sin, cache, *((live_rows, live_valid) if i == last else (None, None)))
         if live_rows is not None:
-            lane = torch.arange(x.shape[0], device=x.device)[:, None].expand_as(live_rows)[live_valid]
+            valid = torch.ones_like(live_rows, dtype=torch.bool) if live_valid is None else live_valid
+            lane = torch.arange(x.shape[0], device=x.device)[:, None].expand_as(live_rows)[valid]
             out = state.clone()
-            out[lane, live_rows[live_valid]] = x[live_valid].to(state.dtype)
+            out[lane, live_rows[valid]] = x[valid].to(state.dtype)
             x = out
         if freeze is not None:
             x = torch.where(freeze.unsqueeze(-1), state, x.to(state.dtype))

@@ -1,4 +1,9 @@
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -139,11 +144,6 @@ def test_sweep_equals_one_run_per_policy(ckpt, windows):
 
 
 def test_bench_exact_prints_the_floor(tiny_ckpt, tmp_path):
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "RECUR_CACHE_DIR": str(tmp_path / "cache")}
     out = subprocess.run([sys.executable, str(root / "bench" / "bench_exact.py"), "--checkpoint", str(tiny_ckpt),

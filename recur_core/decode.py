@@ -160,9 +160,10 @@ class Decoder:
                  noise: Tensor, check_every: int = 1, cache: LoopKVCache | None = None, max_len: int | None = None):
         """max_len: the context the cache holds (default max_seq_len; generate sizes it to the prompt
         plus the new tokens, which keeps a large model's per-loop caches small)."""
-        self.model, self.policy, self.B = model, policy, batch
+        self.model, self.B = model, batch
+        self.policy = policy.private() if hasattr(policy, "private") else policy  # this session's own memory
         self.rule = named_rule(kv_rule)
-        self.schedule = HaltSchedule(policy, max_loops, check_every)
+        self.schedule = HaltSchedule(self.policy, max_loops, check_every)
         self.cap = self.schedule.cap
         cfg = model.cfg
         weight = model.embed.weight

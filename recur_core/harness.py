@@ -129,8 +129,8 @@ def run_exact_sweep(ckpt_or_model: Checkpoint | LoopedLM, ids, policies: list[Po
         for i, w, *finals in sweep.run():
             for array, value in zip(part, finals):
                 array[shared[i], w] = value
-        for p in alone:
-            out = _exact_batch(model, group_inputs, group_targets, noise, policies[p], caps[p])
+        for p in alone:  # each group its own memory: groups run on parallel threads
+            out = _exact_batch(model, group_inputs, group_targets, noise, policies[p].private(), caps[p])
             for array, value in zip(part, out):
                 array[p] = value.numpy()
             part_work.lane_loops += len(rows) * caps[p]

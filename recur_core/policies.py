@@ -38,6 +38,7 @@ core state directly).
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -109,6 +110,12 @@ class Policy:
     @property
     def threshold(self) -> float:
         return getattr(self, self.threshold_name)
+
+    def private(self) -> "Policy":
+        """The policy for one run of its own (one sequence, one batch): itself, or for a rule that
+        remembers earlier loops a copy with empty memory, so runs that interleave or go on in
+        parallel never read each other's loops."""
+        return self
 
     def cap(self, available_loops: int) -> int:
         """The loop at which every token halts, given how many loops can be run."""
@@ -300,6 +307,11 @@ class _Remembering(Policy):
     def __init__(self, min_loops: int = 1, r_max: int | None = None):
         super().__init__(min_loops, r_max)
         self._last_loop, self._prev, self._run = 0, None, None
+
+    def private(self) -> "Policy":
+        twin = copy.copy(self)
+        twin._last_loop, twin._prev, twin._run = 0, None, None
+        return twin
 
     def rule_met(self, loop, signals):
         value = _needs(signals, self.signal, self)

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from recur_core.policies import ConvergenceExit, LatentDiff, LinearRouter, LoopSignals, Uniform
+from recur_core.policies import (ArgmaxStable, ConvergenceExit, EntropyDiff, LatentDiff, LinearRouter,
+                                 LoopSignals, Uniform)
 from recur_core.trace import Trace
 
 
@@ -122,3 +123,13 @@ def test_nan_kl_never_halts_and_missing_kl_is_an_error():
     assert ConvergenceExit(0.1, min_loops=1).halt(1, signals).tolist() == [[False, True]]
     with pytest.raises(ValueError):
         ConvergenceExit(0.1).halt(2, LoopSignals(state=torch.zeros(1, 2, 3), state_change=torch.zeros(1, 2)))
+
+
+def test_private_gives_a_remembering_rule_its_own_empty_memory():
+    stateless = ConvergenceExit(1e-3)
+    assert stateless.private() is stateless
+    for policy in (EntropyDiff(1e-2), ArgmaxStable(2)):
+        policy._last_loop, policy._prev = 3, torch.zeros(1, 4)
+        twin = policy.private()
+        assert twin is not policy and repr(twin) == repr(policy)
+        assert twin._last_loop == 0 and twin._prev is None and policy._last_loop == 3

@@ -13,7 +13,7 @@ import torch
 
 from recur_core.decode import full_depth_logits, generate
 from recur_core.kv import KV_RULES
-from recur_core.policies import ConvergenceExit, LatentDiff, LinearRouter, Uniform
+from recur_core.policies import ArgmaxStable, ConvergenceExit, EntropyDiff, LatentDiff, LinearRouter, Uniform
 from recur_core.probe import Probe
 from recur_core.serve import Pool, Request, serve
 
@@ -122,6 +122,15 @@ def test_a_joining_prompt_loops_inside_the_shared_core_step(ckpt, windows):
         assert_same(c, alone(ckpt, req))
 
 
+def test_sequences_sharing_a_remembering_policy_keep_their_own_memory(ckpt, windows):
+    """One EntropyDiff object (its rule compares each loop with the previous one) for three requests:
+    in the pool their tokens sit at different loops, and each still decodes as it does alone."""
+    for policy in (EntropyDiff(1e-2, r_max=CAP), ArgmaxStable(2, r_max=CAP)):
+        reqs = [Request(windows[i, :3 + 4 * i].tolist(), 6 + 2 * i, policy, seed=i, greedy=True) for i in range(3)]
+        for req, c in zip(reqs, serve(ckpt, reqs, slots=3, max_loops=CAP)):
+            assert_same(c, alone(ckpt, req))
+
+
 def test_bad_requests_get_clear_errors_and_leave_the_others_alone(ckpt, windows):
     max_len = ckpt.config.max_seq_len
     good = [Request(windows[i, :6].tolist(), 8, LatentDiff(0.2, r_max=CAP), seed=i, greedy=True) for i in range(3)]
@@ -217,7 +226,6 @@ def test_pool_on_a_huginn_format_model():
     """The pool runs the model's own blocks, so Huginn's variants (interleaved RoPE at per-row
     positions, q/k biases, sandwich prelude / coda, embedding scale) decode as generate does."""
     from recur_core import load_checkpoint
-    from recur_core.policies import EntropyDiff
     huginn = load_checkpoint(ROOT / "tests" / "fixtures" / "huginn_tiny")
     reqs = [Request(list(range(3 + 2 * i, 9 + 3 * i)), 5, policy, seed=i, greedy=True)
             for i, policy in enumerate([Uniform(3), EntropyDiff(1e-2, r_max=8), LatentDiff(0.05, r_max=8)])]

@@ -34,7 +34,10 @@ from .data import EOS
 VARIABLES = "abcdefghijklmnopqrstuvwxyz"
 VALUES = "0123456789"
 SYMBOLS = "=;?"
-VOCAB = [EOS, *SYMBOLS, *VALUES, *VARIABLES]
+BINDINGS = [f"{v}={w}" for v in VARIABLES for w in VALUES + VARIABLES]  # one token per statement
+QUERIES = [f"{v}?" for v in VARIABLES]  # one token per query; the answer is the token after it
+VOCAB = [EOS, *SYMBOLS, *VALUES, *VARIABLES, *BINDINGS, *QUERIES]
+WORD = r"[a-z]=[a-z0-9]|[a-z]\?|."  # a statement, a query, else one character
 PAD = EOS  # windows are padded with EOS after the program; padded positions are not trained
 EVAL_SEED_OFFSET, PROBE_SEED_OFFSET = 1_000_000_007, 2_000_000_011
 
@@ -47,9 +50,9 @@ def is_hops(dataset: str) -> bool:
 class HopsTask:
     max_hops: int = 6  # H: hop counts 1..H in training
     extra_eval_hops: int = 4  # held-out programs go to H + 4
-    chains: int = 2  # queried chains per program, each queried once
+    chains: int = 4  # queried chains per program, each queried once
     decoys: int = 2  # further chains that are never queried (so that no answer follows by elimination)
-    max_tail: int = 2  # variables bound after the queried one in its chain (distractors)
+    max_tail: int = 1  # variables bound after the queried one in its chain (distractors)
     start_hops: int = 2  # curriculum: the largest hop count starts here ...
     programs_per_level: int = 20_000  # ... and grows by one every this many programs
     recall_programs: int = 0  # warm start: the first this many programs are associative recall
@@ -72,10 +75,12 @@ class HopsTask:
                 raise ValueError(f"hops setting {item!r}: expected key=value with key in {', '.join(types)}")
             kwargs[key] = float(value) if types[key] == "float" else int(value)
         task = cls(**kwargs)
-        need = task.chains * (task.max_hops + task.extra_eval_hops) + task.decoys
-        if task.chains + task.decoys > len(VALUES) or need > len(VARIABLES):
-            raise ValueError(f"hops: {task.chains} + {task.decoys} chains to {task.max_hops + task.extra_eval_hops} hops "
-                             f"do not fit {len(VALUES)} values / {len(VARIABLES)} variables")
+        train_need = task.chains * task.max_hops + task.decoys  # every queried chain at H hops
+        eval_need = task.max_hops + task.extra_eval_hops + task.chains - 1 + task.decoys  # one at H + 4
+        if task.chains + task.decoys > len(VALUES) or max(train_need, eval_need) > len(VARIABLES):
+            raise ValueError(f"hops: {task.chains} + {task.decoys} chains to {task.max_hops} hops "
+                             f"(one to {task.max_hops + task.extra_eval_hops} in evaluation) do not fit "
+                             f"{len(VALUES)} values / {len(VARIABLES)} variables")
         return task
 
     def curriculum_hops(self, index: int) -> int:
@@ -85,9 +90,16 @@ class HopsTask:
 
 # -- tokenizer -----------------------------------------------------------------------------------
 def build_tokenizer() -> Tokenizer:
-    """Character-level: every character of a program is one token; EOS is token 0."""
+    """Word-level: a binding `k=7` / `b=k` is one token, a query `x?` is one token, every other
+    character (an answer, `;`) is one token; EOS is token 0.
+
+    Why words, not characters: with one token per statement a hop is one attention lookup (the
+    query's variable matches a binding token's left-hand side, which carries its right-hand side).
+    Character-level, the binding's variable and value sit in different positions, so a lookup
+    first needs a previous-token head; in CPU pilots that two-head circuit never formed, while the
+    word-level lookup formed within a thousand steps (docs/BENCHMARKS.md)."""
     tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(VOCAB)}, unk_token=EOS))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(WORD), behavior="isolated")
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens([EOS])
     return tok
@@ -163,10 +175,17 @@ def hop_counts(text: str) -> list[int]:
     return hops
 
 
+def token_hops(tok: Tokenizer, text: str) -> tuple[list[int], list[int]]:
+    """(ids, hops) of a program text, per token, EOS first: an answer token carries its hop count
+    (answers are one character, so the count sits at the token's first character), others 0."""
+    enc = tok.encode(text)
+    hops = hop_counts(text)
+    return [tok.token_to_id(EOS)] + enc.ids, [0] + [hops[start] for start, _ in enc.offsets]
+
+
 def program_ids(tok: Tokenizer, program: Program, window_len: int) -> tuple[list[int], list[int]]:
     """(ids, hops) of one window: EOS, the program, EOS padding to window_len."""
-    ids = [tok.token_to_id(EOS)] + tok.encode(program.text).ids
-    hops = [0] + program.hops
+    ids, hops = token_hops(tok, program.text)
     if len(ids) > window_len:
         raise ValueError(f"a program of {len(ids)} tokens does not fit a window of {window_len}")
     pad = window_len - len(ids)
@@ -182,14 +201,19 @@ def training_program(task: HopsTask, seed: int, index: int) -> Program:
                         [rng.randint(1, top) for _ in range(task.decoys)])
 
 
+def program_led_by(rng: random.Random, task: HopsTask, first: int, top: int) -> Program:
+    """A program whose first queried chain has `first` hops; the other queried chains and the
+    decoys get 1..top, capped so that every chain fits the 26 variables."""
+    cap = max(1, (len(VARIABLES) - first - task.decoys) // max(1, task.chains - 1))
+    others = min(top, cap)
+    return make_program(rng, [first] + [rng.randint(1, others) for _ in range(task.chains - 1)], task.max_tail,
+                        [rng.randint(1, others) for _ in range(task.decoys)])
+
+
 def eval_program(task: HopsTask, seed: int, index: int) -> Program:
-    """Held-out programs: the first chain cycles through hop counts 1..H+4, the other queried chains
-    are uniform over the same range; decoys are uniform over 1..H."""
+    """Held-out programs: the first chain cycles through hop counts 1..H+4, the others are 1..H."""
     rng = random.Random(seed * 1_000_003 + index + EVAL_SEED_OFFSET)
-    top = task.max_hops + task.extra_eval_hops
-    first = 1 + index % top
-    return make_program(rng, [first] + [rng.randint(1, top) for _ in range(task.chains - 1)], task.max_tail,
-                        [rng.randint(1, task.max_hops) for _ in range(task.decoys)])
+    return program_led_by(rng, task, 1 + index % (task.max_hops + task.extra_eval_hops), task.max_hops)
 
 
 def eval_windows(task: HopsTask, tok: Tokenizer, seed: int, n: int, window_len: int,
@@ -201,8 +225,9 @@ def eval_windows(task: HopsTask, tok: Tokenizer, seed: int, n: int, window_len: 
 
 
 def answer_mask(inputs: torch.Tensor, tok: Tokenizer) -> torch.Tensor:
-    """True where the next token is an answer (the input token is `?`)."""
-    return inputs == tok.token_to_id("?")
+    """True where the next token is an answer (the input token is a query `v?`)."""
+    query_ids = torch.tensor([tok.token_to_id(q) for q in QUERIES], device=inputs.device)
+    return torch.isin(inputs, query_ids)
 
 
 class HopsStream:
@@ -262,10 +287,8 @@ def training_data(dataset: str, tok: Tokenizer, seed: int, window_len: int, n_wi
 
 
 def random_program(task: HopsTask, seed: int, max_hops: int) -> Program:
-    """A program whose deepest answer has exactly max_hops hops (the other chains: 1..max_hops)."""
-    rng = random.Random(seed)
-    return make_program(rng, [max_hops] + [rng.randint(1, max_hops) for _ in range(task.chains - 1)], task.max_tail,
-                        [rng.randint(1, max_hops) for _ in range(task.decoys)])
+    """A program whose deepest answer has exactly max_hops hops."""
+    return program_led_by(random.Random(seed), task, max_hops, max_hops)
 
 
 def elimination_chance(text: str) -> list[float]:

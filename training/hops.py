@@ -105,6 +105,27 @@ def build_tokenizer() -> Tokenizer:
     return tok
 
 
+def structured_embedding(tok: Tokenizer, d_model: int, seed: int, scale: float = 0.1) -> torch.Tensor:
+    """Initial token embeddings (V, d_model) in which a statement's token is built from its parts:
+    the first half codes the variable it binds or queries, the second half what it is bound to (a
+    variable's or a digit's code; zero for a query). Other tokens get random vectors. This is only
+    where training starts (the embeddings are then trained freely; the model format is unchanged).
+
+    Why: with independent random rows, each of the 676 `v=w` tokens must learn on its own that it
+    points at w, from the few chains that pass through it; built from shared codes, "match the
+    variable, read what it is bound to" is one linear map for all of them. In CPU pilots this init
+    halved the steps to learn 1-hop lookups (docs/BENCHMARKS.md)."""
+    g = torch.Generator().manual_seed(seed)
+    half = d_model // 2
+    var_code, value_code = torch.randn(len(VARIABLES), half, generator=g), torch.randn(len(VALUES), half, generator=g)
+    emb = torch.randn(tok.get_vocab_size(), d_model, generator=g)
+    code = lambda c: var_code[VARIABLES.index(c)] if c in VARIABLES else value_code[VALUES.index(c)]
+    for word in BINDINGS + QUERIES:
+        rhs = code(word[2]) if word[1] == "=" else torch.zeros(half)
+        emb[tok.token_to_id(word), :2 * half] = torch.cat((code(word[0]), rhs))
+    return emb * scale
+
+
 # -- programs -------------------------------------------------------------------------------------
 @dataclass
 class Program:

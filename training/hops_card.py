@@ -113,7 +113,7 @@ never queried) and then query one variable of each queried chain (`k=7;b=k;x=b;`
 Preset `{meta['preset']}` with overrides
 `{json.dumps(meta['overrides'])}`: d_model {tc['d_model']}, {tc['n_heads']} heads / {tc['n_kv_heads']} KV
 heads, FFN {tc['ffn_dim']}, prelude/core/coda {tc['n_prelude']}/{tc['n_core']}/{tc['n_coda']} blocks, a
-{meta.get('vocab_size', '')}-token character vocabulary, windows of {tc['seq_len']} tokens. Recipe:
+{meta.get('vocab_size', '')}-token word vocabulary (a token per statement, query and answer), windows of {tc['seq_len']} tokens. Recipe:
 {meta['recipe_text']}, lr {tc['lr']}. Where this recipe and the runtime differ from the paper:
 [Deviations from the paper](../../README.md#deviations-from-the-paper).
 

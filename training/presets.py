@@ -125,5 +125,5 @@ PRESETS: dict[str, TrainConfig] = {
     "hops": TrainConfig(d_model=128, n_heads=4, n_kv_heads=2, ffn_dim=512, n_prelude=1, n_core=2, n_coda=1,
                         seq_len=64, r_bar=8, r_max=24, backprop_depth=8, dataset="hops", tokenizer="hops",
                         batch_size=32, lr=1e-3, warmup_steps=200, weight_decay=0.0, autocast="fp32",
-                        tie_embeddings=False, max_tokens=6000 * 32 * 64, eval_every=250, ckpt_every=250),
+                        tie_embeddings=False, max_tokens=4500 * 32 * 64, eval_every=250, ckpt_every=250),
 }

@@ -24,7 +24,7 @@ def train_bpe(docs: Iterable[str], vocab_size: int) -> Tokenizer:
 
 
 def load_tokenizer(spec: str, docs_for_training: Iterable[str] | None = None) -> Tokenizer:
-    """spec: "hops" (the character vocabulary of training/hops.py); "bpe:<vocab>" trains on
+    """spec: "hops" (the word vocabulary of training/hops.py); "bpe:<vocab>" trains on
     docs_for_training; a shipped name (SHIPPED); a tokenizer.json path; or a hub id."""
     if spec == "hops":
         from .hops import build_tokenizer

@@ -9,7 +9,8 @@ from recur_core.checkpoint import load_checkpoint, read_safetensors
 from recur_core.ground_truth import load_ground_truth
 from tiny import make_tiny_hops_checkpoint
 from training.hops import (HopsStream, HopsTask, build_tokenizer, elimination_chance, eval_program, hop_counts,
-                           make_program, training_data, training_program)
+                           make_program, program_ids, random_program, structured_embedding, token_hops, training_data,
+                           training_program)
 
 
 def answers(text: str) -> dict[str, int]:
@@ -63,24 +64,56 @@ def test_elimination_chance():
     assert elimination_chance("a=1;b=2;c=3;d=a;d?1;b?2;") == [1 / 3, 1 / 2]
 
 
-def test_tokenizer_is_character_level_and_round_trips():
+def test_tokenizer_has_one_token_per_statement_and_round_trips():
     tok = build_tokenizer()
     text = "k=7;b=k;b?7;"
     enc = tok.encode(text)
-    assert enc.tokens == list(text) and tok.decode(enc.ids) == text
+    assert enc.tokens == ["k=7;", "b=k;", "b?", "7;"] and tok.decode(enc.ids) == text
     assert tok.token_to_id("<|endoftext|>") == 0
+    # anything else is single characters; characters outside the vocabulary become EOS (unknown)
+    assert tok.encode("k = 7;x?").tokens == ["k", "<|endoftext|>", "=", "<|endoftext|>", "7;", "x?"]
+
+
+def test_statement_tokens_start_from_shared_codes():
+    tok = build_tokenizer()
+    emb = structured_embedding(tok, 10, seed=0)
+    row = lambda word: emb[tok.token_to_id(word)]
+    assert torch.equal(row("x=b;")[:5], row("x?")[:5])  # the bound and the queried variable: one code
+    assert torch.equal(row("x=b;")[5:], row("b=7;")[:5])  # what x is bound to: b's code
+    assert torch.equal(row("x=7;")[5:], row("K=7;")[5:]) and not torch.equal(row("x=7;")[5:], row("x=8;")[5:])
+    assert not row("x?")[5:].any()
+    assert torch.equal(emb, structured_embedding(tok, 10, seed=0))  # seeded
+
+
+def test_every_program_the_app_can_ask_for_fits_the_variables():
+    task = HopsTask()
+    for max_hops in range(1, task.max_hops + task.extra_eval_hops + 1):
+        for seed in range(20):
+            p = random_program(task, seed, max_hops)
+            assert max(p.hops) == max_hops and sum(1 for h in p.hops if h) == task.chains
+
+
+def test_token_hops_put_each_answer_count_on_its_token():
+    ids, hops = token_hops(build_tokenizer(), "k=7;b=k;x=b;x?7;k?7;")
+    assert len(ids) == len(hops) == 1 + 7  # EOS, 3 statements, 2 queries and their 2 answers
+    tokens = [build_tokenizer().id_to_token(i) for i in ids]
+    assert [(t, h) for t, h in zip(tokens, hops) if h] == [("7;", 3), ("7;", 1)]
+    assert tokens[hops.index(3) - 1] == "x?"  # the answer is predicted at its query token
+    with pytest.raises(ValueError, match="does not fit"):
+        program_ids(build_tokenizer(), make_program(random.Random(0), [6, 6], 0), window_len=8)
 
 
 def test_stream_position_is_its_state_and_loss_weights_favour_answers():
     task, tok = HopsTask(), build_tokenizer()
-    a = HopsStream(task, tok, seed=1, window_len=129)
+    a = HopsStream(task, tok, seed=1, window_len=65)
     a.next_batch(5)
-    b = HopsStream(task, tok, seed=1, window_len=129)
+    b = HopsStream(task, tok, seed=1, window_len=65)
     b.load_state(a.state())
     batch = a.next_batch(4)
     assert torch.equal(batch, b.next_batch(4))
     w = a.loss_weights(batch[:, :-1], batch[:, 1:])
-    is_answer = batch[:, :-1] == tok.token_to_id("?")
+    is_answer = torch.tensor([[tok.id_to_token(i).endswith("?") for i in row] for row in batch[:, :-1].tolist()])
+    assert is_answer.sum() == 4 * task.chains  # one answer per queried chain
     assert (w[is_answer] == task.answer_weight).all() and (w[~is_answer] < task.answer_weight).all()
 
 
@@ -88,7 +121,7 @@ def test_bad_hops_setting_is_a_clear_error():
     with pytest.raises(ValueError, match="hops setting"):
         HopsTask.parse("hops:nope=3")
     with pytest.raises(ValueError, match="do not fit"):
-        HopsTask.parse("hops:max_hops=12,chains=3")
+        HopsTask.parse("hops:max_hops=12,chains=6")
 
 
 def test_stopped_and_resumed_hops_run_equals_uninterrupted_run(tmp_path):
@@ -106,7 +139,7 @@ def test_stopped_and_resumed_hops_run_equals_uninterrupted_run(tmp_path):
 
 def test_best_is_selected_on_held_out_programs_disjoint_from_the_eval_ones():
     tok = build_tokenizer()
-    eval_ids, select_ids, _, _, gt = training_data("hops", tok, seed=0, window_len=129, n_select=8)
-    assert eval_ids.shape == (128, 129) and select_ids.shape == (8, 129)
+    eval_ids, select_ids, _, _, gt = training_data("hops", tok, seed=0, window_len=65, n_select=8)
+    assert eval_ids.shape == (128, 65) and select_ids.shape == (8, 65)
     assert gt  # the eval programs carry their hop counts
     assert not any(torch.equal(s, e) for s in select_ids for e in eval_ids)

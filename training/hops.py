@@ -31,13 +31,14 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from .data import EOS
 
-VARIABLES = "abcdefghijklmnopqrstuvwxyz"
+VARIABLES = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 VALUES = "0123456789"
 SYMBOLS = "=;?"
-BINDINGS = [f"{v}={w}" for v in VARIABLES for w in VALUES + VARIABLES]  # one token per statement
+BINDINGS = [f"{v}={w};" for v in VARIABLES for w in VALUES + VARIABLES]  # one token per statement
 QUERIES = [f"{v}?" for v in VARIABLES]  # one token per query; the answer is the token after it
-VOCAB = [EOS, *SYMBOLS, *VALUES, *VARIABLES, *BINDINGS, *QUERIES]
-WORD = r"[a-z]=[a-z0-9]|[a-z]\?|."  # a statement, a query, else one character
+ANSWERS = [f"{d};" for d in VALUES]
+VOCAB = [EOS, *SYMBOLS, *VALUES, *VARIABLES, *BINDINGS, *QUERIES, *ANSWERS]
+WORD = r"[a-zA-Z]=[a-zA-Z0-9];|[a-zA-Z]\?|[0-9];|."  # a statement, a query, an answer, else one character
 PAD = EOS  # windows are padded with EOS after the program; padded positions are not trained
 EVAL_SEED_OFFSET, PROBE_SEED_OFFSET = 1_000_000_007, 2_000_000_011
 
@@ -50,7 +51,7 @@ def is_hops(dataset: str) -> bool:
 class HopsTask:
     max_hops: int = 6  # H: hop counts 1..H in training
     extra_eval_hops: int = 4  # held-out programs go to H + 4
-    chains: int = 4  # queried chains per program, each queried once
+    chains: int = 6  # queried chains per program, each queried once
     decoys: int = 2  # further chains that are never queried (so that no answer follows by elimination)
     max_tail: int = 1  # variables bound after the queried one in its chain (distractors)
     start_hops: int = 2  # curriculum: the largest hop count starts here ...
@@ -90,8 +91,8 @@ class HopsTask:
 
 # -- tokenizer -----------------------------------------------------------------------------------
 def build_tokenizer() -> Tokenizer:
-    """Word-level: a binding `k=7` / `b=k` is one token, a query `x?` is one token, every other
-    character (an answer, `;`) is one token; EOS is token 0.
+    """Word-level: a binding `k=7;` / `b=k;` is one token, a query `x?` one, an answer `7;` one;
+    anything else is one token per character; EOS is token 0.
 
     Why words, not characters: with one token per statement a hop is one attention lookup (the
     query's variable matches a binding token's left-hand side, which carries its right-hand side).
@@ -111,7 +112,7 @@ def structured_embedding(tok: Tokenizer, d_model: int, seed: int, scale: float =
     variable's or a digit's code; zero for a query). Other tokens get random vectors. This is only
     where training starts (the embeddings are then trained freely; the model format is unchanged).
 
-    Why: with independent random rows, each of the 676 `v=w` tokens must learn on its own that it
+    Why: with independent random rows, each of the 2,704 `v=w;` tokens must learn on its own that it
     points at w, from the few chains that pass through it; built from shared codes, "match the
     variable, read what it is bound to" is one linear map for all of them. In CPU pilots this init
     halved the steps to learn 1-hop lookups (docs/BENCHMARKS.md)."""
@@ -120,6 +121,7 @@ def structured_embedding(tok: Tokenizer, d_model: int, seed: int, scale: float =
     var_code, value_code = torch.randn(len(VARIABLES), half, generator=g), torch.randn(len(VALUES), half, generator=g)
     emb = torch.randn(tok.get_vocab_size(), d_model, generator=g)
     code = lambda c: var_code[VARIABLES.index(c)] if c in VARIABLES else value_code[VALUES.index(c)]
+    # ("k=7;": k's code, then 7's; "x?": x's code, then zeros)
     for word in BINDINGS + QUERIES:
         rhs = code(word[2]) if word[1] == "=" else torch.zeros(half)
         emb[tok.token_to_id(word), :2 * half] = torch.cat((code(word[0]), rhs))
@@ -224,7 +226,7 @@ def training_program(task: HopsTask, seed: int, index: int) -> Program:
 
 def program_led_by(rng: random.Random, task: HopsTask, first: int, top: int) -> Program:
     """A program whose first queried chain has `first` hops; the other queried chains and the
-    decoys get 1..top, capped so that every chain fits the 26 variables."""
+    decoys get 1..top, capped so that every chain fits the 52 variables."""
     cap = max(1, (len(VARIABLES) - first - task.decoys) // max(1, task.chains - 1))
     others = min(top, cap)
     return make_program(rng, [first] + [rng.randint(1, others) for _ in range(task.chains - 1)], task.max_tail,

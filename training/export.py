@@ -240,16 +240,30 @@ def export(src: Path, dst: Path, command: str, machine: str, compare: Path | Non
     return c
 
 
+def this_machine() -> str:
+    """The default --machine line: CPU count and model, and whether it has AVX-512 (read from
+    /proc/cpuinfo where there is one), so that a card never repeats another machine's claim."""
+    import os
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return f"{os.cpu_count()} CPU cores"
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    simd = "AVX-512" if "avx512f" in info else "no AVX-512"
+    return f"{os.cpu_count()} CPU cores ({model}, {simd})"
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("src", type=Path)
     p.add_argument("dst", type=Path)
     p.add_argument("--command", required=True, help="the exact training command, for the card")
-    p.add_argument("--machine", default="2 CPU cores (AMD EPYC, AVX-512 bf16), 1 torch thread")
+    p.add_argument("--machine", default=None, help="the training machine, for the card (default: this one)")
     p.add_argument("--compare", type=Path, help="a shipped checkpoint trained with another r̄: adds the "
                                                 "saturation-hypothesis section to the card")
     args = p.parse_args(argv)
-    print(json.dumps(export(args.src, args.dst, args.command, args.machine, args.compare), indent=2))
+    machine = args.machine or this_machine()
+    print(json.dumps(export(args.src, args.dst, args.command, machine, args.compare), indent=2))
 
 
 if __name__ == "__main__":

@@ -46,11 +46,11 @@ programs = st.session_state["gt_programs"]
 pick = cols[0].selectbox("Program", list(range(len(programs))), key="gt_pick",
                          format_func=lambda i: ground_truth.program_label(programs, i))
 text = programs[pick]
-enc = ground_truth.encode_program(m, text)
+enc, hops = ground_truth.encode_program(m, text)
 tr = compute.text_trace(*m.key, enc.ids, False)
 eps = state.eps_slider("ground_truth")
 out = compute.outcome(tr, compute.a1(eps, m.r_max))
 table = views.token_table(m, tr, enc, out)
-table["ground_truth"] = ground_truth.ground_truth_notes(text, len(table))
+table["ground_truth"] = ground_truth.ground_truth_notes(hops)
 views.render_strip(m, table, f"A1 ε={eps:.1e}")
 st.dataframe(ground_truth.answer_table(table), hide_index=True)

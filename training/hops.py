@@ -18,7 +18,12 @@ seeded by (seed, i), so the stream's state is one integer and resume is exact. A
 the largest hop count with the program index. Held-out evaluation programs use another seed and
 go to hop counts past the training range (extrapolation).
 
-Settings come from the dataset string: `hops` or `hops:max_hops=6,chains=2,...` (see `HopsTask`).
+Tokens are words (`build_tokenizer`): one per statement, per query and per answer, so a hop is one
+attention lookup; statement tokens start from embeddings built from shared variable and value codes
+(`structured_embedding`). Both choices, and the untied LM head of the `hops` preset, come from CPU
+pilots in which nothing else formed the lookup (docs/BENCHMARKS.md).
+
+Settings come from the dataset string: `hops` or `hops:max_hops=6,chains=4,...` (see `HopsTask`).
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ import streamlit as st
 from recur_core.ground_truth import eos_id, ground_truth_section, load_ground_truth
 from recur_core.settings import SETTINGS
 from recur_core.stats import Bootstrap
-from training.hops import HopsTask, hop_counts, is_hops, random_program
+from training.hops import HopsTask, hop_counts, is_hops, random_program, token_hops
 
 from . import compute
 from .charts import FAMILY_COLORS, PALETTE, base_layout
@@ -69,24 +69,25 @@ def add_random_program(model: compute.Model) -> None:
     st.session_state["gt_pick"] = len(st.session_state["gt_programs"]) - 1
 
 
-def encode_program(model: compute.Model, text: str) -> Encoded:
-    """EOS + one token per character, as the model was trained."""
+def encode_program(model: compute.Model, text: str) -> tuple[Encoded, list[int]]:
+    """EOS + the program's tokens (one per statement, query, answer or `;`), as the model was
+    trained, and the hop count each token carries (answers only; 0 elsewhere)."""
     tok = compute.tokenizer(model.path, model.checkpoint_id)
-    ids = [eos_id(tok)] + tok.encode(text).ids
+    ids, hops = token_hops(tok, text)
     pieces = [EOS_PIECE] + [tok.id_to_token(i) for i in ids[1:]]
-    return Encoded(tuple(ids[:model.max_seq_len]), tuple(pieces[:model.max_seq_len]), len(ids), model.max_seq_len)
+    n = model.max_seq_len
+    return Encoded(tuple(ids[:n]), tuple(pieces[:n]), len(ids), n), hops[:n]
 
 
-def ground_truth_notes(text: str, n_tokens: int) -> list[str]:
+def ground_truth_notes(hops: list[int]) -> list[str]:
     """Per token of EOS + program: the tooltip line about its ground truth ("" for most tokens).
-    Position t predicts token t + 1, so the `?` before an answer carries the answer's hop count."""
-    hops = [0] + hop_counts(text)  # per token, EOS first
-    notes = [""] * n_tokens
-    for t in range(n_tokens):
+    Position t predicts token t + 1, so the query `v?` before an answer carries the answer's hop count."""
+    notes = [""] * len(hops)
+    for t in range(len(hops)):
         if t + 1 < len(hops) and hops[t + 1]:
             notes[t] = f"ground truth: predicts an answer {hops[t + 1]} hops deep"
         elif hops[t]:
-            notes[t] = f"ground truth: answer token, {hops[t]} hops deep (predicted at the '?' before it)"
+            notes[t] = f"ground truth: answer token, {hops[t]} hops deep (predicted at the query before it)"
     return notes
 
 
@@ -147,6 +148,6 @@ def program_label(programs: list[str], i: int) -> str:
 
 
 def answer_table(table):
-    """The `?` tokens of a program's token table: what each predicts, at which exit depth."""
+    """The query tokens of a program's token table: what each predicts, at which exit depth."""
     rows = table[table.ground_truth.str.startswith("ground truth: predicts")]
     return rows[["position", "ground_truth", "exit_depth", "top_prediction", "top_prob"]]

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from recur_core.ground_truth import load_ground_truth, spearman
+from training.hops_card import learned_line
 from tiny import make_tiny_hops_checkpoint
 
 ANALYZE_ARGS = ["--windows", "12", "--max-loops", "6", "--n-boot", "40", "--probe-windows", "8",
@@ -91,3 +92,12 @@ def test_export_writes_the_hops_card(hops_ckpt, tmp_path):
     rb = gt["r_bar"]
     lowest = min(gt["uniform"]["accuracy_by_hops"][str(h)][rb - 1] for h in gt["hop_counts"] if h <= 3)
     assert card["goals"][0]["met"] == (lowest >= 0.95)
+
+
+def test_card_status_names_the_hop_counts_learned():
+    acc = {"1": [0.99, 1.0], "2": [0.2, 0.3], "3": [0.1, None], "4": [0.5, 0.5]}
+    gt = {"hop_counts": [1, 2, 3, 4], "max_train_hops": 3, "uniform": {"accuracy_by_hops": acc}}
+    assert learned_line(gt) == ("**Hop counts learned (>= 90% at some uniform depth): 1**; the others, with "
+                                "their best accuracy at any depth: 2: 30%, 3: 10%.")  # 4 is past training
+    acc.update({"2": [0.95, 0.9], "3": [0.2, 0.91]})
+    assert learned_line(gt).startswith("Every trained hop count reaches 90%")

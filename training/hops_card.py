@@ -99,6 +99,8 @@ def card(name: str, meta: dict, gt: dict, command: str, machine: str) -> str:
         status += (" **The model did not learn the lookups: it is at chance, so depth cannot matter and the "
                    "exit-depth figures below describe noise.** It is shipped as an honest pilot, so that the "
                    "Ground truth page and the analysis run on a real checkpoint; see docs/BENCHMARKS.md.")
+    else:
+        status += " " + learned_line(gt)
     extra = "\n".join(f"- {h} hops: {100 * e['accuracy_at_r_bar']:.0f}% at r̄, {100 * e['accuracy_at_r_max']:.0f}% at "
                       f"{gt['r_max']} loops, best {100 * e['best_accuracy']:.0f}% at {e['best_loops']} loops"
                       for h, e in gt["extrapolation"].items())
@@ -153,6 +155,18 @@ percent of them); Spearman is over answer tokens, with a 95% bootstrap CI over p
 
 Weights, tokenizer and the generated programs are ours (no third-party data).
 """
+
+
+def learned_line(gt: dict) -> str:
+    """Which trained hop counts reach 90% answer accuracy at some uniform depth, and which do not."""
+    best = {h: max(a for a in gt["uniform"]["accuracy_by_hops"][str(h)] if a is not None)
+            for h in gt["hop_counts"] if h <= gt["max_train_hops"]}
+    learned = [h for h, a in best.items() if a >= 0.9]
+    if len(learned) == len(best):
+        return "Every trained hop count reaches 90% answer accuracy at some uniform depth."
+    rest = ", ".join(f"{h}: {100 * a:.0f}%" for h, a in best.items() if a < 0.9)
+    return (f"**Hop counts learned (>= 90% at some uniform depth): {', '.join(map(str, learned)) or 'none'}**; "
+            f"the others, with their best accuracy at any depth: {rest}.")
 
 
 def export_hops(src: Path, dst: Path, command: str, machine: str) -> dict:

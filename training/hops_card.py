@@ -83,7 +83,7 @@ def card(name: str, meta: dict, gt: dict, command: str, machine: str) -> str:
     for pname, p in gt["policies"].items():
         sp, ratio = p["spearman_exit_vs_hops"], p["vs_best_uniform_loops_ratio"]
         spt = "n/a" if sp["value"] is None else f"{sp['value']:.3f} [{sp['ci_low']:.3f}, {sp['ci_high']:.3f}]"
-        pol_rows.append(f"| {pname} | {p['threshold']} | {100 * p['answer_accuracy']:.1f}% | {p['mean_loops']:.2f} | "
+        pol_rows.append(f"| {pname} | {float(p['threshold']):.3g} | {100 * p['answer_accuracy']:.1f}% | {p['mean_loops']:.2f} | "
                         f"{p['vs_a0_rbar_loops_ratio']:.2f}× | {'n/a' if ratio is None else format(ratio, '.2f') + '×'} "
                         f"| {spt}{'' if p['matches_a0_rbar'] else ' (does not match A0@r̄)'} |")
     verdicts = goals(gt)

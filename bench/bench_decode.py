@@ -21,6 +21,9 @@ every checkpoint's under "checkpoints").
 
     python bench/bench_decode.py                      # checkpoints/demo-r8 and checkpoints/demo
     python bench/bench_decode.py --ckpt runs/demo/best --prompts 8 --new-tokens 128 --windows 8
+
+A checkpoint with ground truth (checkpoints/hops) is benchmarked on its programs instead, matched on
+answer accuracy against the smallest uniform depth that reaches it (bench/hops_decode.py).
 """
 from __future__ import annotations
 
@@ -41,10 +44,12 @@ import torch  # noqa: E402
 
 from recur_core import load_checkpoint  # noqa: E402
 from recur_core.decode import generate, generation_drift, teacher_forced  # noqa: E402
+from recur_core.ground_truth import load_ground_truth  # noqa: E402
 from recur_core.harness import run_exact  # noqa: E402
 from recur_core.policies import ConvergenceExit, LatentDiff, LinearRouter, Uniform  # noqa: E402
 from recur_core.probe import load_or_train_probes  # noqa: E402
 from recur_core.settings import SETTINGS  # noqa: E402
+from hops_decode import bench_hops  # noqa: E402
 
 DEFAULT_CKPTS = ("checkpoints/demo-r8", "checkpoints/demo")
 # thresholds tried (descending: fewest loops first) before bisecting between the last miss and the first match
@@ -61,6 +66,8 @@ def parse_args(argv=None):
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--windows", type=int, default=32, help="eval windows for the matched-loss calibration")
     p.add_argument("--tolerance", type=float, default=0.002, help="nats above A0@r_bar's loss allowed")
+    p.add_argument("--acc-tolerance", type=float, default=0.01,
+                   help="checkpoints with ground truth (hops): answer accuracy below A0@r_bar's allowed")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--bisect", type=int, default=3, help="bisection steps after the grid")
     p.add_argument("--threads", type=int, default=1)
@@ -377,7 +384,8 @@ def main(argv=None):
     paths = args.ckpt or [p for p in DEFAULT_CKPTS if (ROOT / p).is_dir() or Path(p).is_dir()]
     if not paths:
         sys.exit(f"no checkpoint: pass --ckpt (defaults {', '.join(DEFAULT_CKPTS)} do not exist)")
-    results = [bench_checkpoint(p, args) for p in paths]
+    results = [bench_hops(p, args, CostModel, (EPS_GRID, DELTA_GRID, TAU_GRID)) if load_ground_truth(p) is not None
+               else bench_checkpoint(p, args) for p in paths]
     out = dict(results[0])
     out["checkpoints"] = {r["checkpoint"]: r for r in results}
     print(json.dumps(out, default=float))

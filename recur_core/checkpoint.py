@@ -97,6 +97,20 @@ class Checkpoint:
         self.text_windows = {"eval": windows[0::2].clone(), "probe": windows[1::2].clone()}
 
 
+_HEADER_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+
+def stored_dtype_name(path: str | Path) -> str | None:
+    """The dtype a checkpoint's embedding is stored in ("float32", ...), read from the safetensors
+    header only (no weights); None when the file is missing or unreadable."""
+    from safetensors import safe_open
+    try:
+        with safe_open(str(Path(path) / WEIGHTS), framework="pt") as f:
+            return _HEADER_DTYPES.get(f.get_slice("embed.weight").get_dtype())
+    except (SafetensorError, OSError, ValueError):
+        return None
+
+
 def checkpoint_id(config: ModelConfig, state_dict: dict[str, torch.Tensor]) -> str:
     """sha256 over the canonical config JSON and every tensor's name, dtype, shape and bytes."""
     h = hashlib.sha256(config.to_json().encode())

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import save_file
 
 from recur_core import CheckpointError, LoopedLM, ModelConfig, load_checkpoint, save_checkpoint
-from recur_core.checkpoint import checkpoint_id
+from recur_core.checkpoint import checkpoint_id, stored_dtype_name
 
 CFG = ModelConfig(vocab_size=50, d_model=32, n_heads=2, n_kv_heads=1, ffn_dim=48,
                   n_prelude=1, n_core=1, n_coda=1, max_seq_len=16)
@@ -81,6 +81,15 @@ def test_truncated_weights_are_refused(tmp_path):
     (path / "model.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="truncated or corrupt"):
         load_checkpoint(path)
+
+
+def test_stored_dtype_is_read_from_the_header(tmp_path):
+    model, path, _ = saved(tmp_path)
+    assert stored_dtype_name(path) == "float32"
+    save_file({k: v.to(torch.bfloat16) for k, v in model.state_dict().items()}, str(path / "model.safetensors"))
+    assert stored_dtype_name(path) == "bfloat16"
+    (path / "model.safetensors").write_bytes(b"not a header")
+    assert stored_dtype_name(path) is None and stored_dtype_name(tmp_path / "nowhere") is None
 
 
 def test_shape_mismatch_names_the_tensor(tmp_path):

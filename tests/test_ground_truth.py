@@ -79,6 +79,8 @@ def test_export_writes_the_hops_card(hops_ckpt, tmp_path):
     out = export(hops_ckpt, dst, command="python -m training.run hops", machine="a test")
     readme = (dst / "README.md").read_text()
     card = json.loads((dst / "card.json").read_text())
+    strict = lambda text: json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    assert strict((dst / "meta.json").read_text())["epochs"] is None  # an infinite stream has no epochs
     assert (dst / "ground_truth.safetensors").is_file() and load_ground_truth(dst) is not None
     assert "Answer accuracy (%) per hop count × uniform loops" in readme and "(unseen)" in readme
     assert "python -m training.run hops" in readme
@@ -101,3 +103,27 @@ def test_card_status_names_the_hop_counts_learned():
                                 "their best accuracy at any depth: 2: 30%, 3: 10%.")  # 4 is past training
     acc.update({"2": [0.95, 0.9], "3": [0.2, 0.91]})
     assert learned_line(gt).startswith("Every trained hop count reaches 90%")
+
+
+def test_bench_decode_on_a_hops_checkpoint_matches_on_answer_accuracy(hops_ckpt, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "RECUR_CACHE_DIR": str(tmp_path / "cache")}  # the A2 probe is cached there
+    out = subprocess.run([sys.executable, str(root / "bench" / "bench_decode.py"), "--ckpt", str(hops_ckpt),
+                          "--windows", "8", "--prompts", "2", "--repeats", "1", "--max-loops", "3"],
+                         capture_output=True, text=True, timeout=300, cwd=root, env=env)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "answer accuracy" in out.stdout and "best uniform" in out.stdout
+    # with the loop cap at r_bar (3), A1's smallest eps runs every loop: A0@r_bar itself, so it matches
+    assert result["matched"]["A1"] and set(result["accuracy_uniform"]) == {"1", "2", "3"}
+    best, depth = result["best_policy"], result["best_uniform_depth"]
+    # the baseline is the smallest uniform depth within 1 point of the best policy's accuracy
+    reach = [int(r) for r, a in result["accuracy_uniform"].items() if a >= result["accuracy"][best] - 0.01]
+    assert depth == min(reach)
+    for key in ("realized_speedup_vs_best_uniform", "realized_speedup_vs_a0_rbar",
+                "flop_proxy_speedup_vs_best_uniform", "flop_proxy_speedup_vs_a0_rbar"):
+        assert result[key] > 0, key

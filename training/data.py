@@ -244,8 +244,8 @@ class StreamedWindows:
         return torch.tensor(rows, dtype=torch.int64)
 
     @property
-    def epoch(self) -> float:
-        return float("nan")
+    def epoch(self) -> None:
+        return None  # a stream has no epochs (meta.json stores null: NaN is not JSON)
 
     def state(self) -> dict:
         return {"position": self.position}

@@ -127,6 +127,12 @@ def tokenizer_sentence(meta: dict) -> str:
     return f"the tokenizer `{spec}` ({meta.get('vocab_size', '')} tokens)"
 
 
+def epochs_part(meta: dict) -> str:
+    """", 1.23 epochs" for a finite training set; nothing for a stream (null, or NaN in older meta)."""
+    epochs = meta.get("epochs")
+    return "" if epochs is None or epochs != epochs else f", {epochs:.2f} epochs"
+
+
 def best_sentence(meta: dict) -> str:
     """How best/ was chosen: on disjoint selection windows (runs since the trainer recorded it) or,
     before, on the first eval_windows of the saved eval windows that the analyses also read."""
@@ -181,7 +187,7 @@ k {recipe.k}, σ {recipe.sigma:g}, {sampler_sentence(recipe)}. Where this model 
 differ from the paper: [Deviations from the paper]({DEVIATIONS}).
 
 {data_lines}
-- **Training**: {meta['tokens_seen']:,} tokens ({meta['step']} steps, {meta['epochs']:.2f} epochs) in
+- **Training**: {meta['tokens_seen']:,} tokens ({meta['step']} steps{epochs_part(meta)}) in
   {meta['wall_seconds'] / 60:.0f} minutes on {machine}. This is the run's `best/` checkpoint:
   {best_sentence(meta)}.
 - **Reproduce** (with the data files above where the command names them): `{command}`

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recur_core import CheckpointError
+from recur_core.checkpoint import stored_dtype_name
 from recur_core.huginn import describe_folder, is_huginn_dir
 from recur_core.recipe import Recipe
 
@@ -125,6 +126,8 @@ def describe(path: str | Path) -> Entry:
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as err:
         return Entry(resolved, name, error=f"{meta_file}: unreadable ({err})")
+    if "dtype" not in meta and (dtype := stored_dtype_name(path)):
+        meta["dtype"] = dtype
     return Entry(resolved, name, meta=meta)
 
 

@@ -113,24 +113,32 @@ def build_tokenizer() -> Tokenizer:
 
 def structured_embedding(tok: Tokenizer, d_model: int, seed: int, scale: float = 0.1) -> torch.Tensor:
     """Initial token embeddings (V, d_model) in which a statement's token is built from its parts:
-    the first half codes the variable it binds or queries, the second half what it is bound to (a
-    variable's or a digit's code; zero for a query). Other tokens get random vectors. This is only
-    where training starts (the embeddings are then trained freely; the model format is unchanged).
+    the first half codes the variable it binds (zero for a query), the second half what it points at
+    (a variable's or a digit's code; a query `x?` points at x). Other tokens get random vectors. This
+    is only where training starts (the embeddings are then trained freely; the model format is
+    unchanged).
 
-    Why: with independent random rows, each of the 2,704 `v=w;` tokens must learn on its own that it
-    points at w, from the few chains that pass through it; built from shared codes, "match the
-    variable, read what it is bound to" is one linear map for all of them. In a CPU pilot 1-hop
-    lookups reached 100% at step 800 with this init, against 90% at step 1,400 without it
-    (docs/BENCHMARKS.md)."""
+    Why shared codes: with independent random rows, each of the 2,704 `v=w;` tokens must learn on its
+    own that it points at w, from the few chains that pass through it; built from shared codes,
+    "match the variable, read what it is bound to" is one linear map for all of them (1-hop lookups
+    at 100% by step 800 in a CPU pilot, against 90% at step 1,400 without).
+
+    Why a query sits in the pointer half, like a binding's right-hand side: then a query `x?` and a
+    binding `b=x;` make the same lookup (find the binding of the variable I point at), so the one
+    attention pattern that answers 1-hop queries also sends every binding to its parent's binding,
+    and a loop that copies the parent's resolved value resolves one more hop of every chain. With
+    queries in the binder half, 2-hop answers stayed at chance in every pilot; with this layout they
+    left it within 2,000 steps (docs/BENCHMARKS.md)."""
     g = torch.Generator().manual_seed(seed)
     half = d_model // 2
     var_code, value_code = torch.randn(len(VARIABLES), half, generator=g), torch.randn(len(VALUES), half, generator=g)
     emb = torch.randn(tok.get_vocab_size(), d_model, generator=g)
     code = lambda c: var_code[VARIABLES.index(c)] if c in VARIABLES else value_code[VALUES.index(c)]
-    # ("k=7;": k's code, then 7's; "x?": x's code, then zeros)
-    for word in BINDINGS + QUERIES:
-        rhs = code(word[2]) if word[1] == "=" else torch.zeros(half)
-        emb[tok.token_to_id(word), :2 * half] = torch.cat((code(word[0]), rhs))
+    # ("k=7;": k's code, then 7's; "x?": zeros, then x's code)
+    for word in BINDINGS:
+        emb[tok.token_to_id(word), :2 * half] = torch.cat((code(word[0]), code(word[2])))
+    for word in QUERIES:
+        emb[tok.token_to_id(word), :2 * half] = torch.cat((torch.zeros(half), code(word[0])))
     return emb * scale
 
 
@@ -285,8 +293,8 @@ class HopsStream:
         return w
 
     @property
-    def epoch(self) -> float:
-        return float("nan")  # an infinite stream has no epochs
+    def epoch(self) -> None:
+        return None  # an infinite stream has no epochs
 
     def state(self) -> dict:
         return {"position": self.position, "kind": "hops"}

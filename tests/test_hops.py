@@ -9,8 +9,8 @@ from recur_core.checkpoint import load_checkpoint, read_safetensors
 from recur_core.ground_truth import load_ground_truth
 from tiny import make_tiny_hops_checkpoint
 from training.hops import (HopsStream, HopsTask, build_tokenizer, elimination_chance, eval_program, hop_counts,
-                           make_program, program_ids, random_program, structured_embedding, token_hops, training_data,
-                           training_program)
+                           make_program, program_ids, random_program, structured_embedding, token_hops, trained_hops,
+                           training_data, training_program)
 
 
 def answers(text: str) -> dict[str, int]:
@@ -57,6 +57,9 @@ def test_eval_programs_reach_past_training_and_the_curriculum_grows():
     assert [h for h in recall.hops if h] == [1] * 6 and recall.text.count("=") == 8
     assert warm.curriculum_hops(0) == 2 and max(training_program(warm, 0, 5).hops) <= 2  # then the curriculum
     assert training_program(task, 5, 7).text != training_program(task, 6, 7).text
+    # what a run stopped after n programs has trained on (the card's H)
+    assert [trained_hops(task, n) for n in (0, 1, 10, 11, 25, 10 ** 7)] == [0, 2, 2, 3, 4, 6]
+    assert [trained_hops(warm, n) for n in (5, 6, 16)] == [1, 2, 3]
 
 
 def test_elimination_chance():
@@ -126,14 +129,15 @@ def test_bad_hops_setting_is_a_clear_error():
 
 def test_stopped_and_resumed_hops_run_equals_uninterrupted_run(tmp_path):
     straight = make_tiny_hops_checkpoint(tmp_path / "a", steps=16)
-    make_tiny_hops_checkpoint(tmp_path / "b", steps=16, trainer_kwargs={"stop_at_step": 7})
+    stopped = make_tiny_hops_checkpoint(tmp_path / "b", steps=16, trainer_kwargs={"stop_at_step": 7})
+    assert load_ground_truth(stopped)[1] == 1  # 56 programs: the curriculum (64 a level) is still at 1 hop
     resumed = make_tiny_hops_checkpoint(tmp_path / "b", steps=16, trainer_kwargs={"resume": True})
     a, b = read_safetensors(straight / "model.safetensors"), read_safetensors(resumed / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
     state = load_checkpoint(resumed).meta
     assert state["step"] == 16
     hops, max_train = load_ground_truth(resumed)
-    assert max_train == 3 and hops.max() == 4  # eval programs go one hop past training
+    assert max_train == 2 and hops.max() == 4  # 128 programs: 2 hops so far; eval programs go to H + 1
     assert hops.shape == tuple(load_checkpoint(resumed).windows("eval").shape)
 
 

@@ -60,7 +60,7 @@ class HopsTask:
     decoys: int = 2  # further chains that are never queried (so that no answer follows by elimination)
     max_tail: int = 1  # variables bound after the queried one in its chain (distractors)
     start_hops: int = 2  # curriculum: the largest hop count starts here ...
-    programs_per_level: int = 20_000  # ... and grows by one every this many programs
+    programs_per_level: int = 160_000  # ... and grows by one every this many programs (5,000 steps of 32)
     recall_programs: int = 0  # warm start: the first this many programs are associative recall
     #                           (recall_pairs literal bindings, all but 2 queried: dense answers)
     recall_pairs: int = 8
@@ -267,6 +267,14 @@ def answer_mask(inputs: torch.Tensor, tok: Tokenizer) -> torch.Tensor:
     return torch.isin(inputs, query_ids)
 
 
+def trained_hops(task: HopsTask, programs_drawn: int) -> int:
+    """The largest hop count among the first `programs_drawn` training programs: the curriculum's
+    top so far (a run stopped early has not reached task.max_hops)."""
+    if programs_drawn <= task.recall_programs:
+        return 1 if programs_drawn else 0
+    return task.curriculum_hops(programs_drawn - 1 - task.recall_programs)
+
+
 class HopsStream:
     """The infinite training stream; `position` (programs drawn) is its whole state."""
 
@@ -295,6 +303,10 @@ class HopsStream:
     @property
     def epoch(self) -> None:
         return None  # an infinite stream has no epochs
+
+    @property
+    def trained_hops(self) -> int:
+        return trained_hops(self.task, self.position)
 
     def state(self) -> dict:
         return {"position": self.position, "kind": "hops"}

@@ -11,6 +11,8 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import torch
+from safetensors.torch import save_file
 
 from recur_core.analysis import json_safe
 from recur_core.checkpoint import load_checkpoint
@@ -25,10 +27,12 @@ CARD_LOOPS = 32
 TABLE_LOOPS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
 
 
-def measure(ckpt_dir: Path, n_boot: int = SETTINGS.n_boot) -> dict:
-    """The ground_truth section (as in report.json) on all 128 eval programs, to CARD_LOOPS loops."""
+def measure(ckpt_dir: Path, n_boot: int = SETTINGS.n_boot, max_train: int | None = None) -> dict:
+    """The ground_truth section (as in report.json) on all 128 eval programs, to CARD_LOOPS loops
+    (max_train: the largest trained hop count, default the checkpoint's ground truth file's)."""
     ckpt = load_checkpoint(ckpt_dir)
-    hops, max_train = load_ground_truth(ckpt_dir)
+    hops, saved_max_train = load_ground_truth(ckpt_dir)
+    max_train = saved_max_train if max_train is None else max_train
     r_max, r_bar, seed = ckpt.recipe.r_max, round(ckpt.recipe.r_bar), SETTINGS.seed
     probes = load_or_train_probes(ckpt, r_max, seed, cache=False, progress=True)
     tr = trace(ckpt, ckpt.windows("eval").numpy(), max(CARD_LOOPS, r_max), seed=seed, probes=list(probes.values()),
@@ -169,6 +173,17 @@ def learned_line(gt: dict) -> str:
             f"the others, with their best accuracy at any depth: {rest}.")
 
 
+def trained_hops_of(src: Path, task, saved: int) -> int:
+    """The largest hop count the run had trained on when src was saved, from its trainer state (the
+    stream position); a checkpoint without one keeps its ground truth file's figure. (Trainers
+    before this check saved the task's H even when a run stopped before its curriculum got there.)"""
+    from training.hops import trained_hops
+    state = src / "trainer_state.json"
+    if not state.is_file():
+        return saved
+    return min(saved, trained_hops(task, int(json.loads(state.read_text())["data"]["position"])))
+
+
 def export_hops(src: Path, dst: Path, command: str, machine: str) -> dict:
     """Ship a multi-hop checkpoint: its files plus the ground truth, with the card measured here."""
     from recur_core.checkpoint import atomic_write_dir
@@ -180,13 +195,16 @@ def export_hops(src: Path, dst: Path, command: str, machine: str) -> dict:
     task = HopsTask.parse(ckpt.meta["train_config"]["dataset"])
     meta = {**ckpt.meta, "vocab_size": ckpt.config.vocab_size, "task": {"chains": task.chains, "decoys": task.decoys},
             "recipe_text": ckpt.recipe.describe()}
-    gt = measure(src)
+    hops, saved_max_train = load_ground_truth(src)
+    max_train = trained_hops_of(src, task, saved_max_train)
+    gt = measure(src, max_train=max_train)
     verdicts = [{"goal": g, "measured": m, "met": ok} for g, m, ok in goals(gt)]
     summary = {k: v for k, v in gt.items() if k != "answers"}
 
     def write(tmp: Path):
-        for name in (*SHIPPED_FILES, GROUND_TRUTH):
+        for name in SHIPPED_FILES:
             shutil.copyfile(src / name, tmp / name)
+        save_file({"hops": torch.from_numpy(hops), "max_train_hops": torch.tensor([max_train])}, str(tmp / GROUND_TRUTH))
         (tmp / "README.md").write_text(card(dst.name, meta, gt, command, machine))
         (tmp / "card.json").write_text(json.dumps({"ground_truth": summary, "goals": verdicts}, indent=2) + "\n")
 

@@ -140,6 +140,7 @@ class Trainer:
         self.is_main = self.rank == 0
         self.step, self.tokens_seen, self.best_eval, self.last_eval = 0, 0, math.inf, {}
         self.wall_s = 0.0
+        self.code_revision = code_revision()  # the code this process runs (later commits do not change it)
         self._stop_requested = False
 
     # setup ------------------------------------------------------------------------------
@@ -240,7 +241,7 @@ class Trainer:
             "best_selected_on": f"{cfg.eval_windows} validation windows after the {N_SAVED_WINDOWS} saved eval "
                                 "windows (disjoint from them)",
             "data": self.data.describe(), "data_files": self.data_files, "tokenizer": cfg.tokenizer,
-            "code_revision": code_revision(),
+            "code_revision": self.code_revision,
             "last_eval": {str(d): v for d, v in self.last_eval.items()}, "best_eval_r_bar": self.best_eval,
             "epochs": self.train_windows.epoch, "wall_seconds": round(self.wall_s, 1),
             "n_params": self.model.num_params(), "world_size": self.world,
@@ -249,6 +250,8 @@ class Trainer:
     def save(self, which: str) -> None:
         if not self.is_main:
             return
+        if isinstance(self.train_windows, hops.HopsStream):  # the hop counts trained so far, not the task's H
+            self.ground_truth[hops.GROUND_TRUTH]["max_train_hops"] = torch.tensor([self.train_windows.trained_hops])
         extra_tensors = {EVAL_WINDOWS: {"ids": self.eval_windows}, PROBE_WINDOWS: {"ids": self.probe_windows},
                          **self.ground_truth}
         info = {"step": self.step, "tokens_seen": self.tokens_seen, "best_eval": self.best_eval,

@@ -95,11 +95,13 @@ def program_rows(windows: torch.Tensor, pad: int) -> list[torch.Tensor]:
 
 
 def time_policies(ckpt, rows, first_window, policies, repeats, cap, seed):
-    """{name: [tokens/s per repeat]} of batch-1 teacher-forced decoding, rotated order per program."""
+    """({name: [tokens/s per repeat]}, {name: [exit loops per program]}) of batch-1 teacher-forced
+    decoding, in an order rotated per program and repeat (exits from the first repeat)."""
     names = list(policies)
     for p in policies.values():  # warm-up
         teacher_forced(ckpt, rows[0], p, "latest", seed=seed, max_loops=cap, batch_size=1)
     tps = {n: [] for n in names}
+    exits = {n: [None] * len(rows) for n in names}
     for rep in range(repeats):
         secs = {n: 0.0 for n in names}
         tokens = 0
@@ -107,24 +109,24 @@ def time_policies(ckpt, rows, first_window, policies, repeats, cap, seed):
             k = (rep + i) % len(names)
             for name in names[k:] + names[:k]:
                 t = time.perf_counter()
-                teacher_forced(ckpt, row, policies[name], "latest", seed=seed, max_loops=cap, batch_size=1,
-                               first_window=first_window + i)
+                tf = teacher_forced(ckpt, row, policies[name], "latest", seed=seed, max_loops=cap, batch_size=1,
+                                    first_window=first_window + i)
                 secs[name] += time.perf_counter() - t
+                if rep == 0:
+                    exits[name][i] = tf.exit_loop[0].tolist()
             tokens += row.shape[1] - 1
         for name in names:
             tps[name].append(tokens / secs[name])
-    return tps
+    return tps, exits
 
 
-def flop_proxy(cost, ckpt, rows, first_window, policy, cap, seed) -> float:
-    """Multiply-accumulates of decoding the rows under policy, with its real exits (bench_decode's CostModel)."""
+def flop_proxy(cost, exits: list[list[int]], policy) -> float:
+    """Multiply-accumulates of decoding programs with these exit loops under policy (bench_decode's CostModel)."""
     total = 0.0
     reads_every_loop = getattr(policy, "needs_readout", False)
     checks = not isinstance(policy, Uniform)
-    for i, row in enumerate(rows):
-        tf = teacher_forced(ckpt, row, policy, "latest", seed=seed, max_loops=cap, batch_size=1,
-                            first_window=first_window + i)
-        for t, loops in enumerate(tf.exit_loop[0].tolist()):
+    for program in exits:
+        for t, loops in enumerate(program):
             consults = loops if checks else 0
             total += cost.step(t + 1, loops, loops if reads_every_loop else 1, consults,
                                consults if reads_every_loop else 0)
@@ -173,10 +175,10 @@ def bench_hops(path, args, cost_model, grids) -> dict:
                 f"{best} {th:.4g}": make(th)}
     log(f"timing: {len(rows)} programs ({sum(r.shape[1] - 1 for r in rows)} tokens), batch 1, "
         f"{args.repeats} interleaved repeat(s)")
-    tps = time_policies(ckpt, rows, first, policies, args.repeats, cap, args.seed)
+    tps, exits = time_policies(ckpt, rows, first, policies, args.repeats, cap, args.seed)
     names = list(policies)
     cost = cost_model(ckpt.config)
-    flops = {n: flop_proxy(cost, ckpt, rows, first, p, cap, args.seed) for n, p in policies.items()}
+    flops = {n: flop_proxy(cost, exits[n], p) for n, p in policies.items()}
     ratio = lambda a, b: statistics.median(x / y for x, y in zip(tps[a], tps[b]))
     log(f"\n{'policy':36s} {'tok/s':>8s} {'vs A0@r_bar':>11s} {'vs best uniform':>15s} {'FLOP-proxy vs best uniform':>26s}")
     for n in names:

@@ -50,6 +50,7 @@ from recur_core.policies import ConvergenceExit, LatentDiff, LinearRouter, Unifo
 from recur_core.probe import load_or_train_probes  # noqa: E402
 from recur_core.settings import SETTINGS  # noqa: E402
 from hops_decode import bench_hops  # noqa: E402
+from matching import match_threshold  # noqa: E402
 
 DEFAULT_CKPTS = ("checkpoints/demo-r8", "checkpoints/demo")
 # thresholds tried (descending: fewest loops first) before bisecting between the last miss and the first match
@@ -146,26 +147,8 @@ class Calibrator:
     def match(self, make, grid, target, bisect_steps, check_every=1, kv_rule="latest"):
         """Largest threshold on the grid (then bisected, log scale) whose loss <= target under
         kv_rule. Returns (threshold, result, matched)."""
-        best, fail = None, None
-        for th in grid:  # descending: fewer loops first
-            tf = self.evaluate(make(th), kv_rule, check_every=check_every)
-            if tf.loss <= target:
-                best = (th, tf)
-                break
-            fail = th
-        if best is None:
-            th = grid[-1]
-            return th, self.evaluate(make(th), kv_rule, check_every=check_every), False
-        if fail is not None:
-            lo, hi = best[0], fail
-            for _ in range(bisect_steps):
-                mid = math.sqrt(lo * hi)
-                tf = self.evaluate(make(mid), kv_rule, check_every=check_every)
-                if tf.loss <= target:
-                    lo, best = mid, (mid, tf)
-                else:
-                    hi = mid
-        return best[0], best[1], True
+        return match_threshold(lambda policy: self.evaluate(policy, kv_rule, check_every=check_every), make, grid,
+                               lambda tf: tf.loss <= target, bisect_steps)
 
 
 # -- timing ----------------------------------------------------------------------------------------

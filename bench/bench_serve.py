@@ -1,10 +1,11 @@
 """Throughput of depth-wise batched decoding (recur_core.serve.Pool), issue 11.
 
 For one checkpoint:
-  1. Calibrate on --windows eval windows, teacher-forced (bench_decode's Calibrator, KV rule
-     "latest"): the target is A0@r_bar's loss + --tolerance nats; each policy's threshold is the
-     largest (fewest loops) whose loss meets it; the best uniform depth is the smallest r whose
-     A0@r loss meets it.
+  1. Calibrate on --windows eval windows, teacher-forced (KV rule "latest"): the target is A0@r_bar's
+     loss + --tolerance nats (bench_decode's Calibrator), or on a checkpoint with ground truth
+     (checkpoints/hops) A0@r_bar's answer accuracy - --acc-tolerance (bench/hops_decode.py); each
+     policy's threshold is the largest (fewest loops) that meets it; the best uniform depth is the
+     smallest r whose A0@r meets it.
   2. Serve --requests requests (the first --prompt-len tokens of the next eval windows, --new-tokens
      new tokens each, greedy) through pools of each size in --pools, once per configuration, the
      configurations in an order rotated per pool, --repeats times (interleaved); each figure comes
@@ -14,13 +15,16 @@ For one checkpoint:
      exit checks with the actual exits, readouts and context lengths; a prompt's prefill counted as
      every prompt token running to the prompt's deepest exit). flop_proxy_speedup = cost(A0@r_bar)
      / cost(policy); fraction_of_bound = realized speedup / flop_proxy_speedup.
-  4. Per-token latency: seconds between a sequence's consecutive new tokens (p50, p95).
+  4. Per-token latency: seconds between a sequence's consecutive new tokens (p50, p95). Per
+     sequence, its decode time over the same request's at pool 1 (p50, p95, max): a sequence takes
+     the same steps in a pool as alone, so this spreads only as far as some steps are longer than others.
 
 The last line is a JSON object: the headline (the largest pool, the per-token policy with the best
 realized speedup among those that met the target) at the top level, every figure under "pools".
 
     python bench/bench_serve.py                      # checkpoints/demo-r8, 64 requests, pools 1 8 32
     python bench/bench_serve.py --ckpt runs/x/best --requests 16 --pools 1,8
+    python bench/bench_serve.py --ckpt checkpoints/hops   # 32-token program prefixes, 33 new tokens
 """
 from __future__ import annotations
 
@@ -38,8 +42,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from bench_decode import DELTA_GRID, EPS_GRID, TAU_GRID, Calibrator, CostModel, Spec, run_cost  # noqa: E402
+from hops_decode import AccuracyCalibrator  # noqa: E402
+from matching import match_threshold  # noqa: E402
 
 from recur_core import load_checkpoint  # noqa: E402
+from recur_core.ground_truth import load_ground_truth  # noqa: E402
 from recur_core.policies import ConvergenceExit, LatentDiff, LinearRouter, Uniform  # noqa: E402
 from recur_core.probe import load_or_train_probes  # noqa: E402
 from recur_core.serve import Request, serve  # noqa: E402
@@ -49,11 +56,14 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ckpt", default="checkpoints/demo-r8")
     p.add_argument("--requests", type=int, default=64)
-    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=None,
+                   help="new tokens per request (default 128, or what fits the context after the prompt)")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--pools", default="1,8,32", help="pool sizes, comma-separated")
     p.add_argument("--windows", type=int, default=32, help="eval windows for the matched-loss calibration")
     p.add_argument("--tolerance", type=float, default=0.002, help="nats above A0@r_bar's loss allowed")
+    p.add_argument("--acc-tolerance", type=float, default=0.01,
+                   help="checkpoints with ground truth (hops): answer accuracy below A0@r_bar's allowed")
     p.add_argument("--bisect", type=int, default=3)
     p.add_argument("--tf-batch", type=int, default=8)
     p.add_argument("--threads", type=int, default=1)
@@ -84,45 +94,78 @@ def policy_of(kind: str, threshold: float, cap: int, probe=None):
             "a2": lambda: LinearRouter(probe, threshold, r_max=cap)}[kind]()
 
 
-def calibrate(ckpt, args, cap, r_bar):
-    """{name: (policy, teacher-forced result, matched)}, the target loss, the best uniform depth and
-    the number of calibration windows; read from / written to --calibration when given."""
+class Calibration(SimpleNamespace):
+    """configs {name: (policy, teacher-forced result (.score, .mean_loops), matched)}, target,
+    best_uniform, windows, metric ("loss": lower is better; "answer_accuracy": higher is better)."""
+
+    @property
+    def label(self) -> str:
+        return "tf loss" if self.metric == "loss" else "answer acc"
+
+
+def calibrate(ckpt, args, cap, r_bar) -> Calibration:
+    """Thresholds matched to A0@r_bar's teacher-forced quality; read from / written to --calibration when given."""
     path = Path(args.calibration) if args.calibration else None
     probe = None if args.no_a2 else load_or_train_probes(ckpt, cap, args.seed, kinds=("kl",))["kl"]
     if path is not None and path.exists():
         saved = json.loads(path.read_text())
-        log(f"  calibration read from {path}: target {saved['target']:.5f} ({saved['windows']} windows)")
-        configs = {name: (policy_of(kind, th, cap, probe), SimpleNamespace(loss=loss, mean_loops=loops), ok)
-                   for name, (kind, th, loss, loops, ok) in saved["configs"].items()
+        log(f"  calibration read from {path}: {saved['metric']} target {saved['target']:.5f} ({saved['windows']} windows)")
+        configs = {name: (policy_of(kind, th, cap, probe), SimpleNamespace(score=score, mean_loops=loops), ok)
+                   for name, (kind, th, score, loops, ok) in saved["configs"].items()
                    if not (kind == "a2" and args.no_a2)}
-        return configs, saved["target"], saved["best_uniform"], saved["windows"]
-    configs, target, best_u, n_cal, kinds = search(ckpt, args, cap, r_bar, probe)
+        return Calibration(configs=configs, **{k: saved[k] for k in ("target", "best_uniform", "windows", "metric")})
+    cal, kinds = search(ckpt, args, cap, r_bar, probe)
     if path is not None:
-        path.write_text(json.dumps(dict(target=target, best_uniform=best_u, windows=n_cal, configs={
-            name: [kinds[name][0], kinds[name][1], tf.loss, tf.mean_loops, ok]
-            for name, (_, tf, ok) in configs.items()}), indent=1))
-    return configs, target, best_u, n_cal
+        path.write_text(json.dumps(dict(target=cal.target, best_uniform=cal.best_uniform, windows=cal.windows,
+                                        metric=cal.metric, configs={
+            name: [kinds[name][0], kinds[name][1], tf.score, tf.mean_loops, ok]
+            for name, (_, tf, ok) in cal.configs.items()}), indent=1))
+    return cal
 
 
-def search(ckpt, args, cap, r_bar, probe):
+def quality_measure(ckpt, args, cap, windows):
+    """(metric, evaluate(policy) -> result with .score and .mean_loops, tolerance): teacher-forced
+    loss (lower is better, tolerance +--tolerance), or on a checkpoint with ground truth answer
+    accuracy (higher is better, tolerance -(--acc-tolerance); bench/hops_decode.py)."""
+    truth = load_ground_truth(args.ckpt)
+    if truth is None:
+        cal = Calibrator(ckpt, windows, cap, args.seed, args.tf_batch)
+
+        def evaluate(policy):
+            tf = cal.evaluate(policy)
+            return SimpleNamespace(score=tf.loss, mean_loops=tf.mean_loops)
+        return "loss", evaluate, args.tolerance
+    acc = AccuracyCalibrator(ckpt, windows, truth[0], cap, args.seed, args.tf_batch)
+
+    def evaluate(policy):
+        score, loops = acc.evaluate(policy)
+        return SimpleNamespace(score=score, mean_loops=loops)
+    return "answer_accuracy", evaluate, -args.acc_tolerance
+
+
+def search(ckpt, args, cap, r_bar, probe) -> tuple[Calibration, dict]:
     windows = ckpt.windows("eval")
     n_cal = min(args.windows, len(windows) - 1)
-    cal = Calibrator(ckpt, windows[:n_cal], cap, args.seed, args.tf_batch)
-    a0 = cal.evaluate(Uniform(r_bar))
-    target = a0.loss + args.tolerance
-    log(f"  target: A0@{r_bar} loss {a0.loss:.5f} + {args.tolerance} = {target:.5f}  ({n_cal} windows)")
-    best_u = next((r for r in range(1, r_bar + 1) if cal.evaluate(Uniform(r)).loss <= target), r_bar)
+    metric, evaluate, tolerance = quality_measure(ckpt, args, cap, windows[:n_cal])
+    a0 = evaluate(Uniform(r_bar))
+    target = a0.score + tolerance
+
+    def meets(res):  # no worse than the target: loss at most it, or accuracy at least it
+        return res.score <= target if tolerance >= 0 else res.score >= target
+    log(f"  target: A0@{r_bar} {metric} {a0.score:.5f} -> {target:.5f}  ({n_cal} windows)")
+    best_u = next((r for r in range(1, r_bar + 1) if meets(evaluate(Uniform(r)))), r_bar)
     configs = {f"A0@{r_bar}": (Uniform(r_bar), a0, True)}
-    configs[f"A0@{best_u} (best uniform)"] = (Uniform(best_u), cal.evaluate(Uniform(best_u)), True)
+    configs[f"A0@{best_u} (best uniform)"] = (Uniform(best_u), evaluate(Uniform(best_u)), True)
     kinds = {f"A0@{r_bar}": ("uniform", r_bar), f"A0@{best_u} (best uniform)": ("uniform", best_u)}
     grids = [("a1", "A1 eps", EPS_GRID), ("latent", "latent delta", DELTA_GRID)]
     if probe is not None:
         grids.append(("a2", "A2 tau", TAU_GRID))
     for kind, label, grid in grids:
-        th, tf, ok = cal.match(lambda x: policy_of(kind, x, cap, probe), grid, target, args.bisect)  # noqa: B023
+        th, tf, ok = match_threshold(evaluate, lambda x: policy_of(kind, x, cap, probe), grid, meets,  # noqa: B023
+                                     args.bisect)
         name = f"{label}={th:.3g}"
         configs[name], kinds[name] = (policy_of(kind, th, cap, probe), tf, ok), (kind, th)
-    return configs, target, best_u, n_cal, kinds
+    return Calibration(configs=configs, target=target, best_uniform=best_u, windows=n_cal, metric=metric), kinds
 
 
 def serve_run(ckpt, prompts, policy, slots, args, cap, new_tokens=None):
@@ -139,7 +182,7 @@ def measure(ckpt, prompts, policy, slots, args, cap, cost: CostModel) -> dict:
     lat = np.array([x for c in comps for x in c.latencies_s[1:]]) * 1e3
     loops = [x for c in comps for x in c.decode_exit_loops]
     new = run.new_tokens
-    return dict(tokens_per_s=new / wall, wall_s=wall,
+    return dict(tokens_per_s=new / wall, wall_s=wall, decode_s=[c.token_s[-1] - c.token_s[0] for c in comps],
                 mean_loops=float(np.mean(loops)) if loops else float("nan"),
                 cost=proxy_cost(cost, comps, policy), mixed_step_fraction=run.mixed_steps / max(run.steps, 1),
                 latency_p50_ms=float(np.percentile(lat, 50)) if lat.size else float("nan"),
@@ -181,48 +224,54 @@ def proxy_cost(cost: CostModel, completions, policy) -> float:
     return total
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    ckpt = load_checkpoint(args.ckpt)
-    cfg = ckpt.config
-    r_bar = ckpt.recipe.depth
-    cap = args.max_loops or ckpt.recipe.r_max
-    windows = ckpt.windows("eval")
-    prompt_len = max(1, min(args.prompt_len, cfg.max_seq_len - args.new_tokens + 1, windows.shape[1]))
-    args.prompt_len = prompt_len
-    log(f"== {args.ckpt} (checkpoint {ckpt.checkpoint_id}; d {cfg.d_model}, layers {cfg.n_prelude}/{cfg.n_core}/"
-        f"{cfg.n_coda}; r_bar {r_bar}, loop cap {cap}; {torch.get_num_threads()} thread(s))")
-    configs, target, best_u, n_cal = calibrate(ckpt, args, cap, r_bar)
-    rows_avail = windows[n_cal:]
-    if len(rows_avail) == 0:
-        rows_avail = windows
-    prompts = [rows_avail[n % len(rows_avail), :prompt_len].tolist() for n in range(args.requests)]
-    log(f"serving: {args.requests} requests x {prompt_len}-token prompts (eval windows {n_cal}..), "
-        f"{args.new_tokens} new tokens, greedy, pools {args.pools}")
+def fit_lengths(args, cfg, window_len: int) -> None:
+    """Prompt and new-token counts that fit the context (the last new token is never run)."""
+    if args.new_tokens is None:
+        args.prompt_len = max(1, min(args.prompt_len, window_len, cfg.max_seq_len // 2))
+        args.new_tokens = min(128, cfg.max_seq_len - args.prompt_len + 1)
+    else:
+        args.prompt_len = max(1, min(args.prompt_len, cfg.max_seq_len - args.new_tokens + 1, window_len))
 
-    cost = CostModel(cfg)
-    names = list(configs)
+
+def sequence_slowdowns(pools: dict, runs_by_pool: dict, name: str) -> None:
+    """Per request, its decode time (first to last new token) in each pool over the same request's at
+    pool 1: every sequence of a pool takes the same steps as alone (Completion.token_steps), so a
+    uniform slowdown is the step getting longer with the batch, and a spread across sequences is
+    what batching does not explain. Adds p50 / p95 / max to pools[slots][name]."""
+    if 1 not in runs_by_pool:
+        return
+    alone = np.array(runs_by_pool[1][name]["decode_s"])
+    for slots, runs in runs_by_pool.items():
+        ratio = np.array(runs[name]["decode_s"]) / np.maximum(alone, 1e-9)
+        pools[slots][name].update(sequence_slowdown_p50=float(np.median(ratio)),
+                                  sequence_slowdown_p95=float(np.percentile(ratio, 95)),
+                                  sequence_slowdown_max=float(ratio.max()))
+
+
+def run_pools(ckpt, prompts, cal: Calibration, args, cap, cost) -> dict:
+    """{slots: {config name: figures}} over every pool size, configurations interleaved."""
+    names = list(cal.configs)
     a0_name, u_name = names[0], names[1]
     for name in names:  # warm-up: the first calls of a process are slow
-        serve_run(ckpt, prompts[:2], configs[name][0], 2, args, cap, new_tokens=4)
-    pools = {}
+        serve_run(ckpt, prompts[:2], cal.configs[name][0], 2, args, cap, new_tokens=4)
+    pools, runs_by_pool = {}, {}
     for k, slots in enumerate(args.pools):
         order = names[k % len(names):] + names[:k % len(names)]
         trials = {name: [] for name in names}
         for rep in range(args.repeats):
             for name in order:
-                trials[name].append(measure(ckpt, prompts, configs[name][0], slots, args, cap, cost))
+                trials[name].append(measure(ckpt, prompts, cal.configs[name][0], slots, args, cap, cost))
                 log(f"  pool {slots:3d}  {name:28s} {trials[name][-1]['tokens_per_s']:8.1f} tok/s  "
                     f"({trials[name][-1]['wall_s']:.1f}s, run {rep + 1} of {args.repeats})")
         runs = {name: sorted(t, key=lambda r: r["wall_s"])[(len(t) - 1) // 2] for name, t in trials.items()}
+        runs_by_pool[slots] = runs
         table = {}
         for name in names:
-            r = runs[name]
+            r, (_, tf, matched) = runs[name], cal.configs[name]
             realized = r["tokens_per_s"] / runs[a0_name]["tokens_per_s"]
             proxy = runs[a0_name]["cost"] / r["cost"]
             table[name] = dict(
-                tf_loss=configs[name][1].loss, tf_mean_loops=configs[name][1].mean_loops, matched=configs[name][2],
+                tf_score=tf.score, tf_mean_loops=tf.mean_loops, matched=matched,
                 tokens_per_s=r["tokens_per_s"], wall_s=r["wall_s"], mean_loops=r["mean_loops"],
                 realized_speedup_vs_a0_rbar=realized, flop_proxy_speedup=proxy, fraction_of_bound=realized / proxy,
                 realized_speedup_vs_best_uniform=r["tokens_per_s"] / runs[u_name]["tokens_per_s"],
@@ -231,15 +280,20 @@ def main(argv=None):
                 mixed_step_fraction=r["mixed_step_fraction"], calls_per_token=r["calls_per_token"],
                 rows_per_call=r["rows_per_call"])
         pools[slots] = table
+    for name in names:
+        sequence_slowdowns(pools, runs_by_pool, name)
+    return pools
 
-    # -- report -------------------------------------------------------------------------------------
-    log(f"\ntarget loss {target:.5f}; best uniform depth meeting it: {best_u} (A0@{best_u})")
+
+def report(pools: dict, cal: Calibration) -> None:
+    log(f"\ntarget {cal.metric} {cal.target:.5f}; best uniform depth meeting it: {cal.best_uniform} "
+        f"(A0@{cal.best_uniform})")
     for slots, table in pools.items():
         log(f"\npool {slots}:")
-        log(f"{'policy':28s} {'tf loss':>8s} {'loops':>6s} {'tok/s':>8s} {'FLOP-proxy x':>12s} {'realized x':>10s} "
+        log(f"{'policy':28s} {cal.label:>10s} {'loops':>6s} {'tok/s':>8s} {'FLOP-proxy x':>12s} {'realized x':>10s} "
             f"{'realized/bound':>14s} {'vs best uniform':>15s} {'p50 ms':>7s} {'p95 ms':>7s} {'mixed':>6s}")
         for name, r in table.items():
-            log(f"{name:28s} {r['tf_loss']:8.5f} {r['mean_loops']:6.2f} {r['tokens_per_s']:8.1f} "
+            log(f"{name:28s} {r['tf_score']:10.5f} {r['mean_loops']:6.2f} {r['tokens_per_s']:8.1f} "
                 f"{r['flop_proxy_speedup']:12.3f} {r['realized_speedup_vs_a0_rbar']:10.3f} "
                 f"{r['fraction_of_bound']:14.3f} {r['realized_speedup_vs_best_uniform']:15.3f} "
                 f"{r['latency_p50_ms']:7.2f} {r['latency_p95_ms']:7.2f} {r['mixed_step_fraction']:6.2f}")
@@ -247,28 +301,55 @@ def main(argv=None):
         for name, r in table.items():
             log(f"{name:50s} " + " ".join(f"{r['calls_per_token'][k]:7.3f} ({r['rows_per_call'][k]:4.1f})"
                                           for k in ("core", "prelude", "readout")))
-    log("(tf loss: teacher-forced on the calibration windows; loops: mean exit loop of the decoded tokens; "
+        if slots != 1 and "sequence_slowdown_p50" in next(iter(table.values())):
+            log(f"{'per-sequence decode time / the same request at pool 1':50s} {'p50':>7s} {'p95':>7s} {'max':>7s}")
+            for name, r in table.items():
+                log(f"{name:50s} {r['sequence_slowdown_p50']:7.2f} {r['sequence_slowdown_p95']:7.2f} "
+                    f"{r['sequence_slowdown_max']:7.2f}")
+    log(f"({cal.label}: teacher-forced on the calibration windows; loops: mean exit loop of the decoded tokens; "
         "FLOP-proxy x and realized x against A0@r_bar in the same pool; realized/bound = fraction_of_bound; "
         "vs best uniform: tokens/s ratio to the smallest uniform depth at the target; p50 / p95: per-token "
         "latency; mixed: fraction of core steps whose batch held tokens at different loops)")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    ckpt = load_checkpoint(args.ckpt)
+    cfg = ckpt.config
+    r_bar = ckpt.recipe.depth
+    cap = args.max_loops or ckpt.recipe.r_max
+    windows = ckpt.windows("eval")
+    fit_lengths(args, cfg, windows.shape[1])
+    log(f"== {args.ckpt} (checkpoint {ckpt.checkpoint_id}; d {cfg.d_model}, layers {cfg.n_prelude}/{cfg.n_core}/"
+        f"{cfg.n_coda}; r_bar {r_bar}, loop cap {cap}; {torch.get_num_threads()} thread(s))")
+    cal = calibrate(ckpt, args, cap, r_bar)
+    rows_avail = windows[cal.windows:]
+    if len(rows_avail) == 0:
+        rows_avail = windows
+    prompts = [rows_avail[n % len(rows_avail), :args.prompt_len].tolist() for n in range(args.requests)]
+    log(f"serving: {args.requests} requests x {args.prompt_len}-token prompts (eval windows {cal.windows}..), "
+        f"{args.new_tokens} new tokens, greedy, pools {args.pools}")
+    pools = run_pools(ckpt, prompts, cal, args, cap, CostModel(cfg))
+    report(pools, cal)
 
     times = call_times_ms(ckpt.model, sorted({1, 4, *args.pools}))
     log("\nms per batched call on single tokens, no cache, by rows per call:")
     for rows, t in times.items():
         log(f"  {rows:3d} rows: " + "  ".join(f"{k} {v:6.3f}" for k, v in t.items()))
 
+    names = list(cal.configs)
     largest = pools[args.pools[-1]]
-    policies = [n for n in names[2:] if configs[n][2]] or names[2:]
+    policies = [n for n in names[2:] if cal.configs[n][2]] or names[2:]
     head = max(policies, key=lambda n: largest[n]["realized_speedup_vs_a0_rbar"])
     h = largest[head]
     out = dict(checkpoint=str(args.ckpt), pool=args.pools[-1], policy=head, threads=torch.get_num_threads(),
-               repeats=args.repeats,
-               requests=args.requests, new_tokens=args.new_tokens, prompt_len=prompt_len, loop_cap=cap, r_bar=r_bar,
-               target_loss=target, best_uniform_depth=best_u,
-               realized_speedup_vs_a0_rbar=h["realized_speedup_vs_a0_rbar"],
-               realized_speedup_vs_best_uniform=h["realized_speedup_vs_best_uniform"],
-               flop_proxy_speedup=h["flop_proxy_speedup"], fraction_of_bound=h["fraction_of_bound"],
-               latency_p50_ms=h["latency_p50_ms"], latency_p95_ms=h["latency_p95_ms"],
+               repeats=args.repeats, requests=args.requests, new_tokens=args.new_tokens, prompt_len=args.prompt_len,
+               loop_cap=cap, r_bar=r_bar, calibration_metric=cal.metric, target=cal.target,
+               best_uniform_depth=cal.best_uniform,
+               **{k: h.get(k) for k in ("realized_speedup_vs_a0_rbar", "realized_speedup_vs_best_uniform",
+                                        "flop_proxy_speedup", "fraction_of_bound", "latency_p50_ms", "latency_p95_ms",
+                                        "sequence_slowdown_p50", "sequence_slowdown_p95", "sequence_slowdown_max")},
                pools={str(k): v for k, v in pools.items()}, call_ms={str(k): v for k, v in times.items()})
     print(json.dumps(out, default=float))
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import statistics
 import time
 
-import numpy as np
 import torch
 
 from recur_core import load_checkpoint
@@ -29,6 +28,8 @@ from recur_core.ground_truth import load_ground_truth
 from recur_core.policies import ConvergenceExit, LatentDiff, LinearRouter, Uniform
 from recur_core.probe import load_or_train_probes
 from training.hops import PAD
+
+from matching import match_threshold
 
 
 def log(*args):
@@ -62,27 +63,9 @@ class AccuracyCalibrator:
         return self.memo[key]
 
     def match(self, make, grid, target, bisect_steps):
-        """Largest threshold on the grid (descending: fewest loops first), then bisected on a log
-        scale, whose accuracy >= target. Returns (threshold, (acc, loops), matched)."""
-        best, fail = None, None
-        for th in grid:
-            res = self.evaluate(make(th))
-            if res[0] >= target:
-                best = (th, res)
-                break
-            fail = th
-        if best is None:
-            return grid[-1], self.evaluate(make(grid[-1])), False
-        if fail is not None and fail > 0 and best[0] > 0:
-            lo, hi = best[0], fail
-            for _ in range(bisect_steps):
-                mid = float(np.sqrt(lo * hi))
-                res = self.evaluate(make(mid))
-                if res[0] >= target:
-                    lo, best = mid, (mid, res)
-                else:
-                    hi = mid
-        return best[0], best[1], True
+        """Largest threshold on the grid (then bisected, log scale) whose accuracy >= target.
+        Returns (threshold, (acc, loops), matched)."""
+        return match_threshold(self.evaluate, make, grid, lambda res: res[0] >= target, bisect_steps)
 
 
 def program_rows(windows: torch.Tensor, pad: int) -> list[torch.Tensor]:

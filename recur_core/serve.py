@@ -66,7 +66,9 @@ class Request:
 @dataclass
 class Completion:
     """A finished request. token_s[k]: perf_counter time at which new token k was sampled;
-    admitted_s: when it took a slot (its prefill began). error: why a request was refused (nothing else is set)."""
+    token_steps[k]: the pool step that sampled it (a token that exits at loop e is sampled e steps
+    after the one before it: no sequence ever waits a step); admitted_s: when it took a slot (its
+    prefill began). error: why a request was refused (nothing else is set)."""
 
     request_id: int
     prompt_ids: list[int] = field(default_factory=list)
@@ -77,6 +79,7 @@ class Completion:
     step_readouts: list[int] = field(default_factory=list)  # coda + head passes per decode step
     prefill_readouts: int = 0
     token_s: list[float] = field(default_factory=list)
+    token_steps: list[int] = field(default_factory=list)
     admitted_s: float = 0.0
     policy: str = ""
     kv_rule: str = ""
@@ -124,8 +127,8 @@ class _Sequence:
     def n_rows(self) -> int:
         return len(self.positions)  # a range or list: its rows' positions
 
-    def emit(self, logits: Tensor, exit_loop: int) -> bool:
-        """Sample the next token from logits (V,); True when the sequence is finished."""
+    def emit(self, logits: Tensor, exit_loop: int, step: int) -> bool:
+        """Sample the next token from logits (V,) at pool step `step`; True when the sequence is finished."""
         token = sample_next(logits, self.sampler, **self.sample)
         if self.out.ids:
             self.out.step_readouts.append(self.dec.readouts - self.readouts_before)
@@ -135,6 +138,7 @@ class _Sequence:
         self.out.ids.append(token)
         self.out.exit_loops.append(exit_loop)
         self.out.token_s.append(time.perf_counter())
+        self.out.token_steps.append(step)
         if self.kept is not None:
             self.kept.append(logits.float())
         return len(self.out.ids) >= self.req.max_new_tokens or token in self.stops
@@ -379,7 +383,7 @@ class Pool:
         cache.exit_loop[:, :P] = s.exits
         s.dec.rule.finish(cache, 0, s.exits[None], s.loop)
         s.out.prompt_exit_loops = s.exits.tolist()
-        if s.emit(s.logits[-1, 0], int(s.exits[-1])):
+        if s.emit(s.logits[-1, 0], int(s.exits[-1]), self.steps):
             del self.active[s.slot]
             return [s.finish()]
         s.halted = s.exits = None
@@ -396,7 +400,7 @@ class Pool:
         for s in seqs:
             s.dec.cache.exit_loop[:, s.pos] = s.loop
             s.dec.rule.finish(s.dec.cache, s.pos, torch.tensor([[s.loop]]), s.loop)
-            if s.emit(s.logits[0, 0], s.loop):
+            if s.emit(s.logits[0, 0], s.loop, self.steps):
                 del self.active[s.slot]
                 finished.append(s.finish())
             else:

@@ -127,3 +127,29 @@ def test_bench_decode_on_a_hops_checkpoint_matches_on_answer_accuracy(hops_ckpt,
     for key in ("realized_speedup_vs_best_uniform", "realized_speedup_vs_a0_rbar",
                 "flop_proxy_speedup_vs_best_uniform", "flop_proxy_speedup_vs_a0_rbar"):
         assert result[key] > 0, key
+
+
+def test_bench_serve_on_a_hops_checkpoint_matches_on_answer_accuracy(hops_ckpt, tmp_path):
+    """The pool benchmark calibrates on answer accuracy where a checkpoint has ground truth, and its
+    default lengths fit the short context (prompt + new tokens - 1 <= max_seq_len)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from recur_core import load_checkpoint
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "RECUR_CACHE_DIR": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, str(root / "bench" / "bench_serve.py"), "--ckpt", str(hops_ckpt),
+                          "--requests", "3", "--pools", "1,2", "--windows", "6", "--bisect", "1", "--max-loops", "3",
+                          "--no-a2"], capture_output=True, text=True, timeout=300, cwd=root, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["calibration_metric"] == "answer_accuracy" and "answer acc" in out.stdout
+    rows = result["pools"]["1"]
+    a0 = next(v for k, v in rows.items() if k.startswith(f"A0@{result['r_bar']}") and "best" not in k)
+    assert result["target"] == a0["tf_score"] - 0.01
+    best = next(v for k, v in rows.items() if "best uniform" in k)
+    assert best["tf_score"] >= result["target"]
+    max_len = load_checkpoint(hops_ckpt).config.max_seq_len
+    assert result["prompt_len"] + result["new_tokens"] - 1 == max_len

@@ -90,6 +90,9 @@ def test_pool_equals_batch1_generate_per_sequence(ckpt, windows):
         assert_same(done[rid], alone(ckpt, req))
     exits = {x for rid in ids for x in done[rid].decode_exit_loops}
     assert len(exits) > 2  # the exits really were mixed
+    for rid in ids:  # no sequence waits a step: each new token takes exactly its exit loop's steps
+        c = done[rid]
+        assert [b - a for a, b in zip(c.token_steps, c.token_steps[1:])] == c.decode_exit_loops
 
 
 @pytest.mark.parametrize("kv_rule", KV_RULES)
@@ -190,10 +193,13 @@ def test_bench_serve_runs_on_tiny(tiny_ckpt, tmp_path):
         assert key in result, key
     for row in result["pools"].values():
         for figure in ("tokens_per_s", "flop_proxy_speedup", "fraction_of_bound", "latency_p50_ms",
-                       "latency_p95_ms", "realized_speedup_vs_a0_rbar", "realized_speedup_vs_best_uniform"):
+                       "latency_p95_ms", "realized_speedup_vs_a0_rbar", "realized_speedup_vs_best_uniform",
+                       "sequence_slowdown_p50", "sequence_slowdown_p95", "sequence_slowdown_max"):
             assert all(figure in r for r in row.values()), figure
+    assert all(r["sequence_slowdown_max"] == 1.0 for r in result["pools"]["1"].values())  # pool 1 over itself
+    assert result["calibration_metric"] == "loss" and result["sequence_slowdown_p95"] > 0
     for figure in ("tok/s", "FLOP-proxy", "realized", "p50", "p95", "best uniform", "run 2 of 2",
-                   "batched calls per new token", "ms per batched call"):
+                   "batched calls per new token", "ms per batched call", "the same request at pool 1"):
         assert figure in out.stdout, figure
     assert result["repeats"] == 2 and set(result["call_ms"]["1"]) == {"prelude", "core", "readout"}
 

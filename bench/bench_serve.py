@@ -70,6 +70,8 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=1,
                    help="runs of each configuration per pool (interleaved); the median-wall run is reported")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prefill-chunk", type=int, default=None,
+                   help="each prompt loops in chunks of this many positions (default: all at once)")
     p.add_argument("--max-loops", type=int, default=None, help="loop cap (default: the recipe's r_max)")
     p.add_argument("--no-a2", action="store_true", help="skip A2 (its probe is trained on first use)")
     p.add_argument("--calibration", default=None,
@@ -170,7 +172,8 @@ def search(ckpt, args, cap, r_bar, probe) -> tuple[Calibration, dict]:
 
 def serve_run(ckpt, prompts, policy, slots, args, cap, new_tokens=None):
     """recur_core.serve.ServeRun of every prompt through one pool."""
-    reqs = [Request(prompt, new_tokens or args.new_tokens, policy, seed=args.seed, greedy=True) for prompt in prompts]
+    reqs = [Request(prompt, new_tokens or args.new_tokens, policy, seed=args.seed, greedy=True,
+                    prefill_chunk=args.prefill_chunk) for prompt in prompts]
     return serve(ckpt, reqs, slots, max_loops=cap, max_len=args.prompt_len + args.new_tokens, keep_logits=False)
 
 
@@ -329,7 +332,7 @@ def main(argv=None):
         rows_avail = windows
     prompts = [rows_avail[n % len(rows_avail), :args.prompt_len].tolist() for n in range(args.requests)]
     log(f"serving: {args.requests} requests x {args.prompt_len}-token prompts (eval windows {cal.windows}..), "
-        f"{args.new_tokens} new tokens, greedy, pools {args.pools}")
+        f"{args.new_tokens} new tokens, greedy, pools {args.pools}, prefill chunk {args.prefill_chunk or 'none'}")
     pools = run_pools(ckpt, prompts, cal, args, cap, CostModel(cfg))
     report(pools, cal)
 
@@ -344,7 +347,7 @@ def main(argv=None):
     head = max(policies, key=lambda n: largest[n]["realized_speedup_vs_a0_rbar"])
     h = largest[head]
     out = dict(checkpoint=str(args.ckpt), pool=args.pools[-1], policy=head, threads=torch.get_num_threads(),
-               repeats=args.repeats, requests=args.requests, new_tokens=args.new_tokens, prompt_len=args.prompt_len,
+               repeats=args.repeats, requests=args.requests, prefill_chunk=args.prefill_chunk, new_tokens=args.new_tokens, prompt_len=args.prompt_len,
                loop_cap=cap, r_bar=r_bar, calibration_metric=cal.metric, target=cal.target,
                best_uniform_depth=cal.best_uniform,
                **{k: h.get(k) for k in ("realized_speedup_vs_a0_rbar", "realized_speedup_vs_best_uniform",

@@ -245,21 +245,23 @@ class Decoder:
         return kept[:, 0], exits[:, 0]
 
     # -- the prompt, in parallel ----------------------------------------------------------------------
-    def prefill(self, ids: Tensor) -> tuple[Tensor, Tensor]:
-        """Run a prompt ids (B, P) from position 0 in parallel with per-token exits (docs/DECODING.md).
-        Returns (logits (B, P, V) read out from the exit states, exits (B, P))."""
+    def prefill(self, ids: Tensor, start: int = 0) -> tuple[Tensor, Tensor]:
+        """Run prompt tokens ids (B, P) at positions start .. start + P - 1 in parallel with per-token
+        exits (docs/DECODING.md); positions before start must already be in the cache (an earlier
+        chunk of the prompt). Returns (logits (B, P, V) read out from the exit states, exits (B, P))."""
         B, P = ids.shape
         cache, sched = self.cache, self.schedule
-        pos = self.positions[:P]
+        pos = self.positions[start:start + P]
         inject = self.model.inject(self.prelude(ids, pos))
-        cache.inject[:, :P] = inject
-        state = self.noise[:, :P]
+        cache.inject[:, pos] = inject
+        state = self.noise[:, pos]
         logp_prev = None
         if sched.wants_readout(0):
             logp_prev = torch.log_softmax(self._readout(state, pos).float(), dim=-1)
         halted = torch.zeros(B, P, dtype=torch.bool, device=state.device)
         exits = torch.zeros(B, P, dtype=torch.long, device=state.device)
         for loop in range(1, self.cap + 1):
+            self.rule.before_loop(self.model, cache, loop, start)  # "recompute": earlier chunks' entries
             keep = self.rule.prefill_keep(cache, loop, halted)
             new = torch.where(halted[..., None], state, self._core_loop(state, inject, loop, pos, keep))
             signals = None
@@ -274,10 +276,22 @@ class Decoder:
             state = new
             if bool(halted.all()):
                 break
-        cache.exit_state[:, :P] = state
-        cache.exit_loop[:, :P] = exits.cpu()
-        self.rule.finish(cache, 0, exits, loop)
+        cache.exit_state[:, pos] = state
+        cache.exit_loop[:, pos.cpu()] = exits.cpu()
+        self.rule.finish(cache, start, exits, loop)
         return self._readout(state, pos), exits
+
+    def prefill_chunked(self, ids: Tensor, chunk: int | None) -> tuple[Tensor, Tensor]:
+        """`prefill` over the prompt in consecutive chunks of `chunk` positions (None: all at once).
+        A chunk's tokens read the earlier chunks' entries of every loop under the KV rule, as a
+        decoded token would; for policies that read only the state (A0, A2, the latent rule) that
+        is exactly the one-piece prefill, while A1's readouts then see earlier chunks' exit
+        readouts instead of their current loop's (tests/test_decode.py)."""
+        P = ids.shape[1]
+        check_chunk(chunk)
+        chunk = chunk or P
+        parts = [self.prefill(ids[:, c:c + chunk], c) for c in range(0, P, chunk)]
+        return parts[-1][0], torch.cat([exits for _, exits in parts], dim=1)
 
 
 # -- sampling ----------------------------------------------------------------------------------------
@@ -306,6 +320,11 @@ def row_noise(model: LoopedLM, rows, seed: int) -> Tensor:
     """(len(rows), max_seq_len, d): the full forward's noise of each row (window index) at every position."""
     return torch.cat([model.init_state(1, model.cfg.max_seq_len, torch.Generator().manual_seed(noise_seed(seed, n)))
                       for n in rows])
+
+
+def check_chunk(prefill_chunk: int | None) -> None:
+    if prefill_chunk is not None and prefill_chunk < 1:
+        raise ValueError(f"prefill_chunk must be >= 1 or None, got {prefill_chunk}")
 
 
 def check_lengths(prompt_len: int, max_new_tokens: int, max_len: int) -> None:
@@ -354,7 +373,7 @@ def _notify(on_token, index: int, token_id: int, exit_loop: int) -> float:
 def generate(ckpt_or_model, prompt, max_new_tokens: int, policy=None, *, kv_rule: str = "latest",
              greedy: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, max_loops: int | None = None, stop_ids=(), keep_logits: bool = True,
-             tokenizer=None, on_token=None, check_every: int = 1) -> Generation:
+             tokenizer=None, on_token=None, check_every: int = 1, prefill_chunk: int | None = None) -> Generation:
     """Decode max_new_tokens after `prompt` (text, or token ids) at batch 1 with per-token exits.
 
     policy: a recur_core.policies policy; None disables exits (every token runs max_loops).
@@ -366,10 +385,13 @@ def generate(ckpt_or_model, prompt, max_new_tokens: int, policy=None, *, kv_rule
     its time is left out of decode_s.
     check_every: consult the policy at min_loops and then every n loops only (a cheaper check for
     A1: it reads out only there, and its kl_prev becomes KL(p_i || p_{i-n})).
+    prefill_chunk: run the prompt in chunks of this many positions (Decoder.prefill_chunked; None:
+    all at once), as the pool does to keep a joining prompt from lengthening the others' steps.
     """
     model, ckpt = resolve(ckpt_or_model)
     prompt_ids, tokenizer = encode_prompt(prompt, ckpt, tokenizer)
     check_lengths(len(prompt_ids), max_new_tokens, model.cfg.max_seq_len)
+    check_chunk(prefill_chunk)
     cap = default_max_loops(policy, ckpt, max_loops)
     policy = policy if policy is not None else Uniform(cap)
     dec = Decoder(model, policy, max_loops=cap, kv_rule=kv_rule, noise=row_noise(model, [0], seed),
@@ -379,7 +401,7 @@ def generate(ckpt_or_model, prompt, max_new_tokens: int, policy=None, *, kv_rule
     device = model.embed.weight.device
 
     t0 = time.perf_counter()
-    logits, prompt_exits = dec.prefill(torch.tensor([prompt_ids], device=device))
+    logits, prompt_exits = dec.prefill_chunked(torch.tensor([prompt_ids], device=device), prefill_chunk)
     last = logits[0, -1]
     new_ids, exits, kept = [sample_next(last, sampler, **sample)], [int(prompt_exits[0, -1])], [last]
     t1 = time.perf_counter()

@@ -11,7 +11,8 @@ KV-cache slab their attention reads, (their sequence, their loop, the layer), di
 
   1. free slots take waiting requests: the prompt goes through the prelude, and its positions
      become the sequence's rows: they loop together, one loop per step, inside the shared core
-     step (in-batch prefill: a joining request never stalls the others);
+     step (in-batch prefill: a joining request never stalls the others; with the request's
+     prefill_chunk, one chunk of positions after another, so it adds at most that many rows);
   2. tokens sampled on the previous step enter: one batched prelude over them;
   3. every in-flight row runs one core loop, whatever its loop index, in one batched
      `model.core_step`; row n reads and writes its own slab (recur_core.kv.GatherKV: keys gathered
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .decode import (Decoder, HaltSchedule, check_lengths, default_max_loops, encode_prompt, readout_signals,
+from .decode import (Decoder, HaltSchedule, check_chunk, check_lengths, default_max_loops, encode_prompt, readout_signals,
                      resolve, row_noise, sample_next)
 from .kv import GatherKV, LoopKVCache, kv_rule
 from .policies import Uniform
@@ -61,6 +62,7 @@ class Request:
     top_p: float = 1.0
     stop_ids: tuple = ()
     check_every: int = 1
+    prefill_chunk: int | None = None  # the prompt loops in chunks of this many positions (None: all at once)
 
 
 @dataclass
@@ -98,8 +100,9 @@ class Completion:
 
 class _Sequence:
     """A request in a slot: its decoder (slot cache view, schedule, KV rule), sampler and the rows it
-    puts in the core step. While prefilling (`halted` is not None) the rows are its prompt's
-    positions 0..P-1, looping together; then one row, the token in flight at position pos.
+    puts in the core step. While prefilling (`halted` is not None) the rows are the positions of
+    its prompt's current chunk, pos .. pos + rows - 1 (the whole prompt unless the request sets
+    prefill_chunk), looping together; then one row, the token in flight at position pos.
     `loop` loops run so far (0: not yet looped). state / inject: (rows, 1, d)."""
 
     def __init__(self, rid: int, slot: int, req: Request, dec: Decoder, prompt_ids, keep_logits: bool):
@@ -187,6 +190,7 @@ class Pool:
             self.tokenizer = self.ckpt.tokenizer()
         prompt_ids, _ = encode_prompt(request.prompt, None, self.tokenizer)
         check_lengths(len(prompt_ids), request.max_new_tokens, self.max_len)
+        check_chunk(request.prefill_chunk)
         if any(not 0 <= i < self.model.cfg.vocab_size for i in prompt_ids):
             raise ValueError(f"prompt token ids must be in [0, {self.model.cfg.vocab_size})")
         policy = request.policy if request.policy is not None else Uniform(self.max_loops)
@@ -276,14 +280,21 @@ class Pool:
             s.out.admitted_s = admitted
             P = len(prompt_ids)
             self._count("prelude", P)
-            s.positions = range(P)
-            inject = self.model.inject(dec.prelude(torch.tensor([prompt_ids], device=self.device),
-                                                   torch.arange(P, device=self.device)))
-            dec.cache.inject[:, :P] = inject
-            s.inject, s.state = inject.transpose(0, 1), dec.noise[:, :P].transpose(0, 1)
-            s.halted = torch.zeros(P, dtype=torch.bool, device=self.device)
-            s.exits = torch.zeros(P, dtype=torch.long)
+            dec.cache.inject[:, :P] = self.model.inject(dec.prelude(torch.tensor([prompt_ids], device=self.device),
+                                                                    torch.arange(P, device=self.device)))
+            self._start_chunk(s, 0)
             self.active[slot] = s
+
+    @staticmethod
+    def _start_chunk(s: _Sequence, start: int) -> None:
+        """The prompt positions start .. start + chunk - 1 become the sequence's rows, from loop 0
+        (the prelude already ran over the whole prompt: it does not depend on the loops)."""
+        end = min(len(s.out.prompt_ids), start + (s.req.prefill_chunk or len(s.out.prompt_ids)))
+        cache = s.dec.cache
+        s.positions, s.pos, s.loop, s.logp_prev = range(start, end), start, 0, None
+        s.inject, s.state = cache.inject[0, start:end, None], s.dec.noise[0, start:end, None]
+        s.halted = torch.zeros(end - start, dtype=torch.bool, device=cache.inject.device)
+        s.exits = torch.zeros(end - start, dtype=torch.long)
 
     def _rows(self, seqs) -> tuple[Tensor, Tensor]:
         """(slots (N,), positions (N,)) of the in-flight rows."""
@@ -376,13 +387,18 @@ class Pool:
         return bool(s.halted.all())
 
     def _leave_prefill(self, s: _Sequence) -> list[Completion]:
-        """Every prompt token has halted (s.logits: the readout of their exit states): finish the
-        prompt's positions under the KV rule, sample the first new token, start decoding."""
-        cache, P = s.dec.cache, s.n_rows
-        cache.exit_state[:, :P] = s.state[:, 0]
-        cache.exit_loop[:, :P] = s.exits
-        s.dec.rule.finish(cache, 0, s.exits[None], s.loop)
-        s.out.prompt_exit_loops = s.exits.tolist()
+        """Every token of the prompt's chunk has halted (s.logits: the readout of their exit states):
+        finish its positions under the KV rule; then the next chunk, or sample the first new token
+        and start decoding."""
+        cache, start, end = s.dec.cache, s.pos, s.pos + s.n_rows
+        cache.exit_state[:, start:end] = s.state[:, 0]
+        cache.exit_loop[:, start:end] = s.exits
+        s.dec.rule.finish(cache, start, s.exits[None], s.loop)
+        s.out.prompt_exit_loops += s.exits.tolist()
+        P = len(s.out.prompt_ids)
+        if end < P:
+            self._start_chunk(s, end)
+            return []
         if s.emit(s.logits[-1, 0], int(s.exits[-1]), self.steps):
             del self.active[s.slot]
             return [s.finish()]

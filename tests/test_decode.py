@@ -183,6 +183,26 @@ def test_router_prefill_equals_decoding_under_both_rules(ckpt, windows):
 
 
 @pytest.mark.parametrize("kv_rule", KV_RULES)
+def test_chunked_prefill_equals_the_one_piece_prefill_for_state_policies(ckpt, windows, kv_rule):
+    """A prompt run in chunks (each reading the earlier chunks from the cache under the KV rule)
+    gives the same exits and logits as all at once when the policy reads only the state; chunk 1 is
+    token-by-token decoding of the prompt."""
+    g = torch.Generator().manual_seed(0)
+    d = ckpt.config.d_model
+    probe = Probe(torch.randn(d + 1, generator=g), 0.0, torch.zeros(d + 1), torch.ones(d + 1), "kl", 1e-3)
+    prompt = windows[1, :13]
+    for policy in (LatentDiff(0.2, r_max=6), LinearRouter(probe, 0.5, r_max=6)):
+        whole = generate(ckpt, prompt, 6, policy, kv_rule=kv_rule, seed=SEED, greedy=True)
+        assert len(set(whole.prompt_exit_loops)) > 1  # the prompt's exits are mixed
+        for chunk in (1, 4, 5):
+            part = generate(ckpt, prompt, 6, policy, kv_rule=kv_rule, seed=SEED, greedy=True, prefill_chunk=chunk)
+            assert part.prompt_exit_loops == whole.prompt_exit_loops and part.ids == whole.ids
+            torch.testing.assert_close(part.logits, whole.logits, atol=TOL, rtol=0)
+    with pytest.raises(ValueError, match="prefill_chunk"):
+        generate(ckpt, prompt, 2, prefill_chunk=0)
+
+
+@pytest.mark.parametrize("kv_rule", KV_RULES)
 def test_cache_entries_of_halted_tokens(ckpt, windows, kv_rule):
     """What a later loop reads for a halted token: under "latest" its exit loop's entry, copied; under
     "recompute" the entry its frozen state writes at that loop (not the exit loop's)."""

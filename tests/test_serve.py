@@ -48,19 +48,20 @@ def mixed_policies(ckpt, windows):
 
 
 def requests(windows, policies, n=8):
-    """n requests of different prompt lengths, lengths of output, policies, KV rules and sampling."""
+    """n requests of different prompt lengths, lengths of output, policies, KV rules, sampling and
+    prefill chunks (A1 among the chunked: its chunks read earlier chunks' exit readouts)."""
     out = []
     for i in range(n):
         out.append(Request(windows[i, :4 + 2 * i].tolist(), 5 + 3 * (i % 3), policies[i % len(policies)],
                            kv_rule=list(KV_RULES)[(i // len(policies)) % 2], seed=i, greedy=i % 3 != 2,
-                           temperature=0.9, top_k=40))
+                           temperature=0.9, top_k=40, prefill_chunk=(None, 3, 5)[(i // 2) % 3]))
     return out
 
 
 def alone(ckpt, req: Request):
     return generate(ckpt, req.prompt, req.max_new_tokens, req.policy, kv_rule=req.kv_rule, seed=req.seed,
                     greedy=req.greedy, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
-                    max_loops=CAP)
+                    max_loops=CAP, prefill_chunk=req.prefill_chunk)
 
 
 def assert_same(completion, gen):
@@ -151,6 +152,8 @@ def test_bad_requests_get_clear_errors_and_leave_the_others_alone(ckpt, windows)
         pool.submit(Request([1, 2], 2, kv_rule="oldest"))
     with pytest.raises(ValueError, match="min_loops"):
         pool.submit(Request([1, 2], 2, Uniform(CAP + 1)))
+    with pytest.raises(ValueError, match="prefill_chunk"):
+        pool.submit(Request([1, 2], 2, prefill_chunk=0))
     ids.append(pool.submit(good[2]))
     done = pool.run()
     for rid, req in zip(ids, good):
@@ -180,6 +183,16 @@ def test_batched_calls_are_counted(ckpt, windows):
                 slots=2, max_loops=CAP)
     assert run.calls == {"prelude": 2 + 3, "core": 3 + 9, "readout": 1 + 3}
     assert run.call_rows == {"prelude": 10 + 6, "core": 30 + 18, "readout": 10 + 6}
+
+
+def test_a_chunked_prompt_puts_at_most_a_chunk_of_rows_in_a_step(ckpt, windows):
+    """A 10-token prompt in chunks of 3 at uniform depth 2: chunks 3, 3, 3, 1 loop one after the
+    other (2 core calls each, then one readout each); then the 2 later tokens, one row each."""
+    run = serve(ckpt, [Request(windows[0, :10].tolist(), 3, Uniform(2), greedy=True, prefill_chunk=3)],
+                slots=1, max_loops=CAP)
+    assert run.calls == {"prelude": 1 + 2, "core": 4 * 2 + 2 * 2, "readout": 4 + 2}
+    assert run.call_rows == {"prelude": 10 + 2, "core": 2 * 10 + 2 * 2, "readout": 10 + 2}
+    assert run[0].prompt_exit_loops == [2] * 10
 
 
 def test_bench_serve_runs_on_tiny(tiny_ckpt, tmp_path):

@@ -74,6 +74,8 @@ def parse_args(argv=None):
                    help="each prompt loops in chunks of this many positions (default: all at once)")
     p.add_argument("--max-loops", type=int, default=None, help="loop cap (default: the recipe's r_max)")
     p.add_argument("--no-a2", action="store_true", help="skip A2 (its probe is trained on first use)")
+    p.add_argument("--serve", default="a1,latent,a2",
+                   help="per-token policies to serve after calibrating (A0@r_bar and the best uniform depth always run)")
     p.add_argument("--calibration", default=None,
                    help="JSON file of the calibration: read if it exists (the search is skipped), else written")
     p.add_argument("--quick", action="store_true",
@@ -111,7 +113,8 @@ def calibrate(ckpt, args, cap, r_bar) -> Calibration:
     probe = None if args.no_a2 else load_or_train_probes(ckpt, cap, args.seed, kinds=("kl",))["kl"]
     if path is not None and path.exists():
         saved = json.loads(path.read_text())
-        log(f"  calibration read from {path}: {saved['metric']} target {saved['target']:.5f} ({saved['windows']} windows)")
+        log(f"  calibration read from {path}: {saved['metric']} target {saved['target']:.5f} "
+            f"({saved['windows']} windows)")
         configs = {name: (policy_of(kind, th, cap, probe), SimpleNamespace(score=score, mean_loops=loops), ok)
                    for name, (kind, th, score, loops, ok) in saved["configs"].items()
                    if not (kind == "a2" and args.no_a2)}
@@ -254,6 +257,8 @@ def sequence_slowdowns(pools: dict, runs_by_pool: dict, name: str) -> None:
 def run_pools(ckpt, prompts, cal: Calibration, args, cap, cost) -> dict:
     """{slots: {config name: figures}} over every pool size, configurations interleaved."""
     names = list(cal.configs)
+    kinds = {ConvergenceExit: "a1", LatentDiff: "latent", LinearRouter: "a2"}
+    names = names[:2] + [n for n in names[2:] if kinds[type(cal.configs[n][0])] in args.serve.split(",")]
     a0_name, u_name = names[0], names[1]
     for name in names:  # warm-up: the first calls of a process are slow
         serve_run(ckpt, prompts[:2], cal.configs[name][0], 2, args, cap, new_tokens=4)
@@ -341,13 +346,14 @@ def main(argv=None):
     for rows, t in times.items():
         log(f"  {rows:3d} rows: " + "  ".join(f"{k} {v:6.3f}" for k, v in t.items()))
 
-    names = list(cal.configs)
     largest = pools[args.pools[-1]]
-    policies = [n for n in names[2:] if cal.configs[n][2]] or names[2:]
+    names = list(largest)  # the configurations served
+    policies = [n for n in names[2:] if cal.configs[n][2]] or names[2:] or names[1:2]
     head = max(policies, key=lambda n: largest[n]["realized_speedup_vs_a0_rbar"])
     h = largest[head]
     out = dict(checkpoint=str(args.ckpt), pool=args.pools[-1], policy=head, threads=torch.get_num_threads(),
-               repeats=args.repeats, requests=args.requests, prefill_chunk=args.prefill_chunk, new_tokens=args.new_tokens, prompt_len=args.prompt_len,
+               repeats=args.repeats, requests=args.requests, prefill_chunk=args.prefill_chunk,
+               new_tokens=args.new_tokens, prompt_len=args.prompt_len,
                loop_cap=cap, r_bar=r_bar, calibration_metric=cal.metric, target=cal.target,
                best_uniform_depth=cal.best_uniform,
                **{k: h.get(k) for k in ("realized_speedup_vs_a0_rbar", "realized_speedup_vs_best_uniform",

@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .decode import (Decoder, HaltSchedule, check_chunk, check_lengths, default_max_loops, encode_prompt, readout_signals,
-                     resolve, row_noise, sample_next)
+from .decode import (Decoder, HaltSchedule, check_chunk, check_lengths, default_max_loops, encode_prompt,
+                     readout_signals, resolve, row_noise, sample_next)
 from .kv import GatherKV, LoopKVCache, kv_rule
 from .policies import Uniform
 from .trace import relative_change

@@ -24,7 +24,7 @@ from .checkpoint import Checkpoint
 from .kv import LoopKVCache, SlabKV, kv_rule as named_rule
 from .model import LoopedLM
 from .policies import LoopSignals, Uniform
-from .trace import noise_seed, relative_change
+from .trace import cosine_change, noise_seed, relative_change
 
 
 # -- results -----------------------------------------------------------------------------------------
@@ -129,16 +129,17 @@ class HaltSchedule:
     def wants_readout(self, loop: int) -> bool:
         return self.first_readout is not None and (loop == self.first_readout or self.is_check(loop))
 
-    def halt(self, loop: int, new: Tensor, old: Tensor, readout: dict | None, change: Tensor | None = None) -> Tensor:
+    def halt(self, loop: int, new: Tensor, old: Tensor, readout: dict | None, change: Tensor | None = None,
+             cosine: Tensor | None = None) -> Tensor:
         """The halt decision after `loop` (bool (B, T)) from the states before / after it, the
-        readout signals (`readout_signals`, None without a readout at this loop) and change:
-        relative_change(new, old) when the caller has it already."""
+        readout signals (`readout_signals`, None without a readout at this loop), and change /
+        cosine: relative_change / cosine_change of (new, old) when the caller has them already."""
         if loop >= self.cap:
             return torch.ones(new.shape[:2], dtype=torch.bool, device=new.device)
         if not self.is_check(loop):
             return torch.zeros(new.shape[:2], dtype=torch.bool, device=new.device)
         change = relative_change(new, old) if change is None else change
-        cosine = 1 - F.cosine_similarity(new.float(), old.float(), dim=-1, eps=1e-30)
+        cosine = cosine_change(new, old) if cosine is None else cosine
         return self.policy.halt(loop, LoopSignals(state=new, state_change=change, cosine_change=cosine,
                                                   **(readout or {})))
 

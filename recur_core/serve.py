@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from itertools import groupby
 from dataclasses import dataclass, field
 
 import torch
@@ -43,7 +44,7 @@ from .decode import (Decoder, HaltSchedule, check_chunk, check_lengths, default_
                      readout_signals, resolve, row_noise, sample_next)
 from .kv import GatherKV, LoopKVCache, kv_rule
 from .policies import Uniform
-from .trace import relative_change
+from .trace import cosine_change, relative_change
 
 
 @dataclass
@@ -218,7 +219,7 @@ class Pool:
     def step(self) -> list[Completion]:
         """Admit, then run one core loop for every in-flight row; returns the requests finished."""
         self._admit()
-        seqs = list(self.active.values())
+        seqs = sorted(self.active.values(), key=self._halt_group)  # a policy's rows at one loop: adjacent
         if not seqs:
             return []
         self.steps += 1
@@ -356,27 +357,27 @@ class Pool:
                     s.signals = readout_signals(logp, s.logp_prev)
                 s.logp_prev = logp
 
+    @staticmethod
+    def _halt_group(s: _Sequence) -> tuple:
+        """Sequences whose rows one policy call decides together: same policy object, cap, check
+        period and loop."""
+        sc = s.schedule
+        return id(sc.policy), sc.cap, sc.every, s.loop
+
     def _halts(self, seqs, new: Tensor, old: Tensor) -> list[Tensor]:
         """Each sequence's halt decision per row (bool (rows,)), asking each policy once per loop
-        index for all its rows."""
-        spans, at = [], 0
-        for s in seqs:
-            spans.append(range(at, at + s.n_rows))
-            at += s.n_rows
-        groups: dict[tuple, list[int]] = {}
-        for i, s in enumerate(seqs):
-            sc = s.schedule
-            groups.setdefault((id(sc.policy), sc.cap, sc.every, s.loop), []).append(i)
-        halts: list[Tensor] = [None] * len(seqs)
-        change = relative_change(new, old)
-        for idx in groups.values():
-            first = seqs[idx[0]]
-            sigs = [seqs[i].signals for i in idx]
+        index for all its rows (seqs are ordered by `_halt_group`, so a group's rows are one slice)."""
+        halts: list[Tensor] = []
+        change, cosine = relative_change(new, old), cosine_change(new, old)
+        at = 0
+        for _, group in groupby(seqs, key=self._halt_group):
+            group = list(group)
+            sigs = [s.signals for s in group]
             readout = None if any(x is None for x in sigs) else {k: torch.cat([x[k] for x in sigs]) for k in sigs[0]}
-            rows = torch.tensor([r for i in idx for r in spans[i]], device=self.device)
-            stop = first.schedule.halt(first.loop, new[rows], old[rows], readout, change[rows])[:, 0]
-            for i, part in zip(idx, stop.split([seqs[i].n_rows for i in idx])):
-                halts[i] = part
+            rows = slice(at, at + sum(s.n_rows for s in group))
+            stop = group[0].schedule.halt(group[0].loop, new[rows], old[rows], readout, change[rows], cosine[rows])
+            halts += stop[:, 0].split([s.n_rows for s in group])
+            at = rows.stop
         return halts
 
     def _prefill_halts(self, s: _Sequence, stop: Tensor) -> bool:

@@ -387,7 +387,8 @@ def generate(ckpt_or_model, prompt, max_new_tokens: int, policy=None, *, kv_rule
     check_every: consult the policy at min_loops and then every n loops only (a cheaper check for
     A1: it reads out only there, and its kl_prev becomes KL(p_i || p_{i-n})).
     prefill_chunk: run the prompt in chunks of this many positions (Decoder.prefill_chunked; None:
-    all at once), as the pool does to keep a joining prompt from lengthening the others' steps.
+    all at once), as a pool request with the same prefill_chunk does (there it bounds the rows a
+    joining prompt adds to the shared step).
     """
     model, ckpt = resolve(ckpt_or_model)
     prompt_ids, tokenizer = encode_prompt(prompt, ckpt, tokenizer)

@@ -15,6 +15,12 @@ For one checkpoint:
      exit checks with the actual exits, readouts and context lengths; a prompt's prefill counted as
      every prompt token running to the prompt's deepest exit). flop_proxy_speedup = cost(A0@r_bar)
      / cost(policy); fraction_of_bound = realized speedup / flop_proxy_speedup.
+     Where the rest goes: the pool times its batched model calls (prelude, core, readout; cache
+     reads included). model_call_speedup is the same speedup counted on that time alone, i.e. with a
+     scheduler that cost nothing; scheduler_share = 1 - model-call time / wall time. So
+     fraction_of_bound splits into model_call_fraction_of_bound (what the batched calls themselves
+     give: on a CPU a small call costs far more per row than a large one) times realized /
+     model_call_speedup (what the scheduler's own work takes).
   4. Per-token latency: seconds between a sequence's consecutive new tokens (p50, p95). Per
      sequence, its decode time over the same request's at pool 1 (p50, p95, max): a sequence takes
      the same steps in a pool as alone, so this spreads only as far as some steps are longer than others.
@@ -189,6 +195,7 @@ def measure(ckpt, prompts, policy, slots, args, cap, cost: CostModel) -> dict:
     loops = [x for c in comps for x in c.decode_exit_loops]
     new = run.new_tokens
     return dict(tokens_per_s=new / wall, wall_s=wall, decode_s=[c.token_s[-1] - c.token_s[0] for c in comps],
+                model_tokens_per_s=new / run.model_s, scheduler_share=1 - run.model_s / wall,
                 mean_loops=float(np.mean(loops)) if loops else float("nan"),
                 cost=proxy_cost(cost, comps, policy), mixed_step_fraction=run.mixed_steps / max(run.steps, 1),
                 latency_p50_ms=float(np.percentile(lat, 50)) if lat.size else float("nan"),
@@ -278,10 +285,13 @@ def run_pools(ckpt, prompts, cal: Calibration, args, cap, cost) -> dict:
             r, (_, tf, matched) = runs[name], cal.configs[name]
             realized = r["tokens_per_s"] / runs[a0_name]["tokens_per_s"]
             proxy = runs[a0_name]["cost"] / r["cost"]
+            in_calls = r["model_tokens_per_s"] / runs[a0_name]["model_tokens_per_s"]
             table[name] = dict(
                 tf_score=tf.score, tf_mean_loops=tf.mean_loops, matched=matched,
                 tokens_per_s=r["tokens_per_s"], wall_s=r["wall_s"], mean_loops=r["mean_loops"],
                 realized_speedup_vs_a0_rbar=realized, flop_proxy_speedup=proxy, fraction_of_bound=realized / proxy,
+                model_call_speedup=in_calls, model_call_fraction_of_bound=in_calls / proxy,
+                scheduler_share=r["scheduler_share"],
                 realized_speedup_vs_best_uniform=r["tokens_per_s"] / runs[u_name]["tokens_per_s"],
                 flop_proxy_speedup_vs_best_uniform=runs[u_name]["cost"] / r["cost"],
                 latency_p50_ms=r["latency_p50_ms"], latency_p95_ms=r["latency_p95_ms"],
@@ -309,6 +319,10 @@ def report(pools: dict, cal: Calibration) -> None:
         for name, r in table.items():
             log(f"{name:50s} " + " ".join(f"{r['calls_per_token'][k]:7.3f} ({r['rows_per_call'][k]:4.1f})"
                                           for k in ("core", "prelude", "readout")))
+        log(f"{'where the time goes':50s} {'scheduler share':>15s} {'model-call x':>12s} {'model-call/bound':>16s}")
+        for name, r in table.items():
+            log(f"{name:50s} {r['scheduler_share']:15.3f} {r['model_call_speedup']:12.3f} "
+                f"{r['model_call_fraction_of_bound']:16.3f}")
         if slots != 1 and "sequence_slowdown_p50" in next(iter(table.values())):
             log(f"{'per-sequence decode time / the same request at pool 1':50s} {'p50':>7s} {'p95':>7s} {'max':>7s}")
             for name, r in table.items():
@@ -357,7 +371,8 @@ def main(argv=None):
                loop_cap=cap, r_bar=r_bar, calibration_metric=cal.metric, target=cal.target,
                best_uniform_depth=cal.best_uniform,
                **{k: h.get(k) for k in ("realized_speedup_vs_a0_rbar", "realized_speedup_vs_best_uniform",
-                                        "flop_proxy_speedup", "fraction_of_bound", "latency_p50_ms", "latency_p95_ms",
+                                        "flop_proxy_speedup", "fraction_of_bound", "model_call_speedup",
+                                        "model_call_fraction_of_bound", "scheduler_share", "latency_p50_ms", "latency_p95_ms",
                                         "sequence_slowdown_p50", "sequence_slowdown_p95", "sequence_slowdown_max")},
                pools={str(k): v for k, v in pools.items()}, call_ms={str(k): v for k, v in times.items()})
     print(json.dumps(out, default=float))

@@ -144,6 +144,15 @@ class LoopKVCache:
         later = torch.arange(self.loops, device=block.device).view(1, 1, 1, -1, 1, 1, 1) >= ex
         block.copy_(torch.where(later, latest, block))
 
+    def propagate_latest_tokens(self, rows: Tensor, pos: Tensor, exits: Tensor) -> None:
+        """`propagate_latest` for N single tokens anywhere in the cache: position pos[n] of sequence
+        rows[n], halted at loop exits[n] (all (N,) on the CPU). A slice copy per token: the entries of
+        one position are strided across the slabs, and one gather + scatter over all N tokens
+        measured 4x slower than these copies (N = 14, demo-r8's cache)."""
+        core = self.core
+        for b, p, e in zip(rows.tolist(), pos.tolist(), exits.tolist()):
+            core[:, :, b, e:, :, p] = core[:, :, b, e - 1:e, :, p]
+
 
 # -- the KV rules --------------------------------------------------------------------------------------
 class KVRule:
@@ -156,6 +165,9 @@ class KVRule:
     before_loop(model, cache, loop, upto)  before positions >= upto run loop `loop` (token by token).
     finish(cache, start, exits, loops_run)  positions start.. have halted with exits (B, P) after
                                         the rows ran loops_run loops.
+    finish_tokens(cache, rows, pos, exits)  N single tokens (position pos[n] of sequence rows[n], all
+                                        (N,) on the CPU) have halted, each at its loop exits[n] (the
+                                        pool's decoded tokens: one call per step).
     """
 
     name = ""
@@ -170,6 +182,9 @@ class KVRule:
         pass
 
     def finish(self, cache: LoopKVCache, start: int, exits: Tensor, loops_run: int) -> None:
+        raise NotImplementedError
+
+    def finish_tokens(self, cache: LoopKVCache, rows: Tensor, pos: Tensor, exits: Tensor) -> None:
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -187,6 +202,10 @@ class LatestRule(KVRule):
     def finish(self, cache, start, exits, loops_run):
         cache.propagate_latest(start, exits)
         cache.filled[:, start:start + exits.shape[1]] = cache.loops
+
+    def finish_tokens(self, cache, rows, pos, exits):
+        cache.propagate_latest_tokens(rows, pos, exits)
+        cache.filled[rows.numpy(), pos.numpy()] = cache.loops
 
 
 class RecomputeRule(KVRule):
@@ -210,6 +229,9 @@ class RecomputeRule(KVRule):
 
     def finish(self, cache, start, exits, loops_run):
         cache.filled[:, start:start + exits.shape[1]] = loops_run
+
+    def finish_tokens(self, cache, rows, pos, exits):
+        cache.filled[rows.numpy(), pos.numpy()] = exits.numpy()
 
 
 KV_RULES = {rule.name: rule for rule in (LatestRule(), RecomputeRule())}

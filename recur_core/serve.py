@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from contextlib import contextmanager
 from itertools import groupby
 from dataclasses import dataclass, field
 
@@ -178,10 +179,12 @@ class Pool:
         self.next_id = 0
         self.steps = 0
         self.mixed_steps = 0  # steps whose core batch held tokens at more than one loop index
-        # batched model calls of each kind, and the rows (token positions) they carried: on a CPU a
-        # call's time grows far more slowly than its rows (docs/BENCHMARKS.md), so calls matter too
+        # batched model calls of each kind, the rows (token positions) they carried and the seconds
+        # spent in them (cache reads included): on a CPU a call's time grows far more slowly than its
+        # rows (docs/BENCHMARKS.md), so calls matter too; the rest of a step is the scheduler's
         self.calls = {"prelude": 0, "core": 0, "readout": 0}
         self.call_rows = {"prelude": 0, "core": 0, "readout": 0}
+        self.call_s = {"prelude": 0.0, "core": 0.0, "readout": 0.0}
 
     # -- requests -------------------------------------------------------------------------------------
     def submit(self, request: Request) -> int:
@@ -280,9 +283,9 @@ class Pool:
             s = _Sequence(rid, slot, req, dec, prompt_ids, self.keep_logits)
             s.out.admitted_s = admitted
             P = len(prompt_ids)
-            self._count("prelude", P)
-            dec.cache.inject[:, :P] = self.model.inject(dec.prelude(torch.tensor([prompt_ids], device=self.device),
-                                                                    torch.arange(P, device=self.device)))
+            ids = torch.tensor([prompt_ids], device=self.device)
+            with self._model_call("prelude", P):
+                dec.cache.inject[:, :P] = self.model.inject(dec.prelude(ids, torch.arange(P, device=self.device)))
             self._start_chunk(s, 0)
             self.active[slot] = s
 
@@ -303,18 +306,23 @@ class Pool:
         pos = [p for s in seqs for p in s.positions]
         return torch.tensor(slots, device=self.device), torch.tensor(pos, device=self.device)
 
-    def _count(self, kind: str, rows: int) -> None:
+    @contextmanager
+    def _model_call(self, kind: str, rows: int):
+        """Count and time one batched model call of `kind` carrying `rows` token positions."""
         self.calls[kind] += 1
         self.call_rows[kind] += rows
+        start = time.perf_counter()
+        yield
+        self.call_s[kind] += time.perf_counter() - start
 
     def _enter(self, seqs) -> None:
         """The sampled tokens through the prelude (one batched call); their state starts as noise."""
-        self._count("prelude", len(seqs))
         slots, pos = self._rows(seqs)
         ids = torch.tensor([[s.out.ids[-1]] for s in seqs], device=self.device)
         mask = GatherKV.causal_mask(pos)
         kv = [GatherKV(k, v, slots, pos, mask) for k, v in self.cache.prelude_slabs()]
-        inject = self.model.inject(self.model.prelude(ids, pos[:, None], kv))
+        with self._model_call("prelude", len(seqs)):
+            inject = self.model.inject(self.model.prelude(ids, pos[:, None], kv))
         for i, s in enumerate(seqs):
             s.inject = inject[i:i + 1]
             s.dec.cache.inject[:, s.pos] = inject[i]
@@ -323,7 +331,6 @@ class Pool:
 
     def _core(self, seqs, state: Tensor) -> Tensor:
         """One core loop for every row at its own loop: (N, 1, d) -> (N, 1, d)."""
-        self._count("core", len(state))
         slots, pos = self._rows(seqs)
         loops = torch.tensor([s.loop for s in seqs for _ in s.positions], device=self.device)  # loops run so far
         self.mixed_steps += int(len({s.loop for s in seqs}) > 1)
@@ -337,16 +344,18 @@ class Pool:
         mask = GatherKV.causal_mask(pos)
         kv = [GatherKV(*self.cache.core_flat(l), slabs, pos, mask, keep) for l in range(self.model.cfg.n_core)]
         inject = torch.cat([s.inject for s in seqs])
-        return self.model.core_step(state, None, positions=pos[:, None], kv=kv, inject=inject)
+        with self._model_call("core", len(state)):
+            return self.model.core_step(state, None, positions=pos[:, None], kv=kv, inject=inject)
 
     def _read(self, seqs, kl: bool) -> None:
         """Coda + head for these rows (each writes its coda entry); sets s.logits (rows, 1, V) and,
         with kl, s.signals = readout_signals(p_now, p_prev) where a previous readout exists."""
         slots, pos = self._rows(seqs)
-        self._count("readout", len(pos))
         mask = GatherKV.causal_mask(pos)
         kv = [GatherKV(k, v, slots, pos, mask) for k, v in self.cache.coda_slabs()]
-        logits = self.model.readout(torch.cat([s.state for s in seqs]), pos[:, None], kv)
+        state = torch.cat([s.state for s in seqs])
+        with self._model_call("readout", len(pos)):
+            logits = self.model.readout(state, pos[:, None], kv)
         at = 0
         for s in seqs:
             s.dec.readouts += 1
@@ -413,10 +422,14 @@ class Pool:
         their next tokens."""
         slots, pos = self._rows(seqs)
         self.cache.exit_state[slots, pos] = torch.cat([s.state for s in seqs])[:, 0]
+        slots, pos = slots.cpu(), pos.cpu()
+        exits = torch.tensor([s.loop for s in seqs])
+        self.cache.exit_loop[slots, pos] = exits
+        for rule in {s.dec.rule for s in seqs}:  # every halted token of a rule at once
+            mine = torch.tensor([s.dec.rule is rule for s in seqs])
+            rule.finish_tokens(self.cache, slots[mine], pos[mine], exits[mine])
         finished = []
         for s in seqs:
-            s.dec.cache.exit_loop[:, s.pos] = s.loop
-            s.dec.rule.finish(s.dec.cache, s.pos, torch.tensor([[s.loop]]), s.loop)
             if s.emit(s.logits[0, 0], s.loop, self.steps):
                 del self.active[s.slot]
                 finished.append(s.finish())
@@ -430,7 +443,8 @@ class Pool:
 class ServeRun:
     """What `serve` returns: the completions in request order, the wall time of the run (prefills
     included), how many core steps mixed loop indices, and the pool's batched calls of each kind
-    with the tokens they carried (Pool.calls / Pool.call_rows)."""
+    with the tokens they carried and the seconds spent in them (Pool.calls / call_rows / call_s;
+    wall_s - model_s is the scheduler's time)."""
 
     completions: list[Completion]
     wall_s: float
@@ -438,6 +452,7 @@ class ServeRun:
     mixed_steps: int
     calls: dict = field(default_factory=dict)
     call_rows: dict = field(default_factory=dict)
+    call_s: dict = field(default_factory=dict)
 
     def __iter__(self):
         return iter(self.completions)
@@ -448,6 +463,12 @@ class ServeRun:
     @property
     def new_tokens(self) -> int:
         return sum(len(c.ids) for c in self.completions)
+
+    @property
+    def model_s(self) -> float:
+        """Seconds inside the batched prelude, core and readout calls (the "recompute" rule's fills
+        and the sampling are the scheduler's)."""
+        return sum(self.call_s.values())
 
     @property
     def tokens_per_s(self) -> float:
@@ -476,4 +497,4 @@ def serve(ckpt_or_model, requests, slots: int = 8, **pool_kwargs) -> ServeRun:
     wall = time.perf_counter() - t
     errors = iter(errors)
     return ServeRun([done[i] if i is not None else Completion(-1, error=next(errors)) for i in ids], wall,
-                    pool.steps, pool.mixed_steps, dict(pool.calls), dict(pool.call_rows))
+                    pool.steps, pool.mixed_steps, dict(pool.calls), dict(pool.call_rows), dict(pool.call_s))

@@ -183,6 +183,8 @@ def test_batched_calls_are_counted(ckpt, windows):
                 slots=2, max_loops=CAP)
     assert run.calls == {"prelude": 2 + 3, "core": 3 + 9, "readout": 1 + 3}
     assert run.call_rows == {"prelude": 10 + 6, "core": 30 + 18, "readout": 10 + 6}
+    assert set(run.call_s) == set(run.calls) and all(t > 0 for t in run.call_s.values())
+    assert run.model_s < run.wall_s  # the calls are timed inside the run, the scheduler's time besides
 
 
 def test_a_chunked_prompt_puts_at_most_a_chunk_of_rows_in_a_step(ckpt, windows):
@@ -207,12 +209,17 @@ def test_bench_serve_runs_on_tiny(tiny_ckpt, tmp_path):
     for row in result["pools"].values():
         for figure in ("tokens_per_s", "flop_proxy_speedup", "fraction_of_bound", "latency_p50_ms",
                        "latency_p95_ms", "realized_speedup_vs_a0_rbar", "realized_speedup_vs_best_uniform",
-                       "sequence_slowdown_p50", "sequence_slowdown_p95", "sequence_slowdown_max"):
+                       "sequence_slowdown_p50", "sequence_slowdown_p95", "sequence_slowdown_max",
+                       "model_call_speedup", "model_call_fraction_of_bound", "scheduler_share"):
             assert all(figure in r for r in row.values()), figure
+        a0 = next(iter(row.values()))  # A0@r_bar against itself
+        assert a0["model_call_speedup"] == a0["realized_speedup_vs_a0_rbar"] == 1.0
+        assert all(0 < r["scheduler_share"] < 1 for r in row.values())
     assert all(r["sequence_slowdown_max"] == 1.0 for r in result["pools"]["1"].values())  # pool 1 over itself
     assert result["calibration_metric"] == "loss" and result["sequence_slowdown_p95"] > 0
     for figure in ("tok/s", "FLOP-proxy", "realized", "p50", "p95", "best uniform", "run 2 of 2",
-                   "batched calls per new token", "ms per batched call", "the same request at pool 1"):
+                   "batched calls per new token", "ms per batched call", "the same request at pool 1",
+                   "where the time goes"):
         assert figure in out.stdout, figure
     assert result["repeats"] == 2 and set(result["call_ms"]["1"]) == {"prelude", "core", "readout"}
 

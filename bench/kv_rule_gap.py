@@ -86,6 +86,9 @@ def keys_at(ckpt, windows, policy, rule, cap, seed):
                   noise=row_noise(ckpt.model, range(len(ids)), seed))
     _, exits = dec.prefill(ids)
     T = ids.shape[1]
+    if rule == "latest":  # its entries of later loops are copied when first read: read them all
+        for loop in range(2, cap + 1):
+            dec.rule.before_loop(ckpt.model, dec.cache, loop, T)
     return dec.cache.core[0, ..., :T, :].clone(), exits, dec.cache.filled[:, :T].copy()
 
 

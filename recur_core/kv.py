@@ -82,8 +82,8 @@ class LoopKVCache:
     core (2, n_core, B, loops, Hkv, max_len, hd): entry (loop i, layer l) of position j is what
     layer l's attention at loop i reads for j. prelude / coda (2, n_layers, B, Hkv, max_len, hd).
     exit_state (B, max_len, d): the state each token halted with; inject (B, max_len, d): its
-    adapter input from the prelude (model.inject(e)); exit_loop (B, max_len); filled (B, max_len): how many loops of core entries
-    each position has (all `loops` of them after "latest" propagation). `row(b)` is a view of one
+    adapter input from the prelude (model.inject(e)); exit_loop (B, max_len); filled (B, max_len): how
+    many loops of core entries each position has (the KV rules fill the rest lazily, when read). `row(b)` is a view of one
     sequence (same storage), which is how the pool runs a prompt's prefill in its slot.
     """
 
@@ -128,31 +128,6 @@ class LoopKVCache:
         k, v = self.core[0, layer], self.core[1, layer]
         return k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:])
 
-    def propagate_latest(self, start: int, exits: Tensor) -> None:
-        """Copy the entry of each token's exit loop into every later loop. exits (B, P): exit loops of
-        positions start .. start + P - 1."""
-        B, P = exits.shape
-        core = self.core
-        if B == 1 and P == 1:
-            e = int(exits)
-            core[:, :, :, e:, :, start] = core[:, :, :, e - 1:e, :, start]
-            return
-        block = core[:, :, :, :, :, start:start + P]  # (2, L, B, R, Hkv, P, hd)
-        ex = exits.to(block.device).view(1, 1, B, 1, 1, P, 1)
-        idx = (ex - 1).expand(2, block.shape[1], B, 1, block.shape[4], P, block.shape[6])
-        latest = block.gather(3, idx)
-        later = torch.arange(self.loops, device=block.device).view(1, 1, 1, -1, 1, 1, 1) >= ex
-        block.copy_(torch.where(later, latest, block))
-
-    def propagate_latest_tokens(self, rows: Tensor, pos: Tensor, exits: Tensor) -> None:
-        """`propagate_latest` for N single tokens anywhere in the cache: position pos[n] of sequence
-        rows[n], halted at loop exits[n] (all (N,) on the CPU). A slice copy per token: the entries of
-        one position are strided across the slabs, and one gather + scatter over all N tokens
-        measured 4x slower than these copies (N = 14, demo-r8's cache)."""
-        core = self.core
-        for b, p, e in zip(rows.tolist(), pos.tolist(), exits.tolist()):
-            core[:, :, b, e:, :, p] = core[:, :, b, e - 1:e, :, p]
-
 
 # -- the KV rules --------------------------------------------------------------------------------------
 class KVRule:
@@ -192,20 +167,37 @@ class KVRule:
 
 
 class LatestRule(KVRule):
-    """Huginn's rule: j's entry of loop e_j (the latest it wrote), copied into every later loop when j
-    halts, so a later token reads loop i's slab with no gather. Free; the entry is one loop stale
-    (loop e_j's keys come from the state entering that loop, s_{e_j - 1})."""
+    """Huginn's rule: j's entry of loop e_j (the latest it wrote). The entry is one loop stale (loop
+    e_j's keys come from the state entering that loop, s_{e_j - 1}).
+
+    A later token reads loop i's slab as it is, so j's entry must sit in every slab i > e_j that
+    is read. It is copied there lazily, like "recompute"'s fill: before a token runs loop i, the past
+    positions that lack loop i get loop i - 1's entry (which is e_j's, by induction). Only loops
+    that a later token reaches are copied: copying each halted token into every loop up to the cap
+    cost the pool a strided copy per token (~5% of demo-r8's pool-32 wall time, 32 loops of cache)."""
 
     name = "latest"
     keeps_exit_entry = True
 
+    def before_loop(self, model, cache, loop, upto):
+        filled = cache.filled[:, :upto]  # per row: lockstep rows halt at their own loops
+        rows, missing = np.nonzero(filled < loop)
+        if missing.size == 0:
+            return
+        if (filled[rows, missing] < loop - 1).any():
+            raise RuntimeError("latest fill out of order")  # loops are always filled in order
+        b, pos = torch.from_numpy(rows), torch.from_numpy(missing)
+        core = cache.core  # (2, n_core, B, loops, Hkv, max_len, hd)
+        core[:, :, b, loop - 1, :, pos] = core[:, :, b, loop - 2, :, pos]
+        cache.filled[rows, missing] = loop
+
     def finish(self, cache, start, exits, loops_run):
-        cache.propagate_latest(start, exits)
-        cache.filled[:, start:start + exits.shape[1]] = cache.loops
+        # loops after a row's exit hold what its frozen state wrote (lockstep decoding) or copies
+        # (prefill): either way they are refilled from the exit loop's entry when read
+        cache.filled[:, start:start + exits.shape[1]] = exits.cpu().numpy()
 
     def finish_tokens(self, cache, rows, pos, exits):
-        cache.propagate_latest_tokens(rows, pos, exits)
-        cache.filled[rows.numpy(), pos.numpy()] = cache.loops
+        cache.filled[rows.numpy(), pos.numpy()] = exits.numpy()
 
 
 class RecomputeRule(KVRule):

@@ -138,6 +138,9 @@ class KVRule:
     prefill_keep(cache, loop, halted)  in a parallel prefill, per core layer the `keep` argument of
                                         SlabKV for loop `loop` (None: halted tokens write as usual).
     before_loop(model, cache, loop, upto)  before positions >= upto run loop `loop` (token by token).
+    before_loops(model, cache, rows, loops, uptos)  the same for many sequences of one cache at once
+                                        (the pool's step): sequence rows[n] is about to run loop
+                                        loops[n] at positions >= uptos[n] (numpy arrays).
     finish(cache, start, exits, loops_run)  positions start.. have halted with exits (B, P) after
                                         the rows ran loops_run loops.
     finish_tokens(cache, rows, pos, exits)  N single tokens (position pos[n] of sequence rows[n], all
@@ -155,6 +158,10 @@ class KVRule:
 
     def before_loop(self, model, cache: LoopKVCache, loop: int, upto: int) -> None:
         pass
+
+    def before_loops(self, model, cache: LoopKVCache, rows, loops, uptos) -> None:
+        for b, loop, upto in zip(rows.tolist(), loops.tolist(), uptos.tolist()):
+            self.before_loop(model, cache.row(b), loop, upto)
 
     def finish(self, cache: LoopKVCache, start: int, exits: Tensor, loops_run: int) -> None:
         raise NotImplementedError
@@ -180,16 +187,22 @@ class LatestRule(KVRule):
     keeps_exit_entry = True
 
     def before_loop(self, model, cache, loop, upto):
-        filled = cache.filled[:, :upto]  # per row: lockstep rows halt at their own loops
-        rows, missing = np.nonzero(filled < loop)
-        if missing.size == 0:
+        B = cache.filled.shape[0]  # every row: lockstep rows halt at their own loops
+        self.before_loops(model, cache, np.arange(B), np.full(B, loop), np.full(B, upto))
+
+    def before_loops(self, model, cache, rows, loops, uptos):
+        filled = cache.filled[rows]
+        need = (filled < loops[:, None]) & (np.arange(filled.shape[1]) < uptos[:, None])
+        at, pos = np.nonzero(need)
+        if pos.size == 0:
             return
-        if (filled[rows, missing] < loop - 1).any():
+        b, loop = rows[at], loops[at]
+        if (cache.filled[b, pos] < loop - 1).any():
             raise RuntimeError("latest fill out of order")  # loops are always filled in order
-        b, pos = torch.from_numpy(rows), torch.from_numpy(missing)
+        ti = lambda a: torch.from_numpy(a).to(cache.core.device)  # noqa: E731
         core = cache.core  # (2, n_core, B, loops, Hkv, max_len, hd)
-        core[:, :, b, loop - 1, :, pos] = core[:, :, b, loop - 2, :, pos]
-        cache.filled[rows, missing] = loop
+        core[:, :, ti(b), ti(loop - 1), :, ti(pos)] = core[:, :, ti(b), ti(loop - 2), :, ti(pos)]
+        cache.filled[b, pos] = loop
 
     def finish(self, cache, start, exits, loops_run):
         # loops after a row's exit hold what its frozen state wrote (lockstep decoding) or copies

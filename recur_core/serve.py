@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from itertools import groupby
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -253,8 +254,10 @@ class Pool:
 
     def _loop(self, seqs) -> tuple[Tensor, Tensor]:
         """One core loop for every row; returns the states (N, 1, d) before and after it."""
-        for s in seqs:  # "recompute": this sequence's missing entries of the loop it is about to run
-            s.dec.rule.before_loop(self.model, s.dec.cache, s.loop + 1, s.pos)
+        for rule in {s.dec.rule for s in seqs}:  # each sequence's missing entries of the loop it is about to run
+            mine = [s for s in seqs if s.dec.rule is rule]
+            rule.before_loops(self.model, self.cache, np.array([s.slot for s in mine]),
+                              np.array([s.loop + 1 for s in mine]), np.array([s.pos for s in mine]))
         old = torch.cat([s.state for s in seqs])
         new = self._core(seqs, old)
         at = 0

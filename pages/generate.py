@@ -88,12 +88,7 @@ if not pool_mode and st.button("Generate", type="primary"):
     with st.spinner(f"Timing it against uniform depth r̄ = {m.r_bar} …"), decoding.one_thread():
         gen = generate(ckpt, prompt_ids, n_new, policy, kv_rule=kv_rule, **run)
         base = generate(ckpt, prompt_ids, n_new, Uniform(m.r_bar), **run)
-    c = st.columns(3)
-    c[0].metric(f"{label} tokens/s", f"{gen.tokens_per_s:.1f}",
-                f"{gen.tokens_per_s / base.tokens_per_s:.2f}× uniform", delta_color="off")
-    c[1].metric(f"Uniform r̄ = {m.r_bar} tokens/s", f"{base.tokens_per_s:.1f}")
-    c[2].metric("Mean loops per new token", f"{gen.mean_loops:.2f}", f"{gen.mean_loops - m.r_bar:+.2f} vs r̄",
-                delta_color="inverse")
+    decoding.speed_metrics(label, f"Uniform r̄ = {m.r_bar}", gen, base, m.r_bar)
     st.caption(f"Decode {gen.decode_s:.2f} s for {gen.decode_steps} steps (prompt prefill {1e3 * gen.prefill_s:.0f} ms, "
                f"{gen.readouts} coda + head passes); uniform {base.decode_s:.2f} s. One short run each on a "
                f"shared machine: `bench/bench_decode.py` measures this properly.")
@@ -117,12 +112,7 @@ if pool_mode and st.button("Run the pool", type="primary"):
         st.markdown(f"**{text}**")
         st.html(decoding.strip(token_pieces(tok, c.prompt_ids, c.ids), c.exit_loops, policy.cap(m.r_max),
                                repr(policy)))
-    cols = st.columns(3)
-    cols[0].metric(f"{label}, pool of {slots}: tokens/s", f"{run.tokens_per_s:.1f}",
-                   f"{run.tokens_per_s / base.tokens_per_s:.2f}× uniform", delta_color="off")
-    cols[1].metric(f"Uniform r̄ = {m.r_bar}, same pool: tokens/s", f"{base.tokens_per_s:.1f}")
-    cols[2].metric("Mean loops per new token", f"{run.mean_loops:.2f}", f"{run.mean_loops - m.r_bar:+.2f} vs r̄",
-                   delta_color="inverse")
+    decoding.speed_metrics(f"{label}, pool of {slots}:", f"Uniform r̄ = {m.r_bar}, same pool:", run, base, m.r_bar)
     st.caption(f"{run.steps} pool steps, {run.mixed_steps} of them batched tokens at different loops; "
                f"{run.wall_s:.2f} s against {base.wall_s:.2f} s for uniform depth (prefills included). One run each "
                "on a shared machine: `bench/bench_serve.py` measures this properly.")

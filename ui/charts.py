@@ -155,11 +155,7 @@ def depth_loss(curves: dict[str, list[dict]], highlight: dict | None, reference:
         fig.add_trace(go.Scatter(x=[min(xs), max(xs)], y=[loss, loss], mode="lines", name=f"A0 loss at r̄ = {r_bar}",
                                  line=dict(color="#999", dash="dot", width=1), hoverinfo="skip"))
     if highlight is not None:
-        fig.add_trace(go.Scatter(
-            x=[highlight["mean_loops"]], y=[highlight["loss"]], mode="markers",
-            name=f"current {fmt_threshold(highlight['threshold_name'], highlight['threshold'])}",
-            marker=dict(size=18, symbol="circle-open", color="#d62728", line=dict(width=3)),
-            hovertemplate="mean loops %{x:.2f}<br>loss %{y:.4f}<extra>current ε</extra>"))
+        fig.add_trace(current_marker(highlight, highlight["loss"], "loss %{y:.4f}"))
     fig.update_xaxes(title=LOOPS_AXIS)
     fig.update_yaxes(title=LOSS_AXIS)
     if not bands:
@@ -167,6 +163,14 @@ def depth_loss(curves: dict[str, list[dict]], highlight: dict | None, reference:
         pad = 0.08 * (max(ys) - min(ys) or 1e-3)
         fig.update_yaxes(range=[min(ys) - pad, max(ys) + pad])
     return base_layout(fig, title, height=470)
+
+
+def current_marker(highlight: dict, y: float, hover_y: str) -> go.Scatter:
+    """The open red circle at the current threshold's point (x: its mean loops)."""
+    return go.Scatter(x=[highlight["mean_loops"]], y=[y], mode="markers",
+                      name=f"current {fmt_threshold(highlight['threshold_name'], highlight['threshold'])}",
+                      marker=dict(size=18, symbol="circle-open", color="#d62728", line=dict(width=3)),
+                      hovertemplate=f"mean loops %{{x:.2f}}<br>{hover_y}<extra>current ε</extra>")
 
 
 def difference_curves(diffs: dict[str, dict], highlight: dict | None, title: str) -> go.Figure:
@@ -190,11 +194,7 @@ def difference_curves(diffs: dict[str, dict], highlight: dict | None, title: str
             hovertemplate=("%{customdata[0]}<br>mean loops %{x:.2f}<br>− A0: %{y:+.4f} "
                            "[%{customdata[1]:+.4f}, %{customdata[2]:+.4f}]<extra>" + name + "</extra>")))
     if highlight is not None:
-        fig.add_trace(go.Scatter(
-            x=[highlight["mean_loops"]], y=[highlight["diff"]], mode="markers",
-            name=f"current {fmt_threshold(highlight['threshold_name'], highlight['threshold'])}",
-            marker=dict(size=18, symbol="circle-open", color="#d62728", line=dict(width=3)),
-            hovertemplate="mean loops %{x:.2f}<br>− A0: %{y:+.4f}<extra>current ε</extra>"))
+        fig.add_trace(current_marker(highlight, highlight["diff"], "− A0: %{y:+.4f}"))
     fig.update_xaxes(title=LOOPS_AXIS)
     fig.update_yaxes(title=DIFF_AXIS, zeroline=True)
     return base_layout(fig, title, height=470)

@@ -83,8 +83,9 @@ class LoopKVCache:
     layer l's attention at loop i reads for j. prelude / coda (2, n_layers, B, Hkv, max_len, hd).
     exit_state (B, max_len, d): the state each token halted with; inject (B, max_len, d): its
     adapter input from the prelude (model.inject(e)); exit_loop (B, max_len); filled (B, max_len): how
-    many loops of core entries each position has (the KV rules fill the rest lazily, when read). `row(b)` is a view of one
-    sequence (same storage), which is how the pool runs a prompt's prefill in its slot.
+    many loops of core entries each position has (the KV rules fill the rest lazily, when read).
+    `row(b)` is a view of one sequence (same storage), which is how the pool runs a prompt's prefill
+    in its slot.
     """
 
     def __init__(self, cfg, batch: int, loops: int, max_len: int, device, dtype):
@@ -199,10 +200,10 @@ class LatestRule(KVRule):
         b, loop = rows[at], loops[at]
         if (cache.filled[b, pos] < loop - 1).any():
             raise RuntimeError("latest fill out of order")  # loops are always filled in order
-        ti = lambda a: torch.from_numpy(a).to(cache.core.device)  # noqa: E731
-        core = cache.core  # (2, n_core, B, loops, Hkv, max_len, hd)
-        core[:, :, ti(b), ti(loop - 1), :, ti(pos)] = core[:, :, ti(b), ti(loop - 2), :, ti(pos)]
         cache.filled[b, pos] = loop
+        core = cache.core  # (2, n_core, B, loops, Hkv, max_len, hd)
+        b, pos, loop = (torch.from_numpy(a).to(core.device) for a in (b, pos, loop))
+        core[:, :, b, loop - 1, :, pos] = core[:, :, b, loop - 2, :, pos]
 
     def finish(self, cache, start, exits, loops_run):
         # loops after a row's exit hold what its frozen state wrote (lockstep decoding) or copies

@@ -10,7 +10,9 @@ For one checkpoint:
      new tokens each, greedy) through pools of each size in --pools, once per configuration, the
      configurations in an order rotated per pool, --repeats times (interleaved); each figure comes
      from the run with the median wall time (the faster of two). tokens/s = new tokens / wall time of the whole run
-     (prefills included).
+     (prefills included). With --repeats > 1 the ratios are also given paired: the median over
+     repetitions of the ratio within one repetition (`*_paired`), since runs moments apart share
+     the machine's state and this machine's throughput drifts by 10-20% between runs.
   3. The FLOP proxy of the same runs (bench_decode's CostModel: prelude, core loops, coda, head and
      exit checks with the actual exits, readouts and context lengths; a prompt's prefill counted as
      every prompt token running to the prompt's deepest exit). flop_proxy_speedup = cost(A0@r_bar)
@@ -261,6 +263,11 @@ def sequence_slowdowns(pools: dict, runs_by_pool: dict, name: str) -> None:
                                   sequence_slowdown_max=float(ratio.max()))
 
 
+def paired_ratio(trials: dict, name: str, base: str) -> float:
+    """Median over repetitions of name's tokens/s over base's in the same repetition."""
+    return float(np.median([a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(trials[name], trials[base])]))
+
+
 def run_pools(ckpt, prompts, cal: Calibration, args, cap, cost) -> dict:
     """{slots: {config name: figures}} over every pool size, configurations interleaved."""
     names = list(cal.configs)
@@ -293,6 +300,9 @@ def run_pools(ckpt, prompts, cal: Calibration, args, cap, cost) -> dict:
                 model_call_speedup=in_calls, model_call_fraction_of_bound=in_calls / proxy,
                 scheduler_share=r["scheduler_share"],
                 realized_speedup_vs_best_uniform=r["tokens_per_s"] / runs[u_name]["tokens_per_s"],
+                realized_speedup_vs_a0_rbar_paired=paired_ratio(trials, name, a0_name),
+                fraction_of_bound_paired=paired_ratio(trials, name, a0_name) / proxy,
+                realized_speedup_vs_best_uniform_paired=paired_ratio(trials, name, u_name),
                 flop_proxy_speedup_vs_best_uniform=runs[u_name]["cost"] / r["cost"],
                 latency_p50_ms=r["latency_p50_ms"], latency_p95_ms=r["latency_p95_ms"],
                 mixed_step_fraction=r["mixed_step_fraction"], calls_per_token=r["calls_per_token"],
@@ -323,6 +333,11 @@ def report(pools: dict, cal: Calibration) -> None:
         for name, r in table.items():
             log(f"{name:50s} {r['scheduler_share']:15.3f} {r['model_call_speedup']:12.3f} "
                 f"{r['model_call_fraction_of_bound']:16.3f}")
+        log(f"{'paired over repetitions (median of same-run ratios)':50s} {'realized x':>12s} {'realized/bound':>14s} "
+            f"{'vs best uniform':>15s}")
+        for name, r in table.items():
+            log(f"{name:50s} {r['realized_speedup_vs_a0_rbar_paired']:12.3f} {r['fraction_of_bound_paired']:14.3f} "
+                f"{r['realized_speedup_vs_best_uniform_paired']:15.3f}")
         if slots != 1 and "sequence_slowdown_p50" in next(iter(table.values())):
             log(f"{'per-sequence decode time / the same request at pool 1':50s} {'p50':>7s} {'p95':>7s} {'max':>7s}")
             for name, r in table.items():
@@ -371,7 +386,9 @@ def main(argv=None):
                loop_cap=cap, r_bar=r_bar, calibration_metric=cal.metric, target=cal.target,
                best_uniform_depth=cal.best_uniform,
                **{k: h.get(k) for k in ("realized_speedup_vs_a0_rbar", "realized_speedup_vs_best_uniform",
-                                        "flop_proxy_speedup", "fraction_of_bound", "model_call_speedup",
+                                        "flop_proxy_speedup", "fraction_of_bound", "realized_speedup_vs_a0_rbar_paired",
+                                        "fraction_of_bound_paired", "realized_speedup_vs_best_uniform_paired",
+                                        "model_call_speedup",
                                         "model_call_fraction_of_bound", "scheduler_share", "latency_p50_ms", "latency_p95_ms",
                                         "sequence_slowdown_p50", "sequence_slowdown_p95", "sequence_slowdown_max")},
                pools={str(k): v for k, v in pools.items()}, call_ms={str(k): v for k, v in times.items()})

@@ -210,16 +210,18 @@ def test_bench_serve_runs_on_tiny(tiny_ckpt, tmp_path):
         for figure in ("tokens_per_s", "flop_proxy_speedup", "fraction_of_bound", "latency_p50_ms",
                        "latency_p95_ms", "realized_speedup_vs_a0_rbar", "realized_speedup_vs_best_uniform",
                        "sequence_slowdown_p50", "sequence_slowdown_p95", "sequence_slowdown_max",
-                       "model_call_speedup", "model_call_fraction_of_bound", "scheduler_share"):
+                       "model_call_speedup", "model_call_fraction_of_bound", "scheduler_share",
+                       "realized_speedup_vs_a0_rbar_paired", "fraction_of_bound_paired",
+                       "realized_speedup_vs_best_uniform_paired"):
             assert all(figure in r for r in row.values()), figure
         a0 = next(iter(row.values()))  # A0@r_bar against itself
-        assert a0["model_call_speedup"] == a0["realized_speedup_vs_a0_rbar"] == 1.0
+        assert a0["model_call_speedup"] == a0["realized_speedup_vs_a0_rbar"] == a0["fraction_of_bound_paired"] == 1.0
         assert all(0 < r["scheduler_share"] < 1 for r in row.values())
     assert all(r["sequence_slowdown_max"] == 1.0 for r in result["pools"]["1"].values())  # pool 1 over itself
     assert result["calibration_metric"] == "loss" and result["sequence_slowdown_p95"] > 0
     for figure in ("tok/s", "FLOP-proxy", "realized", "p50", "p95", "best uniform", "run 2 of 2",
                    "batched calls per new token", "ms per batched call", "the same request at pool 1",
-                   "where the time goes"):
+                   "where the time goes", "paired over repetitions"):
         assert figure in out.stdout, figure
     assert result["repeats"] == 2 and set(result["call_ms"]["1"]) == {"prelude", "core", "readout"}
 

@@ -293,6 +293,7 @@ def run_pools(ckpt, prompts, cal: Calibration, args, cap, cost) -> dict:
             realized = r["tokens_per_s"] / runs[a0_name]["tokens_per_s"]
             proxy = runs[a0_name]["cost"] / r["cost"]
             in_calls = r["model_tokens_per_s"] / runs[a0_name]["model_tokens_per_s"]
+            paired = paired_ratio(trials, name, a0_name)
             table[name] = dict(
                 tf_score=tf.score, tf_mean_loops=tf.mean_loops, matched=matched,
                 tokens_per_s=r["tokens_per_s"], wall_s=r["wall_s"], mean_loops=r["mean_loops"],
@@ -300,8 +301,7 @@ def run_pools(ckpt, prompts, cal: Calibration, args, cap, cost) -> dict:
                 model_call_speedup=in_calls, model_call_fraction_of_bound=in_calls / proxy,
                 scheduler_share=r["scheduler_share"],
                 realized_speedup_vs_best_uniform=r["tokens_per_s"] / runs[u_name]["tokens_per_s"],
-                realized_speedup_vs_a0_rbar_paired=paired_ratio(trials, name, a0_name),
-                fraction_of_bound_paired=paired_ratio(trials, name, a0_name) / proxy,
+                realized_speedup_vs_a0_rbar_paired=paired, fraction_of_bound_paired=paired / proxy,
                 realized_speedup_vs_best_uniform_paired=paired_ratio(trials, name, u_name),
                 flop_proxy_speedup_vs_best_uniform=runs[u_name]["cost"] / r["cost"],
                 latency_p50_ms=r["latency_p50_ms"], latency_p95_ms=r["latency_p95_ms"],

@@ -168,7 +168,7 @@ class KVRule:
         raise NotImplementedError
 
     def finish_tokens(self, cache: LoopKVCache, rows: Tensor, pos: Tensor, exits: Tensor) -> None:
-        raise NotImplementedError
+        cache.filled[rows.numpy(), pos.numpy()] = exits.numpy()  # a decoded token ran exactly its exit loops
 
     def __repr__(self) -> str:
         return repr(self.name)
@@ -210,9 +210,6 @@ class LatestRule(KVRule):
         # (prefill): either way they are refilled from the exit loop's entry when read
         cache.filled[:, start:start + exits.shape[1]] = exits.cpu().numpy()
 
-    def finish_tokens(self, cache, rows, pos, exits):
-        cache.filled[rows.numpy(), pos.numpy()] = exits.numpy()
-
 
 class RecomputeRule(KVRule):
     """The masking harness's rule: the entry j would write at loop i with its state frozen (the core
@@ -235,9 +232,6 @@ class RecomputeRule(KVRule):
 
     def finish(self, cache, start, exits, loops_run):
         cache.filled[:, start:start + exits.shape[1]] = loops_run
-
-    def finish_tokens(self, cache, rows, pos, exits):
-        cache.filled[rows.numpy(), pos.numpy()] = exits.numpy()
 
 
 KV_RULES = {rule.name: rule for rule in (LatestRule(), RecomputeRule())}

@@ -254,8 +254,7 @@ class Pool:
 
     def _loop(self, seqs) -> tuple[Tensor, Tensor]:
         """One core loop for every row; returns the states (N, 1, d) before and after it."""
-        for rule in {s.dec.rule for s in seqs}:  # each sequence's missing entries of the loop it is about to run
-            mine = [s for s in seqs if s.dec.rule is rule]
+        for rule, mine in self._by_rule(seqs):  # each sequence's missing entries of the loop it is about to run
             rule.before_loops(self.model, self.cache, np.array([s.slot for s in mine]),
                               np.array([s.loop + 1 for s in mine]), np.array([s.pos for s in mine]))
         old = torch.cat([s.state for s in seqs])
@@ -370,6 +369,14 @@ class Pool:
                 s.logp_prev = logp
 
     @staticmethod
+    def _by_rule(seqs) -> list[tuple]:
+        """(KV rule, its sequences) for each rule among seqs, in order of first appearance."""
+        groups: dict = {}
+        for s in seqs:
+            groups.setdefault(s.dec.rule, []).append(s)
+        return list(groups.items())
+
+    @staticmethod
     def _halt_group(s: _Sequence) -> tuple:
         """Sequences whose rows one policy call decides together: same policy object, cap, check
         period and loop."""
@@ -425,12 +432,10 @@ class Pool:
         their next tokens."""
         slots, pos = self._rows(seqs)
         self.cache.exit_state[slots, pos] = torch.cat([s.state for s in seqs])[:, 0]
-        slots, pos = slots.cpu(), pos.cpu()
-        exits = torch.tensor([s.loop for s in seqs])
-        self.cache.exit_loop[slots, pos] = exits
-        for rule in {s.dec.rule for s in seqs}:  # every halted token of a rule at once
-            mine = torch.tensor([s.dec.rule is rule for s in seqs])
-            rule.finish_tokens(self.cache, slots[mine], pos[mine], exits[mine])
+        self.cache.exit_loop[slots.cpu(), pos.cpu()] = torch.tensor([s.loop for s in seqs])
+        for rule, mine in self._by_rule(seqs):  # every halted token of a rule at once
+            rule.finish_tokens(self.cache, torch.tensor([s.slot for s in mine]), torch.tensor([s.pos for s in mine]),
+                               torch.tensor([s.loop for s in mine]))
         finished = []
         for s in seqs:
             if s.emit(s.logits[0, 0], s.loop, self.steps):

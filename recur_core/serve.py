@@ -133,9 +133,14 @@ class _Sequence:
     def n_rows(self) -> int:
         return len(self.positions)  # a range or list: its rows' positions
 
-    def emit(self, logits: Tensor, exit_loop: int, step: int) -> bool:
-        """Sample the next token from logits (V,) at pool step `step`; True when the sequence is finished."""
-        token = sample_next(logits, self.sampler, **self.sample)
+    @property
+    def greedy(self) -> bool:
+        return self.req.greedy or self.req.temperature <= 0
+
+    def emit(self, logits: Tensor, exit_loop: int, step: int, token: int | None = None) -> bool:
+        """Sample the next token from logits (V,) at pool step `step` (token: its argmax, when the
+        caller took it already); True when the sequence is finished."""
+        token = sample_next(logits, self.sampler, **self.sample) if token is None else token
         if self.out.ids:
             self.out.step_readouts.append(self.dec.readouts - self.readouts_before)
         else:
@@ -325,9 +330,9 @@ class Pool:
         kv = [GatherKV(k, v, slots, pos, mask) for k, v in self.cache.prelude_slabs()]
         with self._model_call("prelude", len(seqs)):
             inject = self.model.inject(self.model.prelude(ids, pos[:, None], kv))
+        self.cache.inject[slots, pos] = inject[:, 0]
         for i, s in enumerate(seqs):
             s.inject = inject[i:i + 1]
-            s.dec.cache.inject[:, s.pos] = inject[i]
             s.state = s.dec.noise[:, s.pos:s.pos + 1]
             s.logp_prev = None
 
@@ -436,9 +441,11 @@ class Pool:
         for rule, mine in self._by_rule(seqs):  # every halted token of a rule at once
             rule.finish_tokens(self.cache, torch.tensor([s.slot for s in mine]), torch.tensor([s.pos for s in mine]),
                                torch.tensor([s.loop for s in mine]))
+        greedy = [s for s in seqs if s.greedy]  # one argmax for all of them
+        argmax = dict(zip(map(id, greedy), torch.cat([s.logits[0] for s in greedy]).argmax(-1).tolist())) if greedy else {}
         finished = []
         for s in seqs:
-            if s.emit(s.logits[0, 0], s.loop, self.steps):
+            if s.emit(s.logits[0, 0], s.loop, self.steps, argmax.get(id(s))):
                 del self.active[s.slot]
                 finished.append(s.finish())
             else:

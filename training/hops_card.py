@@ -140,8 +140,9 @@ numbers as the `ground_truth` section of `python -m recur_core.analyze`.
 
 ## Exit policies against the hop counts (fast path, each at its operating point)
 
-Operating point: the cheapest threshold whose answer accuracy is within 1 point of A0 at r̄
-({100 * gt['target_accuracy']:.1f}%); best uniform: the smallest uniform depth reaching that accuracy
+Operating point: the cheapest threshold whose answer accuracy is within {100 * gt['tolerance']:.0f} point of A0 at r̄
+(at least {100 * gt['target_accuracy']:.1f}%: A0@{gt['r_bar']} is at {100 * gt['uniform']['answer_accuracy'][gt['r_bar'] - 1]:.1f}%);
+best uniform: the smallest uniform depth reaching that accuracy
 (**{gt['best_uniform_depth']}** loops). Mean loops are over every program token (answers are a few
 percent of them); Spearman is over answer tokens, with a 95% bootstrap CI over programs.
 

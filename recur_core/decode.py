@@ -296,12 +296,17 @@ class Decoder:
 
 
 # -- sampling ----------------------------------------------------------------------------------------
+def takes_argmax(greedy: bool, temperature: float) -> bool:
+    """Whether sampling with these settings is the argmax (greedy, or temperature 0)."""
+    return greedy or temperature <= 0
+
+
 def sample_next(logits: Tensor, generator: torch.Generator | None, *, greedy: bool = False,
                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> int:
     """One token id from logits (V,): greedy (or temperature 0) takes the argmax; otherwise
     softmax(logits / temperature) restricted to the top_k ids and to the smallest set whose
     probability reaches top_p, sampled with `generator`."""
-    if greedy or temperature <= 0:
+    if takes_argmax(greedy, temperature):
         return int(logits.argmax())
     logits = logits.float() / temperature
     if 0 < top_k < logits.numel():

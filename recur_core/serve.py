@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from .decode import (Decoder, HaltSchedule, check_chunk, check_lengths, default_max_loops, encode_prompt,
-                     readout_signals, resolve, row_noise, sample_next)
+                     readout_signals, resolve, row_noise, sample_next, takes_argmax)
 from .kv import GatherKV, LoopKVCache, kv_rule
 from .policies import Uniform
 from .trace import cosine_change, relative_change
@@ -135,7 +135,7 @@ class _Sequence:
 
     @property
     def greedy(self) -> bool:
-        return self.req.greedy or self.req.temperature <= 0
+        return takes_argmax(self.req.greedy, self.req.temperature)
 
     def emit(self, logits: Tensor, exit_loop: int, step: int, token: int | None = None) -> bool:
         """Sample the next token from logits (V,) at pool step `step` (token: its argmax, when the
@@ -441,11 +441,11 @@ class Pool:
         for rule, mine in self._by_rule(seqs):  # every halted token of a rule at once
             rule.finish_tokens(self.cache, torch.tensor([s.slot for s in mine]), torch.tensor([s.pos for s in mine]),
                                torch.tensor([s.loop for s in mine]))
-        greedy = [s for s in seqs if s.greedy]  # one argmax for all of them
-        argmax = dict(zip(map(id, greedy), torch.cat([s.logits[0] for s in greedy]).argmax(-1).tolist())) if greedy else {}
+        greedy = [i for i, s in enumerate(seqs) if s.greedy]  # one argmax for all of them
+        argmax = dict(zip(greedy, torch.cat([seqs[i].logits[0] for i in greedy]).argmax(-1).tolist())) if greedy else {}
         finished = []
-        for s in seqs:
-            if s.emit(s.logits[0, 0], s.loop, self.steps, argmax.get(id(s))):
+        for i, s in enumerate(seqs):
+            if s.emit(s.logits[0, 0], s.loop, self.steps, argmax.get(i)):
                 del self.active[s.slot]
                 finished.append(s.finish())
             else:

@@ -67,7 +67,7 @@ def speed_metrics(label: str, uniform_label: str, run, base, r_bar: int) -> None
     """Three metrics side by side: the policy's tokens/s (and its ratio to uniform depth), uniform
     depth r_bar's tokens/s, and the policy's mean loops per new token against r_bar."""
     c = st.columns(3)
-    c[0].metric(f"{label} tokens/s", f"{run.tokens_per_s:.1f}", f"{run.tokens_per_s / base.tokens_per_s:.2f}× uniform",
+    c[0].metric(f"{label} tokens/s", f"{run.tokens_per_s:.1f}", f"{run.tokens_per_s / base.tokens_per_s:.2f}× uniform r̄",
                 delta_color="off")
     c[1].metric(f"{uniform_label} tokens/s", f"{base.tokens_per_s:.1f}")
     c[2].metric("Mean loops per new token", f"{run.mean_loops:.2f}", f"{run.mean_loops - r_bar:+.2f} vs r̄",

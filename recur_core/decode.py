@@ -122,6 +122,10 @@ class HaltSchedule:
         self.min_loops = getattr(policy, "min_loops", 1)
         self.needs_readout = bool(getattr(policy, "needs_readout", False))
         self.first_readout = max(0, self.min_loops - check_every) if self.needs_readout else None
+        # one `halt_at` call can decide tokens at different loops: the policy takes a tensor of
+        # loops, is consulted every loop and needs no readout
+        self.per_token_loops = bool(getattr(policy, "per_token_loops", False)) and check_every == 1 \
+            and not self.needs_readout
 
     def is_check(self, loop: int) -> bool:
         return loop >= self.min_loops and (loop - self.min_loops) % self.every == 0
@@ -142,6 +146,12 @@ class HaltSchedule:
         cosine = cosine_change(new, old) if cosine is None else cosine
         return self.policy.halt(loop, LoopSignals(state=new, state_change=change, cosine_change=cosine,
                                                   **(readout or {})))
+
+    def halt_at(self, loops: Tensor, new: Tensor, change: Tensor, cosine: Tensor) -> Tensor:
+        """The halt decision of tokens each after its own loop (loops: LongTensor (B, T)), in one
+        policy call (the pool's step; requires per_token_loops)."""
+        stop = self.policy.halt(loops, LoopSignals(state=new, state_change=change, cosine_change=cosine))
+        return stop | (loops >= self.cap)
 
 
 def readout_signals(logp: Tensor, logp_prev: Tensor) -> dict:

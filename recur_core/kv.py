@@ -2,16 +2,19 @@
 KV rules (what a later loop reads for a token that has already halted). docs/DECODING.md explains
 the design.
 
-A view is what `model.Attention.forward(..., kv=view)` takes: `update(k, v)` writes this call's keys
-and values into the cache and returns (keys, values, mask) for the queries to attend to.
+A view is what `model.Attention.forward(..., kv=view)` takes: `attention(q, k, v, sdpa)` writes this
+call's keys and values into the cache and returns the queries' attention outputs over what the
+cache holds (sdpa: the model's scaled-dot-product attention).
 
   SlabKV    rows in lockstep (the batch-1 decoder, teacher-forced windows, a prompt's prefill):
             all rows at the same positions and loop, one slab (B, Hkv, max_len, hd) per layer.
   GatherKV  the pool's ragged step: every row is one token of its own sequence, at its own position
             and loop; each row's keys are gathered from its own (sequence, loop) slab and masked at
-            its position.
+            its position, in chunks of rows at adjacent positions (KeyChunks).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -30,7 +33,11 @@ class SlabKV:
     def __init__(self, k: Tensor, v: Tensor, pos, keep=None):
         self.k, self.v, self.pos, self.keep = k, v, pos, keep
 
-    def update(self, k: Tensor, v: Tensor):
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, sdpa) -> Tensor:
+        return sdpa(q, *self._store(k, v))
+
+    def _store(self, k: Tensor, v: Tensor):
+        """Write this call's entries; (keys, values, mask) the queries attend to."""
         kc, vc, pos = self.k, self.v, self.pos
         if isinstance(pos, int):
             kc[:, :, pos] = k[:, :, 0]
@@ -47,32 +54,85 @@ class SlabKV:
         return kc[:, :, :n_keys], vc[:, :, :n_keys], mask
 
 
+# Bytes of gathered keys + values one attention call of a pool step may read (CPU): a chunk of rows
+# whose gathered slabs fit in a core's L2 cache is attended while the copy is still there. One
+# gather of a whole step (a few MB at demo-r8's width) went to memory and back, and its attention
+# read it from memory again: 1.2-3x slower than 1 MiB chunks, cache cold (docs/BENCHMARKS.md).
+CPU_CHUNK_BYTES = 1 << 20
+
+
+@dataclass
+class KeyChunks:
+    """How a ragged step's rows gather their keys and attend, shared by the layers of the step: the
+    rows, permuted by `order` (None: as they are; `inverse` undoes it), are cut into consecutive
+    chunks of `sizes`; chunk c gathers slabs `slabs[c]` up to `n_keys[c]` positions, masked by
+    `masks[c]` (M, 1, 1, n_keys) keys <= each row's position (None: every row sits at the last key)."""
+
+    order: Tensor | None
+    inverse: Tensor | None
+    sizes: list[int]
+    slabs: tuple[Tensor, ...]
+    n_keys: list[int]
+    masks: list[Tensor | None]
+
+
+def key_chunks(slabs: np.ndarray, pos: np.ndarray, bytes_per_key: int, device) -> KeyChunks:
+    """Plan a ragged step (row n: slab slabs[n], position pos[n]; numpy, built on the host, since
+    a plan is a dozen tiny arrays): rows sorted by position, in chunks that each gather keys only
+    up to their own longest context and, on a CPU, at most CPU_CHUNK_BYTES of them (bytes_per_key:
+    one position's keys + values of one row, all kv heads). Sorting matters: with per-token
+    halting, sequences drift apart and a joining prompt sits at positions 0.., so one gather padded
+    to the longest context read a third more keys than the rows use (demo-r8, A2 at pool 32)."""
+    n_rows, hi = len(pos), int(pos.max())
+    on_cpu = torch.device(device).type == "cpu"
+    per_chunk = max(1, CPU_CHUNK_BYTES // (bytes_per_key * (hi + 1))) if on_cpu else n_rows
+    tensor = (lambda a: torch.from_numpy(a)) if on_cpu else (lambda a: torch.from_numpy(a).to(device))
+    if per_chunk >= n_rows:
+        mask = None if pos.min() == hi else tensor(_causal_mask(pos, hi))
+        return KeyChunks(None, None, [n_rows], (tensor(slabs),), [hi + 1], [mask])
+    order = np.argsort(pos, kind="stable")
+    p = pos[order]
+    starts = range(0, n_rows, per_chunk)
+    sizes = [min(per_chunk, n_rows - a) for a in starts]
+    n_keys = [int(p[a + m - 1]) + 1 for a, m in zip(starts, sizes)]
+    mask = _causal_mask(p, hi)
+    masks = [None if p[a] == n - 1 else tensor(mask[a:a + m, ..., :n]) for a, m, n in zip(starts, sizes, n_keys)]
+    slabs = slabs[order]
+    return KeyChunks(tensor(order), tensor(np.argsort(order)), sizes,
+                     tuple(tensor(slabs[a:a + m]) for a, m in zip(starts, sizes)), n_keys, masks)
+
+
+def _causal_mask(pos: np.ndarray, hi: int) -> np.ndarray:
+    """(M, 1, 1, hi + 1) keys <= each row's position."""
+    return (np.arange(hi + 1)[None, :] <= pos[:, None])[:, None, None, :]
+
+
 class GatherKV:
     """One query per row; row n reads and writes slab `rows[n]` of k, v (S, Hkv, max_len, hd) at
-    position pos[n]. `mask` (N, 1, 1, n_keys), keys <= pos[n], is shared by the layers of a step.
+    position pos[n], gathering and attending as `chunks` (key_chunks(rows, pos, ...)) says.
     Several rows may be positions of one sequence (a prompt in the pool): every row writes before
     any reads, so they see each other causally, as in a parallel prefill.
     keep: optional bool (N,): these rows copy their entry from slab rows[n] - 1 (the same sequence's
     previous loop) instead of writing this call's ("latest" rule, halted prompt tokens)."""
 
-    def __init__(self, k: Tensor, v: Tensor, rows: Tensor, pos: Tensor, mask: Tensor, keep: Tensor | None = None):
-        self.k, self.v, self.rows, self.pos, self.mask, self.keep = k, v, rows, pos, mask, keep
+    def __init__(self, k: Tensor, v: Tensor, rows: Tensor, pos: Tensor, chunks: KeyChunks,
+                 keep: Tensor | None = None):
+        self.k, self.v, self.rows, self.pos, self.chunks, self.keep = k, v, rows, pos, chunks, keep
 
-    @staticmethod
-    def causal_mask(pos: Tensor) -> Tensor:
-        n_keys = int(pos.max()) + 1
-        return (torch.arange(n_keys, device=pos.device)[None, :] <= pos[:, None])[:, None, None, :]
-
-    def update(self, k: Tensor, v: Tensor):
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, sdpa) -> Tensor:
         k, v = k[:, :, 0], v[:, :, 0]
         if self.keep is not None:
             prev, m = (self.rows - 1).clamp_min(0), self.keep[:, None, None]
             k, v = torch.where(m, self.k[prev, :, self.pos], k), torch.where(m, self.v[prev, :, self.pos], v)
         self.k[self.rows, :, self.pos] = k
         self.v[self.rows, :, self.pos] = v
-        n_keys = self.mask.shape[-1]
-        return (self.k[:, :, :n_keys].index_select(0, self.rows),
-                self.v[:, :, :n_keys].index_select(0, self.rows), self.mask)
+        plan = self.chunks
+        if plan.order is not None:
+            q = q.index_select(0, plan.order)
+        out = [sdpa(q_c, self.k[:, :, :n].index_select(0, slabs), self.v[:, :, :n].index_select(0, slabs), mask)
+               for q_c, slabs, n, mask in zip(q.split(plan.sizes), plan.slabs, plan.n_keys, plan.masks)]
+        out = out[0] if len(out) == 1 else torch.cat(out)
+        return out if plan.inverse is None else out.index_select(0, plan.inverse)
 
 
 # -- the cache ---------------------------------------------------------------------------------------
@@ -99,6 +159,12 @@ class LoopKVCache:
         self.inject = torch.zeros_like(self.exit_state)
         self.exit_loop = torch.zeros(batch, max_len, dtype=torch.long)
         self.filled = np.zeros((batch, max_len), dtype=np.int64)
+
+    @property
+    def bytes_per_key(self) -> int:
+        """Bytes of one position's keys and values in one layer (all kv heads)."""
+        _, _, _, hkv, _, hd = self.prelude.shape
+        return 2 * hkv * hd * self.prelude.element_size()
 
     def row(self, b: int) -> LoopKVCache:
         view = object.__new__(LoopKVCache)

@@ -16,8 +16,8 @@ truncated-normal initial state and a final norm before the coda as well. recur_c
 to open Huginn-0125 checkpoints with this same class.
 
 Decoding runs the same pieces with a KV cache: every attention takes an optional `kv` (one per
-layer), an object with `update(k, v) -> (keys, values, mask)` that writes this call's keys and
-values into its cache slab and returns what the queries attend to (recur_core.kv holds them).
+layer), an object with `attention(q, k, v, sdpa) -> out` that writes this call's keys and values
+into its cache slab and attends the queries to what the slab holds (recur_core.kv holds them).
 """
 from __future__ import annotations
 
@@ -101,16 +101,24 @@ class Attention(nn.Module):
             k = k + self.k_bias[:, None]
         return apply_rope(k, cos, sin, self.rope_layout), v
 
+    def sdpa(self, q, k, v, attn_mask=None, is_causal: bool = False):
+        """softmax(q k^T / sqrt(hd)) v per head, each group of query heads on its kv head.
+        q: (B, H, Tq, hd); k, v: (B, H_kv, Tk, hd) -> (B, H, Tq, hd)."""
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                              enable_gqa=self.n_heads != self.n_kv_heads)
+
     def attend(self, q, k, v, is_causal: bool = True, attn_mask=None):
         """Attention output projected back to d_model. q: (B, H, Tq, hd); k, v: (B, H_kv, Tk, hd)."""
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-                                             enable_gqa=self.n_heads != self.n_kv_heads)
+        return self.project_out(self.sdpa(q, k, v, attn_mask, is_causal))
+
+    def project_out(self, out):
+        """(B, H, T, hd) head outputs -> (B, T, d_model)."""
         B, _, T, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
     def forward(self, x, cos, sin, kv=None, rows=None):
-        """kv: None (causal over x itself) or a cache view: its update(k, v) stores this call's
-        keys/values and returns (keys, values, mask) to attend to.
+        """kv: None (causal over x itself) or a cache view: its attention(q, k, v, sdpa) stores this
+        call's keys/values and attends the queries to what the cache holds (recur_core.kv).
         rows: optional (B, M) positions (without kv); then only their outputs (B, M, d) are computed,
         each attending causally to every position of x up to its own (keys / values from all of x)."""
         if rows is not None:  # queries only at rows, at their positions' rotations
@@ -122,8 +130,7 @@ class Attention(nn.Module):
             return self.attend(q, k, v, is_causal=False, attn_mask=causal)
         q, k, v = self.project_qkv(x, cos, sin)
         if kv is not None:
-            k, v, mask = kv.update(k, v)
-            return self.attend(q, k, v, is_causal=False, attn_mask=mask)
+            return self.project_out(kv.attention(q, k, v, self.sdpa))
         return self.attend(q, k, v)
 
 

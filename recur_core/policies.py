@@ -90,7 +90,7 @@ class RouterProbe(Protocol):
 
     probe_id: str
 
-    def chance(self, state: torch.Tensor, loop: int) -> torch.Tensor: ...
+    def chance(self, state: torch.Tensor, loop) -> torch.Tensor: ...  # loop: an int or a tensor of loops
 
 
 class Policy:
@@ -98,6 +98,7 @@ class Policy:
 
     needs_readout: bool = False
     remembers_loops: bool = False  # the rule keeps memory of earlier loops per batch row (see _Remembering)
+    per_token_loops: bool = False  # the online rule takes a tensor of loops, one per token (see halt)
     threshold_name: str = ""
 
     def __init__(self, min_loops: int = 1, r_max: int | None = None):
@@ -124,16 +125,23 @@ class Policy:
         return available_loops if self.r_max is None else min(self.r_max, available_loops)
 
     # -- online -------------------------------------------------------------------------
-    def halt(self, loop: int, signals: LoopSignals) -> torch.Tensor:
+    def halt(self, loop, signals: LoopSignals) -> torch.Tensor:
         """True where a token should freeze after `loop` (1-based): the rule holds, or loop has
-        reached r_max. Callers also stop every token at their own loop budget."""
-        if self.r_max is not None and loop >= self.r_max:
-            return torch.ones(signals.shape, dtype=torch.bool, device=signals.state_change.device)
-        return self.rule_met(loop, signals)
+        reached r_max. Callers also stop every token at their own loop budget. loop: an int, or
+        (policies with per_token_loops) a LongTensor broadcastable to signals.shape when the tokens
+        sit at different loops (the pool's step)."""
+        if isinstance(loop, int):
+            if self.r_max is not None and loop >= self.r_max:
+                return torch.ones(signals.shape, dtype=torch.bool, device=signals.state_change.device)
+            return self.rule_met(loop, signals)
+        met = self.rule_met(loop, signals)
+        return met if self.r_max is None else met | (loop >= self.r_max)
 
-    def rule_met(self, loop: int, signals: LoopSignals) -> torch.Tensor:
+    def rule_met(self, loop, signals: LoopSignals) -> torch.Tensor:
         """True where the policy's own rule holds after `loop` (never before min_loops); unlike
         halt, r_max does not force it, so it tells a converged token from a capped one."""
+        if not isinstance(loop, int):
+            return self._rule_online(loop, signals) & (loop >= self.min_loops)
         if loop < self.min_loops:
             return torch.zeros(signals.shape, dtype=torch.bool, device=signals.state_change.device)
         return self._rule_online(loop, signals)
@@ -167,6 +175,7 @@ class Policy:
 class Uniform(Policy):
     """A0: every token runs exactly r loops."""
 
+    per_token_loops = True
     threshold_name = "r"
 
     def __init__(self, r: int):
@@ -194,6 +203,7 @@ class ConvergenceExit(Policy):
 
     FIRST_CHECK = 2
     needs_readout = True
+    per_token_loops = True
     threshold_name = "eps"
 
     def __init__(self, eps: float, min_loops: int = FIRST_CHECK, r_max: int | None = None):
@@ -212,6 +222,7 @@ class ConvergenceExit(Policy):
 class LatentDiff(Policy):
     """Huginn's latent-difference exit: halt once ||s_i - s_{i-1}|| / ||s_i|| < delta."""
 
+    per_token_loops = True
     threshold_name = "delta"
 
     def __init__(self, delta: float, min_loops: int = 1, r_max: int | None = None):
@@ -233,6 +244,7 @@ class LinearRouter(Policy):
     `trace(..., probes=[probe])` records.
     """
 
+    per_token_loops = True
     threshold_name = "tau"
 
     def __init__(self, probe: RouterProbe, tau: float, min_loops: int = 1, r_max: int | None = None):
@@ -267,6 +279,7 @@ class ReverseKLExit(Policy):
     """Huginn's KL exit: freeze a token once KL(p_{i-1} || p_i) < eps (the reverse of A1's direction)."""
 
     needs_readout = True
+    per_token_loops = True
     threshold_name = "eps"
 
     def __init__(self, eps: float = 1e-3, min_loops: int = 1, r_max: int | None = None):
@@ -283,6 +296,7 @@ class ReverseKLExit(Policy):
 class CosineExit(Policy):
     """Huginn's cosine exit: freeze a token once 1 - cos(s_i, s_{i-1}) < delta."""
 
+    per_token_loops = True
     threshold_name = "delta"
 
     def __init__(self, delta: float = 1e-3, min_loops: int = 1, r_max: int | None = None):
@@ -314,6 +328,8 @@ class _Remembering(Policy):
         return twin
 
     def rule_met(self, loop, signals):
+        if not isinstance(loop, int):
+            raise TypeError(f"{type(self).__name__} remembers earlier loops: call it with one loop (an int)")
         value = _needs(signals, self.signal, self)
         fresh = loop != self._last_loop + 1 or self._prev is None or self._prev.shape != value.shape
         self._update(value, fresh)

@@ -73,9 +73,10 @@ class Probe:
         x = (features.float() - self.mean.to(features.device)) / self.std.to(features.device)
         return x @ self.weight.to(features.device) + self.bias
 
-    def chance(self, state: torch.Tensor, loop: int) -> torch.Tensor:
-        """Predicted chance (B, T) that the output changes after loop `loop`, from states (B, T, d)."""
-        loop_col = torch.full((*state.shape[:-1], 1), float(loop), device=state.device)
+    def chance(self, state: torch.Tensor, loop) -> torch.Tensor:
+        """Predicted chance (B, T) that the output changes after loop `loop` (an int, or a tensor
+        broadcastable to (B, T): each token's own loop), from states (B, T, d)."""
+        loop_col = torch.as_tensor(loop, dtype=torch.float32, device=state.device).expand(state.shape[:-1])[..., None]
         return torch.sigmoid(self.logit(torch.cat([state.float(), loop_col], dim=-1)))
 
     # -- persistence ----------------------------------------------------------------------

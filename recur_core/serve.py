@@ -16,9 +16,10 @@ KV-cache slab their attention reads, (their sequence, their loop, the layer), di
   2. tokens sampled on the previous step enter: one batched prelude over them;
   3. every in-flight row runs one core loop, whatever its loop index, in one batched
      `model.core_step`; row n reads and writes its own slab (recur_core.kv.GatherKV: keys gathered
-     per row and masked at the row's position);
+     per row and masked at the row's position, rows in chunks sorted by position, kv.key_chunks);
   4. rows whose policy reads out (A1) at this loop go through one batched coda + head; each
-     sequence's policy decides who halts (rows grouped by policy and loop);
+     sequence's policy decides who halts (one call per policy for all its rows when it takes a
+     loop per token, `HaltSchedule.per_token_loops`; else one per policy and loop);
   5. halted tokens are read out at their exit state (if not already), their KV rule finishes the
      position, and the next token is sampled; a prompt does this when its last position halts
      (until then its halted positions are frozen, as in `Decoder.prefill`); a finished sequence
@@ -44,7 +45,7 @@ from torch import Tensor
 
 from .decode import (Decoder, HaltSchedule, check_chunk, check_lengths, default_max_loops, encode_prompt,
                      readout_signals, resolve, row_noise, sample_next, takes_argmax)
-from .kv import GatherKV, LoopKVCache, kv_rule
+from .kv import GatherKV, LoopKVCache, key_chunks, kv_rule
 from .policies import Uniform
 from .trace import cosine_change, relative_change
 
@@ -307,11 +308,18 @@ class Pool:
         s.halted = torch.zeros(end - start, dtype=torch.bool, device=cache.inject.device)
         s.exits = torch.zeros(end - start, dtype=torch.long)
 
-    def _rows(self, seqs) -> tuple[Tensor, Tensor]:
-        """(slots (N,), positions (N,)) of the in-flight rows."""
-        slots = [s.slot for s in seqs for _ in s.positions]
-        pos = [p for s in seqs for p in s.positions]
-        return torch.tensor(slots, device=self.device), torch.tensor(pos, device=self.device)
+    @staticmethod
+    def _rows(seqs) -> tuple[np.ndarray, np.ndarray]:
+        """(slots (N,), positions (N,)) of the in-flight rows, on the host."""
+        slots = np.array([s.slot for s in seqs for _ in s.positions], dtype=np.int64)
+        pos = np.array([p for s in seqs for p in s.positions], dtype=np.int64)
+        return slots, pos
+
+    def _views(self, layers, slabs: np.ndarray, pos: np.ndarray, keep: Tensor | None = None) -> list[GatherKV]:
+        """A GatherKV for each layer ((k, v) slabs) of rows reading slabs[n] at pos[n], one plan for all."""
+        chunks = key_chunks(slabs, pos, self.cache.bytes_per_key, self.device)
+        slabs, pos = torch.from_numpy(slabs).to(self.device), torch.from_numpy(pos).to(self.device)
+        return [GatherKV(k, v, slabs, pos, chunks, keep) for k, v in layers]
 
     @contextmanager
     def _model_call(self, kind: str, rows: int):
@@ -324,10 +332,9 @@ class Pool:
 
     def _enter(self, seqs) -> None:
         """The sampled tokens through the prelude (one batched call); their state starts as noise."""
-        slots, pos = self._rows(seqs)
+        kv = self._views(self.cache.prelude_slabs(), *self._rows(seqs))
+        slots, pos = kv[0].rows, kv[0].pos
         ids = torch.tensor([[s.out.ids[-1]] for s in seqs], device=self.device)
-        mask = GatherKV.causal_mask(pos)
-        kv = [GatherKV(k, v, slots, pos, mask) for k, v in self.cache.prelude_slabs()]
         with self._model_call("prelude", len(seqs)):
             inject = self.model.inject(self.model.prelude(ids, pos[:, None], kv))
         self.cache.inject[slots, pos] = inject[:, 0]
@@ -339,30 +346,27 @@ class Pool:
     def _core(self, seqs, state: Tensor) -> Tensor:
         """One core loop for every row at its own loop: (N, 1, d) -> (N, 1, d)."""
         slots, pos = self._rows(seqs)
-        loops = torch.tensor([s.loop for s in seqs for _ in s.positions], device=self.device)  # loops run so far
+        loops = np.array([s.loop for s in seqs for _ in s.positions], dtype=np.int64)  # loops run so far
         self.mixed_steps += int(len({s.loop for s in seqs}) > 1)
-        slabs = slots * self.max_loops + loops  # slab of (slot, loop + 1)
         keep, at = None, 0  # "latest": a halted prompt position copies its previous loop's entry
         for s in seqs:
             if s.prefilling and s.dec.rule.keeps_exit_entry:
                 keep = torch.zeros(len(slots), dtype=torch.bool, device=self.device) if keep is None else keep
                 keep[at:at + s.n_rows] = s.halted
             at += s.n_rows
-        mask = GatherKV.causal_mask(pos)
-        kv = [GatherKV(*self.cache.core_flat(l), slabs, pos, mask, keep) for l in range(self.model.cfg.n_core)]
+        layers = [self.cache.core_flat(l) for l in range(self.model.cfg.n_core)]
+        kv = self._views(layers, slots * self.max_loops + loops, pos, keep)  # slab of (slot, loop + 1)
         inject = torch.cat([s.inject for s in seqs])
         with self._model_call("core", len(state)):
-            return self.model.core_step(state, None, positions=pos[:, None], kv=kv, inject=inject)
+            return self.model.core_step(state, None, positions=kv[0].pos[:, None], kv=kv, inject=inject)
 
     def _read(self, seqs, kl: bool) -> None:
         """Coda + head for these rows (each writes its coda entry); sets s.logits (rows, 1, V) and,
         with kl, s.signals = readout_signals(p_now, p_prev) where a previous readout exists."""
-        slots, pos = self._rows(seqs)
-        mask = GatherKV.causal_mask(pos)
-        kv = [GatherKV(k, v, slots, pos, mask) for k, v in self.cache.coda_slabs()]
+        kv = self._views(self.cache.coda_slabs(), *self._rows(seqs))
         state = torch.cat([s.state for s in seqs])
-        with self._model_call("readout", len(pos)):
-            logits = self.model.readout(state, pos[:, None], kv)
+        with self._model_call("readout", len(state)):
+            logits = self.model.readout(state, kv[0].pos[:, None], kv)
         at = 0
         for s in seqs:
             s.dec.readouts += 1
@@ -383,24 +387,31 @@ class Pool:
 
     @staticmethod
     def _halt_group(s: _Sequence) -> tuple:
-        """Sequences whose rows one policy call decides together: same policy object, cap, check
-        period and loop."""
+        """Sequences whose rows one policy call decides together: same policy object, cap and check
+        period, and the same loop unless the schedule decides rows at their own loops (per_token_loops)."""
         sc = s.schedule
-        return id(sc.policy), sc.cap, sc.every, s.loop
+        return id(sc.policy), sc.cap, sc.every, -1 if sc.per_token_loops else s.loop
 
     def _halts(self, seqs, new: Tensor, old: Tensor) -> list[Tensor]:
-        """Each sequence's halt decision per row (bool (rows,)), asking each policy once per loop
-        index for all its rows (seqs are ordered by `_halt_group`, so a group's rows are one slice)."""
+        """Each sequence's halt decision per row (bool (rows,)), asking each policy once per step
+        (per_token_loops) or once per loop index for all its rows (seqs are ordered by
+        `_halt_group`, so a group's rows are one slice)."""
         halts: list[Tensor] = []
         change, cosine = relative_change(new, old), cosine_change(new, old)
         at = 0
         for _, group in groupby(seqs, key=self._halt_group):
             group = list(group)
-            sigs = [s.signals for s in group]
-            readout = None if any(x is None for x in sigs) else {k: torch.cat([x[k] for x in sigs]) for k in sigs[0]}
-            rows = slice(at, at + sum(s.n_rows for s in group))
-            stop = group[0].schedule.halt(group[0].loop, new[rows], old[rows], readout, change[rows], cosine[rows])
-            halts += stop[:, 0].split([s.n_rows for s in group])
+            sizes = [s.n_rows for s in group]
+            rows, sched = slice(at, at + sum(sizes)), group[0].schedule
+            if sched.per_token_loops:
+                loops = torch.tensor([s.loop for s in group for _ in range(s.n_rows)], device=new.device)[:, None]
+                stop = sched.halt_at(loops, new[rows], change[rows], cosine[rows])
+            else:
+                sigs = [s.signals for s in group]
+                readout = None if any(x is None for x in sigs) else {
+                    k: torch.cat([x[k] for x in sigs]) for k in sigs[0]}
+                stop = sched.halt(group[0].loop, new[rows], old[rows], readout, change[rows], cosine[rows])
+            halts += stop[:, 0].split(sizes)
             at = rows.stop
         return halts
 
@@ -435,9 +446,9 @@ class Pool:
     def _exit(self, seqs) -> list[Completion]:
         """These sequences' tokens halted: finish their positions under their KV rules and sample
         their next tokens."""
-        slots, pos = self._rows(seqs)
-        self.cache.exit_state[slots, pos] = torch.cat([s.state for s in seqs])[:, 0]
-        self.cache.exit_loop[slots.cpu(), pos.cpu()] = torch.tensor([s.loop for s in seqs])
+        slots, pos = (torch.from_numpy(a) for a in self._rows(seqs))
+        self.cache.exit_state[slots.to(self.device), pos.to(self.device)] = torch.cat([s.state for s in seqs])[:, 0]
+        self.cache.exit_loop[slots, pos] = torch.tensor([s.loop for s in seqs])
         for rule, mine in self._by_rule(seqs):  # every halted token of a rule at once
             rule.finish_tokens(self.cache, torch.tensor([s.slot for s in mine]), torch.tensor([s.pos for s in mine]),
                                torch.tensor([s.loop for s in mine]))

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from recur_core.policies import (ArgmaxStable, ConvergenceExit, EntropyDiff, LatentDiff, LinearRouter,
+from recur_core.policies import (ArgmaxStable, ConvergenceExit, CosineExit, EntropyDiff, LatentDiff, LinearRouter,
                                  LoopSignals, Uniform)
 from recur_core.trace import Trace
 
@@ -133,3 +133,31 @@ def test_private_gives_a_remembering_rule_its_own_empty_memory():
         twin = policy.private()
         assert twin is not policy and repr(twin) == repr(policy)
         assert twin._last_loop == 0 and twin._prev is None and policy._last_loop == 3
+
+
+class LoopProbe:
+    """A probe whose chance falls with the loop index: 0.9, 0.7, 0.5, ... (state ignored)."""
+
+    probe_id = "loop"
+
+    def chance(self, state, loop):
+        return (1.1 - 0.2 * torch.as_tensor(loop, dtype=torch.float32)).expand(state.shape[:-1])
+
+
+@pytest.mark.parametrize("policy", [LinearRouter(LoopProbe(), 0.6, min_loops=2, r_max=5), LatentDiff(0.3, min_loops=2),
+                                    Uniform(3), CosineExit(0.2, r_max=4)])
+def test_halt_with_a_loop_per_token_equals_halt_at_each_loop(policy):
+    g = torch.Generator().manual_seed(0)
+    loops = torch.tensor([[1, 2, 3, 4, 5, 6, 3]])
+    signals = LoopSignals(state=torch.randn(1, 7, 4, generator=g), state_change=torch.rand(1, 7, generator=g),
+                          cosine_change=torch.rand(1, 7, generator=g))
+    at_once = policy.halt(loops, signals)
+    one_by_one = [bool(policy.halt(int(loop), signals)[0, n]) for n, loop in enumerate(loops[0])]
+    assert at_once[0].tolist() == one_by_one
+    assert len(set(one_by_one)) == 2  # both outcomes occur
+
+
+def test_a_rule_that_remembers_loops_refuses_a_loop_per_token():
+    signals = LoopSignals(state=torch.zeros(1, 2, 3), state_change=torch.zeros(1, 2), entropy=torch.zeros(1, 2))
+    with pytest.raises(TypeError, match="remembers earlier loops"):
+        EntropyDiff().halt(torch.tensor([[1, 2]]), signals)

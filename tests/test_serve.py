@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from recur_core.decode import full_depth_logits, generate
+from recur_core import kv
 from recur_core.kv import KV_RULES
 from recur_core.policies import ArgmaxStable, ConvergenceExit, EntropyDiff, LatentDiff, LinearRouter, Uniform
 from recur_core.probe import Probe
@@ -72,10 +73,15 @@ def assert_same(completion, gen):
     torch.testing.assert_close(completion.logits, gen.logits, atol=TOL, rtol=0)
 
 
-def test_pool_equals_batch1_generate_per_sequence(ckpt, windows):
+@pytest.mark.parametrize("chunk_keys", [None, 48], ids=["cache-sized chunks", "a few rows per chunk"])
+def test_pool_equals_batch1_generate_per_sequence(ckpt, windows, monkeypatch, chunk_keys):
     """Mixed policies (A0, A1, latent, A2), both KV rules, greedy and sampled; 3 slots for 8
     requests of different lengths, so requests join and leave mid-run, and one more is submitted
-    while the pool is running."""
+    while the pool is running. The rows' attention runs in chunks of rows sorted by position (on
+    the tiny model the default budget holds a whole step; 48 key positions' bytes, 1-4 rows)."""
+    if chunk_keys:
+        cfg = ckpt.config
+        monkeypatch.setattr(kv, "CPU_CHUNK_BYTES", chunk_keys * 2 * cfg.n_kv_heads * cfg.head_dim * 4)
     reqs = requests(windows, mixed_policies(ckpt, windows))
     pool = Pool(ckpt, slots=3, max_loops=CAP)
     ids = [pool.submit(r) for r in reqs]
@@ -124,6 +130,26 @@ def test_a_joining_prompt_loops_inside_the_shared_core_step(ckpt, windows):
     assert pool.calls["core"] == pool.steps
     for c, req in zip((a, b), reqs):
         assert_same(c, alone(ckpt, req))
+
+
+@pytest.mark.parametrize("policy", ["A2", "latent"])
+def test_one_policy_call_decides_tokens_at_different_loops(ckpt, windows, policy):
+    """Sequences sharing a policy that takes per-token loops are decided by one call per step
+    whatever their loops (A2's probe reads the loop index); each still equals batch 1."""
+    shared = (LinearRouter(random_probe(ckpt.config.d_model, seed=3), 0.5, r_max=CAP) if policy == "A2"
+              else LatentDiff(0.2, r_max=CAP))
+    reqs = [Request(windows[i, :3 + 4 * i].tolist(), 10, shared, kv_rule=list(KV_RULES)[i % 2], seed=i,
+                    greedy=True) for i in range(5)]
+    pool = Pool(ckpt, slots=5, max_loops=CAP)
+    ids = [pool.submit(r) for r in reqs]
+    calls = []
+    halt = shared.halt
+    shared.halt = lambda loop, signals: calls.append(loop) or halt(loop, signals)
+    done = pool.run()
+    assert len(calls) == pool.steps  # one call per step
+    assert any(len(set(loops.flatten().tolist())) > 1 for loops in calls)  # tokens at different loops
+    for rid, req in zip(ids, reqs):
+        assert_same(done[rid], alone(ckpt, req))
 
 
 def test_sequences_sharing_a_remembering_policy_keep_their_own_memory(ckpt, windows):

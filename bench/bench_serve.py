@@ -14,9 +14,11 @@ For one checkpoint:
      repetitions of the ratio within one repetition (`*_paired`), since runs moments apart share
      the machine's state and this machine's throughput drifts by 10-20% between runs.
   3. The FLOP proxy of the same runs (bench_decode's CostModel: prelude, core loops, coda, head and
-     exit checks with the actual exits, readouts and context lengths; a prompt's prefill counted as
-     every prompt token running to the prompt's deepest exit). flop_proxy_speedup = cost(A0@r_bar)
-     / cost(policy); fraction_of_bound = realized speedup / flop_proxy_speedup.
+     exit checks with the actual exits, readouts and context lengths; a prompt position counted with
+     the loops and readouts the pool ran it for: its own exit loop under "latest", where a halted
+     position leaves the core step, its chunk's deepest exit under "recompute", where it rides along
+     frozen). flop_proxy_speedup = cost(A0@r_bar) / cost(policy); fraction_of_bound = realized
+     speedup / flop_proxy_speedup.
      Where the rest goes: the pool times its batched model calls (prelude, core, readout; cache
      reads included). model_call_speedup is the same speedup counted on that time alone, i.e. with a
      scheduler that cost nothing; scheduler_share = 1 - model-call time / wall time. So
@@ -229,13 +231,14 @@ def call_times_ms(model, rows_list, repeats: int = 30) -> dict[int, dict[str, fl
 
 
 def proxy_cost(cost: CostModel, completions, policy) -> float:
-    """FLOP proxy of the decode steps (bench_decode.run_cost) plus the prefills."""
+    """FLOP proxy of the decode steps (bench_decode.run_cost) plus the prefills: each prompt position
+    charged the core loops and readouts the pool ran it for (Completion.prompt_row_loops / _readouts)."""
     total = 0.0
     spec = Spec(policy)
     for c in completions:
         total += run_cost(cost, c, spec)
-        deepest = max(c.prompt_exit_loops)
-        total += sum(cost.step(t + 1, deepest, c.prefill_readouts, 0, 0) for t in range(len(c.prompt_ids)))
+        total += sum(cost.step(t + 1, loops, readouts, 0, 0)
+                     for t, (loops, readouts) in enumerate(zip(c.prompt_row_loops, c.prompt_row_readouts)))
     return total
 
 

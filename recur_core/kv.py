@@ -179,6 +179,11 @@ class LoopKVCache:
         self.filled[b] = 0
         self.exit_loop[b] = 0
 
+    def copy_core_entries(self, b: int, loop: int, pos: Tensor) -> None:
+        """Sequence b's entries of loop `loop` (1-based) at positions pos into loop + 1, every core layer."""
+        pos = pos.to(self.core.device)
+        self.core[:, :, b, loop, :, pos] = self.core[:, :, b, loop - 1, :, pos]
+
     # slabs of all rows for one layer
     def core_slabs(self, loop: int) -> list[tuple[Tensor, Tensor]]:
         """(k, v) per core layer of loop `loop` (1-based), each (B, Hkv, max_len, hd)."""

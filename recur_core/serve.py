@@ -22,8 +22,8 @@ KV-cache slab their attention reads, (their sequence, their loop, the layer), di
      loop per token, `HaltSchedule.per_token_loops`; else one per policy and loop);
   5. halted tokens are read out at their exit state (if not already), their KV rule finishes the
      position, and the next token is sampled; a prompt does this when its last position halts
-     (until then its halted positions are frozen, as in `Decoder.prefill`); a finished sequence
-     leaves its slot.
+     (until then its halted positions are frozen, as in `Decoder.prefill`: under "latest" they
+     leave the core step, `_Sequence.sheds_halted`); a finished sequence leaves its slot.
 
 Each sequence keeps batch-1 semantics: its policy, KV rule ("recompute" fills its missing entries
 with its own small core step before the batched one), noise (noise_seed(seed, 0), as `generate`),
@@ -82,6 +82,8 @@ class Completion:
     exit_loops: list[int] = field(default_factory=list)
     logits: Tensor | None = None
     prompt_exit_loops: list[int] = field(default_factory=list)
+    prompt_row_loops: list[int] = field(default_factory=list)  # per prompt position: core loops it was run in
+    prompt_row_readouts: list[int] = field(default_factory=list)  # per prompt position: coda + head passes
     step_readouts: list[int] = field(default_factory=list)  # coda + head passes per decode step
     prefill_readouts: int = 0
     token_s: list[float] = field(default_factory=list)
@@ -104,10 +106,14 @@ class Completion:
 
 class _Sequence:
     """A request in a slot: its decoder (slot cache view, schedule, KV rule), sampler and the rows it
-    puts in the core step. While prefilling (`halted` is not None) the rows are the positions of
-    its prompt's current chunk, pos .. pos + rows - 1 (the whole prompt unless the request sets
-    prefill_chunk), looping together; then one row, the token in flight at position pos.
-    `loop` loops run so far (0: not yet looped). state / inject: (rows, 1, d)."""
+    puts in the core step. While prefilling (`halted` is not None) the rows are positions of its
+    prompt's current chunk, pos .. pos + len(halted) - 1 (the whole prompt unless the request sets
+    prefill_chunk), looping together. With `sheds_halted` (a KV rule that keeps a halted token's
+    exit entry, "latest", and a policy that neither remembers earlier loops nor reads out) only the
+    ones still looping (`live`: their indices in the chunk; a halted one's entries are copied
+    forward, its state waits in the cache's exit_state), else all of them, the halted ones frozen;
+    then one row, the token in flight at position pos. `loop` loops run so far (0: not yet looped).
+    state / inject: (rows, 1, d)."""
 
     def __init__(self, rid: int, slot: int, req: Request, dec: Decoder, prompt_ids, keep_logits: bool):
         self.rid, self.slot, self.req, self.dec = rid, slot, req, dec
@@ -116,10 +122,14 @@ class _Sequence:
         self.stops = {int(i) for i in req.stop_ids}
         self.out = Completion(rid, prompt_ids=list(prompt_ids), policy=repr(dec.policy), kv_rule=dec.rule.name)
         self.kept = [] if keep_logits else None
+        # halted prompt positions leave the core step: their entries are copied anyway ("latest"),
+        # no per-row memory to keep aligned, and no readout whose later coda layers they would feed
+        self.sheds_halted = (dec.rule.keeps_exit_entry and not getattr(dec.policy, "remembers_loops", False)
+                             and not dec.schedule.needs_readout)
         self.pos = 0
         self.loop = 0
         self.readouts_before = 0
-        self.halted = self.exits = None
+        self.halted = self.exits = self.live = self.row_loops = self.row_readouts = None
         self.positions = self.state = self.inject = self.logp_prev = self.logits = self.signals = None
 
     @property
@@ -269,8 +279,10 @@ class Pool:
         for s in seqs:
             s.loop += 1
             s.state, s.logits, s.signals = new[at:at + s.n_rows], None, None
-            if s.prefilling:  # halted prompt positions are frozen
-                s.state = torch.where(s.halted[:, None, None], old[at:at + s.n_rows], s.state)
+            if s.prefilling:
+                s.row_loops[s.live] += 1
+                if not s.sheds_halted:  # halted prompt positions ride along, frozen
+                    s.state = torch.where(s.halted[:, None, None], old[at:at + s.n_rows], s.state)
             at += s.n_rows
         if any(s.prefilling for s in seqs):
             new = torch.cat([s.state for s in seqs])
@@ -303,10 +315,11 @@ class Pool:
         (the prelude already ran over the whole prompt: it does not depend on the loops)."""
         end = min(len(s.out.prompt_ids), start + (s.req.prefill_chunk or len(s.out.prompt_ids)))
         cache = s.dec.cache
-        s.positions, s.pos, s.loop, s.logp_prev = range(start, end), start, 0, None
+        s.positions, s.pos, s.loop, s.logp_prev = list(range(start, end)), start, 0, None
         s.inject, s.state = cache.inject[0, start:end, None], s.dec.noise[0, start:end, None]
         s.halted = torch.zeros(end - start, dtype=torch.bool, device=cache.inject.device)
-        s.exits = torch.zeros(end - start, dtype=torch.long)
+        s.live = torch.arange(end - start)
+        s.exits, s.row_loops, s.row_readouts = (torch.zeros(end - start, dtype=torch.long) for _ in range(3))
 
     @staticmethod
     def _rows(seqs) -> tuple[np.ndarray, np.ndarray]:
@@ -348,9 +361,11 @@ class Pool:
         slots, pos = self._rows(seqs)
         loops = np.array([s.loop for s in seqs for _ in s.positions], dtype=np.int64)  # loops run so far
         self.mixed_steps += int(len({s.loop for s in seqs}) > 1)
-        keep, at = None, 0  # "latest": a halted prompt position copies its previous loop's entry
+        keep, at = None, 0  # "latest": a halted prompt position's entry of this loop is its previous loop's
         for s in seqs:
-            if s.prefilling and s.dec.rule.keeps_exit_entry:
+            if s.prefilling and s.sheds_halted and s.loop > 0 and bool(s.halted.any()):
+                self.cache.copy_core_entries(s.slot, s.loop, s.pos + torch.nonzero(s.halted.cpu())[:, 0])
+            elif s.prefilling and s.dec.rule.keeps_exit_entry:  # it rides along: copied inside the call
                 keep = torch.zeros(len(slots), dtype=torch.bool, device=self.device) if keep is None else keep
                 keep[at:at + s.n_rows] = s.halted
             at += s.n_rows
@@ -370,6 +385,8 @@ class Pool:
         at = 0
         for s in seqs:
             s.dec.readouts += 1
+            if s.prefilling:
+                s.row_readouts[s.live] += 1
             s.logits, at = logits[at:at + s.n_rows], at + s.n_rows
             if kl:
                 logp = torch.log_softmax(s.logits.float(), dim=-1)
@@ -416,11 +433,28 @@ class Pool:
         return halts
 
     def _prefill_halts(self, s: _Sequence, stop: Tensor) -> bool:
-        """Freeze the prompt tokens that halt at this loop; True when every one has halted."""
-        stop = stop & ~s.halted
-        s.exits[stop.cpu()] = s.loop
-        s.halted |= stop
-        return bool(s.halted.all())
+        """Freeze the prompt tokens whose rows halt at this loop (stop: bool (rows,)); True when every
+        one has halted, and then the rows are the whole chunk at its exit states (for its readout)."""
+        stop = stop.cpu() & ~s.halted.cpu()[s.live]
+        s.exits[s.live[stop]] = s.loop
+        s.halted[s.live[stop].to(s.halted.device)] = True
+        done = bool(s.halted.all())
+        if not s.sheds_halted or not bool(stop.any()):
+            return done
+        cache = s.dec.cache  # the halted rows leave the core step: their exit states wait in the cache
+        cache.exit_state[0, s.pos + s.live[stop]] = s.state[stop.to(s.state.device), 0]
+        if done:
+            end = s.pos + len(s.halted)
+            s.positions, s.live = list(range(s.pos, end)), torch.arange(len(s.halted))
+            s.state = cache.exit_state[0, s.pos:end, None].clone()
+            return True
+        going = ~stop
+        s.live, s.positions = s.live[going], [p for p, g in zip(s.positions, going.tolist()) if g]
+        at = going.to(s.state.device)
+        s.state, s.inject = s.state[at], s.inject[at]
+        if s.logp_prev is not None:
+            s.logp_prev = s.logp_prev[at]
+        return False
 
     def _leave_prefill(self, s: _Sequence) -> list[Completion]:
         """Every token of the prompt's chunk has halted (s.logits: the readout of their exit states):
@@ -431,6 +465,8 @@ class Pool:
         cache.exit_loop[:, start:end] = s.exits
         s.dec.rule.finish(cache, start, s.exits[None], s.loop)
         s.out.prompt_exit_loops += s.exits.tolist()
+        s.out.prompt_row_loops += s.row_loops.tolist()
+        s.out.prompt_row_readouts += s.row_readouts.tolist()
         P = len(s.out.prompt_ids)
         if end < P:
             self._start_chunk(s, end)
@@ -438,7 +474,7 @@ class Pool:
         if s.emit(s.logits[-1, 0], int(s.exits[-1]), self.steps):
             del self.active[s.slot]
             return [s.finish()]
-        s.halted = s.exits = None
+        s.halted = s.exits = s.live = s.row_loops = s.row_readouts = None
         s.pos, s.loop = P, 0
         s.positions = [P]
         return []

@@ -152,6 +152,27 @@ def test_one_policy_call_decides_tokens_at_different_loops(ckpt, windows, policy
         assert_same(done[rid], alone(ckpt, req))
 
 
+@pytest.mark.parametrize("kv_rule", KV_RULES)
+def test_halted_prompt_positions_leave_the_core_step_under_latest(ckpt, windows, kv_rule):
+    """Under "latest" a prompt position that halted is not stepped again (its entries are copied
+    forward): it runs exactly its exit loops. Under "recompute" its entries of later loops come
+    from stepping its frozen state, so it rides along to its chunk's deepest exit. The pool's core
+    rows are exactly these plus the decoded tokens' loops."""
+    reqs = [Request(windows[i, :6 + 5 * i].tolist(), 6, LatentDiff(0.2, r_max=CAP), kv_rule=kv_rule, seed=i,
+                    greedy=True, prefill_chunk=(None, 7)[i % 2]) for i in range(4)]
+    pool = Pool(ckpt, slots=4, max_loops=CAP)
+    ids = [pool.submit(r) for r in reqs]
+    done = pool.run()
+    assert any(len(set(done[rid].prompt_exit_loops)) > 1 for rid in ids)
+    for rid, req in zip(ids, reqs):
+        c, chunk = done[rid], req.prefill_chunk or len(req.prompt)
+        deepest = [max(c.prompt_exit_loops[a:a + chunk]) for a in range(0, len(req.prompt), chunk)]
+        riders = [deepest[t // chunk] for t in range(len(req.prompt))]
+        assert c.prompt_row_loops == (c.prompt_exit_loops if kv_rule == "latest" else riders)
+        assert_same(c, alone(ckpt, req))
+    assert pool.call_rows["core"] == sum(sum(done[r].prompt_row_loops) + sum(done[r].decode_exit_loops) for r in ids)
+
+
 def test_sequences_sharing_a_remembering_policy_keep_their_own_memory(ckpt, windows):
     """One EntropyDiff object (its rule compares each loop with the previous one) for three requests:
     in the pool their tokens sit at different loops, and each still decodes as it does alone."""

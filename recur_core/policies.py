@@ -130,17 +130,17 @@ class Policy:
         reached r_max. Callers also stop every token at their own loop budget. loop: an int, or
         (policies with per_token_loops) a LongTensor broadcastable to signals.shape when the tokens
         sit at different loops (the pool's step)."""
-        if isinstance(loop, int):
-            if self.r_max is not None and loop >= self.r_max:
-                return torch.ones(signals.shape, dtype=torch.bool, device=signals.state_change.device)
-            return self.rule_met(loop, signals)
-        met = self.rule_met(loop, signals)
-        return met if self.r_max is None else met | (loop >= self.r_max)
+        if isinstance(loop, torch.Tensor):
+            met = self.rule_met(loop, signals)
+            return met if self.r_max is None else met | (loop >= self.r_max)
+        if self.r_max is not None and loop >= self.r_max:
+            return torch.ones(signals.shape, dtype=torch.bool, device=signals.state_change.device)
+        return self.rule_met(loop, signals)
 
     def rule_met(self, loop, signals: LoopSignals) -> torch.Tensor:
         """True where the policy's own rule holds after `loop` (never before min_loops); unlike
         halt, r_max does not force it, so it tells a converged token from a capped one."""
-        if not isinstance(loop, int):
+        if isinstance(loop, torch.Tensor):
             return self._rule_online(loop, signals) & (loop >= self.min_loops)
         if loop < self.min_loops:
             return torch.zeros(signals.shape, dtype=torch.bool, device=signals.state_change.device)
@@ -328,7 +328,7 @@ class _Remembering(Policy):
         return twin
 
     def rule_met(self, loop, signals):
-        if not isinstance(loop, int):
+        if isinstance(loop, torch.Tensor):
             raise TypeError(f"{type(self).__name__} remembers earlier loops: call it with one loop (an int)")
         value = _needs(signals, self.signal, self)
         fresh = loop != self._last_loop + 1 or self._prev is None or self._prev.shape != value.shape

@@ -451,9 +451,7 @@ class Pool:
         going = ~stop
         s.live, s.positions = s.live[going], [p for p, g in zip(s.positions, going.tolist()) if g]
         at = going.to(s.state.device)
-        s.state, s.inject = s.state[at], s.inject[at]
-        if s.logp_prev is not None:
-            s.logp_prev = s.logp_prev[at]
+        s.state, s.inject = s.state[at], s.inject[at]  # no readout policy sheds: no logp_prev to cut
         return False
 
     def _leave_prefill(self, s: _Sequence) -> list[Completion]:

@@ -77,6 +77,7 @@ def parse_args(argv=None):
     p.add_argument("--bisect", type=int, default=3)
     p.add_argument("--tf-batch", type=int, default=8)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="where the model and the pool run (cpu, cuda)")
     p.add_argument("--repeats", type=int, default=1,
                    help="runs of each configuration per pool (interleaved); the median-wall run is reported")
     p.add_argument("--seed", type=int, default=0)
@@ -212,9 +213,10 @@ def measure(ckpt, prompts, policy, slots, args, cap, cost: CostModel) -> dict:
 def call_times_ms(model, rows_list, repeats: int = 30) -> dict[int, dict[str, float]]:
     """Milliseconds per call of the prelude, one core loop and the readout (coda + head) on `rows`
     single tokens without a cache (best of 3 x repeats): how a call's cost grows with its rows."""
-    d, out = model.cfg.d_model, {}
+    d, out, device = model.cfg.d_model, {}, model.embed.weight.device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for rows in rows_list:
-        ids, x = torch.zeros(rows, 1, dtype=torch.long), torch.randn(rows, 1, d)
+        ids, x = torch.zeros(rows, 1, dtype=torch.long, device=device), torch.randn(rows, 1, d, device=device)
         calls = {"prelude": lambda ids=ids: model.prelude(ids), "core": lambda x=x: model.core_step(x, x),
                  "readout": lambda x=x: model.readout(x)}
         out[rows] = {}
@@ -222,9 +224,11 @@ def call_times_ms(model, rows_list, repeats: int = 30) -> dict[int, dict[str, fl
             fn()
             best = float("inf")
             for _ in range(3):
+                sync()
                 t = time.perf_counter()
                 for _ in range(repeats):
                     fn()
+                sync()
                 best = min(best, (time.perf_counter() - t) / repeats * 1e3)
             out[rows][kind] = best
     return out
@@ -355,7 +359,7 @@ def report(pools: dict, cal: Calibration) -> None:
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    ckpt = load_checkpoint(args.ckpt)
+    ckpt = load_checkpoint(args.ckpt, device=args.device)
     cfg = ckpt.config
     r_bar = ckpt.recipe.depth
     cap = args.max_loops or ckpt.recipe.r_max
@@ -383,7 +387,8 @@ def main(argv=None):
     policies = [n for n in names[2:] if cal.configs[n][2]] or names[2:] or names[1:2]
     head = max(policies, key=lambda n: largest[n]["realized_speedup_vs_a0_rbar"])
     h = largest[head]
-    out = dict(checkpoint=str(args.ckpt), pool=args.pools[-1], policy=head, threads=torch.get_num_threads(),
+    out = dict(checkpoint=str(args.ckpt), pool=args.pools[-1], policy=head, device=args.device,
+               threads=torch.get_num_threads(),
                repeats=args.repeats, requests=args.requests, prefill_chunk=args.prefill_chunk,
                new_tokens=args.new_tokens, prompt_len=args.prompt_len,
                loop_cap=cap, r_bar=r_bar, calibration_metric=cal.metric, target=cal.target,

@@ -315,7 +315,8 @@ def sample_next(logits: Tensor, generator: torch.Generator | None, *, greedy: bo
                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> int:
     """One token id from logits (V,): greedy (or temperature 0) takes the argmax; otherwise
     softmax(logits / temperature) restricted to the top_k ids and to the smallest set whose
-    probability reaches top_p, sampled with `generator`."""
+    probability reaches top_p, sampled with `generator` on its device (the host's seeded
+    generators: the same seed draws the same way whatever device the logits are on)."""
     if takes_argmax(greedy, temperature):
         return int(logits.argmax())
     logits = logits.float() / temperature
@@ -328,7 +329,8 @@ def sample_next(logits: Tensor, generator: torch.Generator | None, *, greedy: bo
         before = probs.cumsum(-1) - probs  # mass of the tokens ranked above each one
         drop = before >= top_p
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
-    return int(torch.multinomial(logits.softmax(-1), 1, generator=generator))
+    probs = logits.softmax(-1)
+    return int(torch.multinomial(probs if generator is None else probs.to(generator.device), 1, generator=generator))
 
 
 # -- public API --------------------------------------------------------------------------------------

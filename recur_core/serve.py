@@ -339,8 +339,11 @@ class Pool:
         """Count and time one batched model call of `kind` carrying `rows` token positions."""
         self.calls[kind] += 1
         self.call_rows[kind] += rows
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)  # kernels run async
+        sync()
         start = time.perf_counter()
         yield
+        sync()
         self.call_s[kind] += time.perf_counter() - start
 
     def _enter(self, seqs) -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from recur_core import kv, load_checkpoint
 from recur_core.decode import full_depth_logits, generate
-from recur_core import kv
 from recur_core.kv import KV_RULES
 from recur_core.policies import ArgmaxStable, ConvergenceExit, EntropyDiff, LatentDiff, LinearRouter, Uniform
 from recur_core.probe import Probe
@@ -295,6 +295,22 @@ def test_generate_page_pool_mode(tiny_ckpt):
     labels = [x.label for x in at.metric]
     assert any("pool of 2" in label and "tokens/s" in label for label in labels)
     assert any(label.startswith("Uniform") and "same pool" in label for label in labels)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_pool_on_cuda_equals_batch1_generate_on_cuda(tiny_ckpt, ckpt, windows):
+    """The pool on a GPU (one key chunk per step, timed calls synchronised, sampling on the host's
+    seeded generators): every sequence equals `generate` on the same GPU."""
+    cuda = load_checkpoint(tiny_ckpt, device="cuda")
+    reqs = requests(windows, mixed_policies(ckpt, windows), n=6)
+    pool = Pool(cuda, slots=3, max_loops=CAP)
+    ids = [pool.submit(r) for r in reqs]
+    done = pool.run()
+    for rid, req in zip(ids, reqs):
+        c, gen = done[rid], alone(cuda, req)
+        assert (c.ids, c.exit_loops, c.prompt_exit_loops) == (gen.ids, gen.exit_loops, gen.prompt_exit_loops)
+        torch.testing.assert_close(c.logits.cpu(), gen.logits.cpu(), atol=TOL, rtol=0)
+    assert pool.call_s["core"] > 0
 
 
 def test_pool_on_a_huginn_format_model():

@@ -86,7 +86,10 @@ def key_chunks(slabs: np.ndarray, pos: np.ndarray, bytes_per_key: int, device) -
     n_rows, hi = len(pos), int(pos.max())
     on_cpu = torch.device(device).type == "cpu"
     per_chunk = max(1, CPU_CHUNK_BYTES // (bytes_per_key * (hi + 1))) if on_cpu else n_rows
-    tensor = (lambda a: torch.from_numpy(a)) if on_cpu else (lambda a: torch.from_numpy(a).to(device))
+
+    def tensor(a: np.ndarray) -> Tensor:
+        return torch.from_numpy(a).to(device)
+
     if per_chunk >= n_rows:
         mask = None if pos.min() == hi else tensor(_causal_mask(pos, hi))
         return KeyChunks(None, None, [n_rows], (tensor(slabs),), [hi + 1], [mask])

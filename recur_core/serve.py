@@ -142,7 +142,7 @@ class _Sequence:
 
     @property
     def n_rows(self) -> int:
-        return len(self.positions)  # a range or list: its rows' positions
+        return len(self.positions)  # its rows' positions
 
     @property
     def greedy(self) -> bool:

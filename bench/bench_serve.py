@@ -209,29 +209,52 @@ def measure(ckpt, prompts, policy, slots, args, cap, cost: CostModel) -> dict:
                 rows_per_call={k: run.call_rows[k] / n if n else float("nan") for k, n in run.calls.items()})
 
 
+# Bytes written between two cold-timed calls: more than any last-level cache here (this CPU's L3 is
+# 32 MiB, an H200's L2 about 60 MB), so the call reads its weights from memory, as it does inside the
+# pool, where each step streams the cache's keys and values through the caches in between.
+FLUSH_BYTES = 128 << 20
+
+
 @torch.inference_mode()
-def call_times_ms(model, rows_list, repeats: int = 30) -> dict[int, dict[str, float]]:
+def call_times_ms(model, rows_list, repeats: int = 30, cold: bool = False) -> dict[int, dict[str, float]]:
     """Milliseconds per call of the prelude, one core loop and the readout (coda + head) on `rows`
-    single tokens without a cache (best of 3 x repeats): how a call's cost grows with its rows."""
+    single tokens without a cache: how a call's cost grows with its rows. Hot (cold False): best of
+    3 x repeats back-to-back calls, the weights in cache. Cold: the median of `repeats` calls, each
+    after FLUSH_BYTES were written, so it streams its weights from memory."""
     d, out, device = model.cfg.d_model, {}, model.embed.weight.device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    flush = torch.zeros(FLUSH_BYTES // 4, device=device) if cold else None
     for rows in rows_list:
         ids, x = torch.zeros(rows, 1, dtype=torch.long, device=device), torch.randn(rows, 1, d, device=device)
         calls = {"prelude": lambda ids=ids: model.prelude(ids), "core": lambda x=x: model.core_step(x, x),
                  "readout": lambda x=x: model.readout(x)}
-        out[rows] = {}
-        for kind, fn in calls.items():
-            fn()
-            best = float("inf")
-            for _ in range(3):
-                sync()
-                t = time.perf_counter()
-                for _ in range(repeats):
-                    fn()
-                sync()
-                best = min(best, (time.perf_counter() - t) / repeats * 1e3)
-            out[rows][kind] = best
+        out[rows] = {kind: (_cold_ms if cold else _hot_ms)(fn, repeats, sync, flush) for kind, fn in calls.items()}
     return out
+
+
+def _hot_ms(fn, repeats, sync, _flush) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(3):
+        sync()
+        t = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        sync()
+        best = min(best, (time.perf_counter() - t) / repeats * 1e3)
+    return best
+
+
+def _cold_ms(fn, repeats, sync, flush) -> float:
+    times = []
+    for _ in range(repeats):
+        flush.add_(1.0)
+        sync()
+        t = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - t) * 1e3)
+    return float(np.median(times))
 
 
 def proxy_cost(cost: CostModel, completions, policy) -> float:
@@ -377,10 +400,12 @@ def main(argv=None):
     pools = run_pools(ckpt, prompts, cal, args, cap, CostModel(cfg))
     report(pools, cal)
 
-    times = call_times_ms(ckpt.model, sorted({1, 4, *args.pools}))
-    log("\nms per batched call on single tokens, no cache, by rows per call:")
+    rows_list = sorted({1, 4, 16, *args.pools})
+    times, cold = call_times_ms(ckpt.model, rows_list), call_times_ms(ckpt.model, rows_list, repeats=15, cold=True)
+    log("\nms per batched call on single tokens, no cache, by rows per call (hot: weights in cache, back to back;"
+        f" cold: after writing {FLUSH_BYTES >> 20} MiB, weights from memory, as inside the pool):")
     for rows, t in times.items():
-        log(f"  {rows:3d} rows: " + "  ".join(f"{k} {v:6.3f}" for k, v in t.items()))
+        log(f"  {rows:3d} rows: " + "  ".join(f"{k} {v:6.3f} / {cold[rows][k]:6.3f}" for k, v in t.items()))
 
     largest = pools[args.pools[-1]]
     names = list(largest)  # the configurations served
@@ -399,7 +424,8 @@ def main(argv=None):
                                         "model_call_speedup",
                                         "model_call_fraction_of_bound", "scheduler_share", "latency_p50_ms", "latency_p95_ms",
                                         "sequence_slowdown_p50", "sequence_slowdown_p95", "sequence_slowdown_max")},
-               pools={str(k): v for k, v in pools.items()}, call_ms={str(k): v for k, v in times.items()})
+               pools={str(k): v for k, v in pools.items()}, call_ms={str(k): v for k, v in times.items()},
+               call_ms_cold={str(k): v for k, v in cold.items()})
     print(json.dumps(out, default=float))
 
 

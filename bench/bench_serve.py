@@ -35,6 +35,7 @@ realized speedup among those that met the target) at the top level, every figure
     python bench/bench_serve.py                      # checkpoints/demo-r8, 64 requests, pools 1 8 32
     python bench/bench_serve.py --ckpt runs/x/best --requests 16 --pools 1,8
     python bench/bench_serve.py --ckpt checkpoints/hops   # 32-token program prefixes, 33 new tokens
+    python bench/bench_serve.py --pools 32 --calibration bench/calibration/demo-r8.json   # the search skipped
 """
 from __future__ import annotations
 
@@ -88,7 +89,9 @@ def parse_args(argv=None):
     p.add_argument("--serve", default="a1,latent,a2",
                    help="per-token policies to serve after calibrating (A0@r_bar and the best uniform depth always run)")
     p.add_argument("--calibration", default=None,
-                   help="JSON file of the calibration: read if it exists (the search is skipped), else written")
+                   help="JSON file of the calibration: read if it exists (the search is skipped; it must be of "
+                        "this checkpoint and loop cap), else written. bench/calibration/ holds the ones of the "
+                        "shipped checkpoints that docs/BENCHMARKS.md used")
     p.add_argument("--quick", action="store_true",
                    help="a smoke run: 6 requests, 8 new tokens, 8-token prompts, pools 1 and 3, 4 windows, 2 repeats")
     args = p.parse_args(argv)
@@ -121,9 +124,13 @@ class Calibration(SimpleNamespace):
 def calibrate(ckpt, args, cap, r_bar) -> Calibration:
     """Thresholds matched to A0@r_bar's teacher-forced quality; read from / written to --calibration when given."""
     path = Path(args.calibration) if args.calibration else None
+    saved = json.loads(path.read_text()) if path is not None and path.exists() else None
+    made_for = saved and (saved.get("checkpoint"), saved.get("loop_cap"))
+    if saved and made_for != (ckpt.checkpoint_id, cap):
+        raise SystemExit(f"{path} calibrates checkpoint {made_for[0]} at loop cap {made_for[1]}, not "
+                         f"{ckpt.checkpoint_id} at {cap}: pass another file, or a new path to calibrate")
     probe = None if args.no_a2 else load_or_train_probes(ckpt, cap, args.seed, kinds=("kl",))["kl"]
-    if path is not None and path.exists():
-        saved = json.loads(path.read_text())
+    if saved:
         log(f"  calibration read from {path}: {saved['metric']} target {saved['target']:.5f} "
             f"({saved['windows']} windows)")
         configs = {name: (policy_of(kind, th, cap, probe), SimpleNamespace(score=score, mean_loops=loops), ok)
@@ -132,7 +139,8 @@ def calibrate(ckpt, args, cap, r_bar) -> Calibration:
         return Calibration(configs=configs, **{k: saved[k] for k in ("target", "best_uniform", "windows", "metric")})
     cal, kinds = search(ckpt, args, cap, r_bar, probe)
     if path is not None:
-        path.write_text(json.dumps(dict(target=cal.target, best_uniform=cal.best_uniform, windows=cal.windows,
+        path.write_text(json.dumps(dict(checkpoint=ckpt.checkpoint_id, loop_cap=cap, target=cal.target,
+                                        best_uniform=cal.best_uniform, windows=cal.windows,
                                         metric=cal.metric, configs={
             name: [kinds[name][0], kinds[name][1], tf.score, tf.mean_loops, ok]
             for name, (_, tf, ok) in cal.configs.items()}), indent=1))
@@ -210,8 +218,9 @@ def measure(ckpt, prompts, policy, slots, args, cap, cost: CostModel) -> dict:
 
 
 # Bytes written between two cold-timed calls: more than any last-level cache here (this CPU's L3 is
-# 32 MiB, an H200's L2 about 60 MB), so the call reads its weights from memory, as it does inside the
-# pool, where each step streams the cache's keys and values through the caches in between.
+# 32 MiB, an H200's L2 about 60 MB), so the call reads its weights (and, on a CPU, the interpreter's
+# and torch's code and data) from memory; inside the pool each step streams the cache's keys and
+# values through the caches between two calls of a kind.
 FLUSH_BYTES = 128 << 20
 
 
@@ -220,7 +229,7 @@ def call_times_ms(model, rows_list, repeats: int = 30, cold: bool = False) -> di
     """Milliseconds per call of the prelude, one core loop and the readout (coda + head) on `rows`
     single tokens without a cache: how a call's cost grows with its rows. Hot (cold False): best of
     3 x repeats back-to-back calls, the weights in cache. Cold: the median of `repeats` calls, each
-    after FLUSH_BYTES were written, so it streams its weights from memory."""
+    after FLUSH_BYTES were written, so it reads its weights from memory."""
     d, out, device = model.cfg.d_model, {}, model.embed.weight.device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     flush = torch.zeros(FLUSH_BYTES // 4, device=device) if cold else None
@@ -403,7 +412,7 @@ def main(argv=None):
     rows_list = sorted({1, 4, 16, *args.pools})
     times, cold = call_times_ms(ckpt.model, rows_list), call_times_ms(ckpt.model, rows_list, repeats=15, cold=True)
     log("\nms per batched call on single tokens, no cache, by rows per call (hot: weights in cache, back to back;"
-        f" cold: after writing {FLUSH_BYTES >> 20} MiB, weights from memory, as inside the pool):")
+        f" cold: after writing {FLUSH_BYTES >> 20} MiB, weights and code from memory):")
     for rows, t in times.items():
         log(f"  {rows:3d} rows: " + "  ".join(f"{k} {v:6.3f} / {cold[rows][k]:6.3f}" for k, v in t.items()))
 

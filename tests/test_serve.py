@@ -246,8 +246,9 @@ def test_a_chunked_prompt_puts_at_most_a_chunk_of_rows_in_a_step(ckpt, windows):
 
 def test_bench_serve_runs_on_tiny(tiny_ckpt, tmp_path):
     env = {**os.environ, "RECUR_CACHE_DIR": str(tmp_path / "cache")}
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_serve.py"), "--ckpt", str(tiny_ckpt),
-                          "--quick"], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    bench = [sys.executable, str(ROOT / "bench" / "bench_serve.py"), "--ckpt", str(tiny_ckpt), "--quick",
+             "--calibration", str(tmp_path / "calibration.json")]
+    out = subprocess.run(bench, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     for key in ("pool", "realized_speedup_vs_a0_rbar", "realized_speedup_vs_best_uniform", "flop_proxy_speedup",
@@ -271,6 +272,12 @@ def test_bench_serve_runs_on_tiny(tiny_ckpt, tmp_path):
                    "where the time goes", "paired over repetitions"):
         assert figure in out.stdout, figure
     assert result["repeats"] == 2
+    saved = json.loads((tmp_path / "calibration.json").read_text())  # the search, written for later runs
+    cap = result["loop_cap"]
+    assert saved["checkpoint"] == load_checkpoint(tiny_ckpt).checkpoint_id and saved["loop_cap"] == cap
+    (tmp_path / "calibration.json").write_text(json.dumps({**saved, "loop_cap": cap + 1}))
+    refused = subprocess.run(bench, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert refused.returncode != 0 and f"at loop cap {cap + 1}, not" in refused.stderr
     for table in ("call_ms", "call_ms_cold"):
         assert set(result[table]["1"]) == {"prelude", "core", "readout"}
         assert all(ms > 0 for row in result[table].values() for ms in row.values())

@@ -124,13 +124,9 @@ class Calibration(SimpleNamespace):
 def calibrate(ckpt, args, cap, r_bar) -> Calibration:
     """Thresholds matched to A0@r_bar's teacher-forced quality; read from / written to --calibration when given."""
     path = Path(args.calibration) if args.calibration else None
-    saved = json.loads(path.read_text()) if path is not None and path.exists() else None
-    made_for = saved and (saved.get("checkpoint"), saved.get("loop_cap"))
-    if saved and made_for != (ckpt.checkpoint_id, cap):
-        raise SystemExit(f"{path} calibrates checkpoint {made_for[0]} at loop cap {made_for[1]}, not "
-                         f"{ckpt.checkpoint_id} at {cap}: pass another file, or a new path to calibrate")
+    saved = read_calibration(path, ckpt.checkpoint_id, cap) if path is not None and path.exists() else None
     probe = None if args.no_a2 else load_or_train_probes(ckpt, cap, args.seed, kinds=("kl",))["kl"]
-    if saved:
+    if saved is not None:
         log(f"  calibration read from {path}: {saved['metric']} target {saved['target']:.5f} "
             f"({saved['windows']} windows)")
         configs = {name: (policy_of(kind, th, cap, probe), SimpleNamespace(score=score, mean_loops=loops), ok)
@@ -145,6 +141,19 @@ def calibrate(ckpt, args, cap, r_bar) -> Calibration:
             name: [kinds[name][0], kinds[name][1], tf.score, tf.mean_loops, ok]
             for name, (_, tf, ok) in cal.configs.items()}), indent=1))
     return cal
+
+
+def read_calibration(path: Path, checkpoint_id: str, cap: int) -> dict:
+    """A saved calibration, refused (SystemExit) unless it is of this checkpoint and loop cap."""
+    try:
+        saved = json.loads(path.read_text())
+        made_for = (saved.get("checkpoint"), saved.get("loop_cap"))
+    except (json.JSONDecodeError, AttributeError) as err:
+        raise SystemExit(f"{path} is not a calibration file ({err})") from None
+    if made_for != (checkpoint_id, cap):
+        raise SystemExit(f"{path} calibrates checkpoint {made_for[0]} at loop cap {made_for[1]}, not "
+                         f"{checkpoint_id} at {cap}: pass another file, or a new path to calibrate")
+    return saved
 
 
 def quality_measure(ckpt, args, cap, windows):

@@ -246,11 +246,12 @@ def call_times_ms(model, rows_list, repeats: int = 30, cold: bool = False) -> di
         ids, x = torch.zeros(rows, 1, dtype=torch.long, device=device), torch.randn(rows, 1, d, device=device)
         calls = {"prelude": lambda ids=ids: model.prelude(ids), "core": lambda x=x: model.core_step(x, x),
                  "readout": lambda x=x: model.readout(x)}
-        out[rows] = {kind: (_cold_ms if cold else _hot_ms)(fn, repeats, sync, flush) for kind, fn in calls.items()}
+        out[rows] = {kind: _cold_ms(fn, repeats, sync, flush) if cold else _hot_ms(fn, repeats, sync)
+                     for kind, fn in calls.items()}
     return out
 
 
-def _hot_ms(fn, repeats, sync, _flush) -> float:
+def _hot_ms(fn, repeats, sync) -> float:
     fn()
     best = float("inf")
     for _ in range(3):

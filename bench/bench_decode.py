@@ -12,7 +12,7 @@ For each checkpoint:
   3. The FLOP proxy of the same runs: multiply-accumulates of prelude, core loops, coda, head and
      exit checks, with the real exit depths, readouts and context lengths; its ratio to A0 is the
      speedup the proxy predicts, to hold the realized speedup against.
-  4. Faithfulness: teacher-forced decoding against the masking harness (recur_core.harness),
+  4. Faithfulness: teacher-forced decoding against the masking harness (recur_core.analysis.harness),
      the two KV rules, and how far halted tokens' kept logits drift from a full-depth
      recomputation of the generated text.
 
@@ -43,11 +43,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from recur_core import load_checkpoint  # noqa: E402
-from recur_core.decode import generate, generation_drift, teacher_forced  # noqa: E402
-from recur_core.ground_truth import load_ground_truth  # noqa: E402
-from recur_core.harness import run_exact  # noqa: E402
-from recur_core.policies import ConvergenceExit, LatentDiff, LinearRouter, Uniform  # noqa: E402
-from recur_core.probe import load_or_train_probes  # noqa: E402
+from recur_core.decoding.decode import generate, generation_drift, teacher_forced  # noqa: E402
+from recur_core.analysis.ground_truth import load_ground_truth  # noqa: E402
+from recur_core.analysis.harness import run_exact  # noqa: E402
+from recur_core.exits.policies import ConvergenceExit, LatentDiff, LinearRouter, Uniform  # noqa: E402
+from recur_core.analysis.probe import load_or_train_probes  # noqa: E402
 from recur_core.settings import SETTINGS  # noqa: E402
 from hops_decode import bench_hops  # noqa: E402
 from matching import match_threshold  # noqa: E402
@@ -311,7 +311,7 @@ def bench_checkpoint(path, args) -> dict:
         + (f", A2 {a2_ok} (tau {tau:.3g})" if not args.no_a2 else ""))
     log(f"equal compute: A0 at A1's mean loops {a1.mean_loops:.3f} has loss {loss_a0_at_m:.5f} (interpolated between "
         f"A0@{lo} {a0_lo.loss:.5f} and A0@{hi} {a0_hi.loss:.5f}); A1 - that = {a1.loss - loss_a0_at_m:+.5f} nats")
-    log(f"masking harness (recur_core.harness): A1 loss {harness_a1.loss:.5f} loops {harness_a1.mean_loops:.3f}; "
+    log(f"masking harness (recur_core.analysis.harness): A1 loss {harness_a1.loss:.5f} loops {harness_a1.mean_loops:.3f}; "
         f"latent loss {harness_lat.loss:.5f} loops {harness_lat.mean_loops:.3f}")
     log(f"teacher-forced decode - harness: A1 'latest' {a1.loss - harness_a1.loss:+.5f}, "
         f"A1 'recompute' {rec_a1.loss - harness_a1.loss:+.5f}, latent 'latest' {lat.loss - harness_lat.loss:+.5f}, "

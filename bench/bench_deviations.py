@@ -25,12 +25,12 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from recur_core import LoopedLM, load_checkpoint  # noqa: E402
-from recur_core.analysis import fast_curve, loops_to_match  # noqa: E402
-from recur_core.cache import TraceCache  # noqa: E402
-from recur_core.policies import ConvergenceExit, Uniform  # noqa: E402
+from recur_core.analysis.curves import fast_curve, loops_to_match  # noqa: E402
+from recur_core.analysis.cache import TraceCache  # noqa: E402
+from recur_core.exits.policies import ConvergenceExit, Uniform  # noqa: E402
 from recur_core.settings import SETTINGS  # noqa: E402
-from recur_core.stats import Bootstrap  # noqa: E402
-from recur_core.trace import trace  # noqa: E402
+from recur_core.analysis.stats import Bootstrap  # noqa: E402
+from recur_core.analysis.trace import trace  # noqa: E402
 from training.depth_sampler import sample_depth  # noqa: E402
 from training.presets import PRESETS  # noqa: E402
 

@@ -31,9 +31,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from recur_core import load_checkpoint  # noqa: E402
-from recur_core.analysis import policy_families  # noqa: E402
-from recur_core.harness import SweepWork, run_exact_sweep  # noqa: E402
-from recur_core.probe import load_or_train_probes  # noqa: E402
+from recur_core.analysis.curves import policy_families  # noqa: E402
+from recur_core.analysis.harness import SweepWork, run_exact_sweep  # noqa: E402
+from recur_core.analysis.probe import load_or_train_probes  # noqa: E402
 
 
 def floor_flops(cfg, work: SweepWork) -> float:

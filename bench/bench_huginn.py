@@ -40,8 +40,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from recur_core import load_checkpoint  # noqa: E402
-from recur_core.huginn import huginn_config, huginn_shapes  # noqa: E402
-from recur_core.trace import trace  # noqa: E402
+from recur_core.model.huginn import huginn_config, huginn_shapes  # noqa: E402
+from recur_core.analysis.trace import trace  # noqa: E402
 
 TOKENIZER = ROOT / "tests" / "fixtures" / "huginn_tiny" / "tokenizer.json"
 LOAD_MODEL = dict(n_embd=1024, num_attention_heads=8, intermediate_size=5632)   # ~0.97 GB in float32
@@ -81,8 +81,8 @@ def proc_status(key: str) -> int:
 def measure_load(folder: str, variant: str) -> dict:
     """Run in the child: peak RSS of one load above the RSS before it, and the loaded weights' bytes."""
     from safetensors.torch import load_file
-    from recur_core.huginn import huginn_tensors
-    from recur_core.model import LoopedLM
+    from recur_core.model.huginn import huginn_tensors
+    from recur_core.model.looped_lm import LoopedLM
     cfg, _ = huginn_config(json.loads((Path(folder) / "config.json").read_text()))
     before = proc_status("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:

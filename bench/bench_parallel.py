@@ -1,4 +1,4 @@
-"""Window batches on worker threads (recur_core.parallel) against batches one after another using
+"""Window batches on worker threads (recur_core.analysis.parallel) against batches one after another using
 torch's intra-op threads, for the tracer and the exact harness, in one process.
 
 Both variants run on the same windows with the same torch thread count (--threads); the serial
@@ -24,10 +24,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from recur_core import load_checkpoint  # noqa: E402
-from recur_core.analysis import policy_families  # noqa: E402
-from recur_core.harness import run_exact_sweep  # noqa: E402
+from recur_core.analysis.curves import policy_families  # noqa: E402
+from recur_core.analysis.harness import run_exact_sweep  # noqa: E402
 from recur_core.settings import SETTINGS  # noqa: E402
-from recur_core.trace import trace  # noqa: E402
+from recur_core.analysis.trace import trace  # noqa: E402
 
 
 def timed(fn, workers: str | None):

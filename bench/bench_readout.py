@@ -34,7 +34,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from recur_core.readout import readout_stats_chunked, readout_stats_reference  # noqa: E402
+from recur_core.exits.readout import readout_stats_chunked, readout_stats_reference  # noqa: E402
 
 V, D = 49_152, 576
 HEADLINE_T = 1024

@@ -57,10 +57,10 @@ from hops_decode import AccuracyCalibrator  # noqa: E402
 from matching import match_threshold  # noqa: E402
 
 from recur_core import load_checkpoint  # noqa: E402
-from recur_core.ground_truth import load_ground_truth  # noqa: E402
-from recur_core.policies import ConvergenceExit, LatentDiff, LinearRouter, Uniform  # noqa: E402
-from recur_core.probe import load_or_train_probes  # noqa: E402
-from recur_core.serve import Request, serve  # noqa: E402
+from recur_core.analysis.ground_truth import load_ground_truth  # noqa: E402
+from recur_core.exits.policies import ConvergenceExit, LatentDiff, LinearRouter, Uniform  # noqa: E402
+from recur_core.analysis.probe import load_or_train_probes  # noqa: E402
+from recur_core.decoding.serve import Request, serve  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -23,10 +23,10 @@ import time
 import torch
 
 from recur_core import load_checkpoint
-from recur_core.decode import teacher_forced
-from recur_core.ground_truth import load_ground_truth
-from recur_core.policies import ConvergenceExit, LatentDiff, LinearRouter, Uniform
-from recur_core.probe import load_or_train_probes
+from recur_core.decoding.decode import teacher_forced
+from recur_core.analysis.ground_truth import load_ground_truth
+from recur_core.exits.policies import ConvergenceExit, LatentDiff, LinearRouter, Uniform
+from recur_core.analysis.probe import load_or_train_probes
 from training.hops import PAD
 
 from matching import match_threshold

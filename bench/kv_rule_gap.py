@@ -31,12 +31,12 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from recur_core import load_checkpoint  # noqa: E402
-from recur_core.analysis import TOKEN_CLASSES, vocab_classes  # noqa: E402
-from recur_core.decode import Decoder, row_noise, teacher_forced  # noqa: E402
-from recur_core.harness import run_exact  # noqa: E402
-from recur_core.policies import LinearRouter, Policy, Uniform  # noqa: E402
-from recur_core.probe import load_or_train_probes  # noqa: E402
-from recur_core.trace import trace  # noqa: E402
+from recur_core.analysis.curves import TOKEN_CLASSES, vocab_classes  # noqa: E402
+from recur_core.decoding.decode import Decoder, row_noise, teacher_forced  # noqa: E402
+from recur_core.analysis.harness import run_exact  # noqa: E402
+from recur_core.exits.policies import LinearRouter, Policy, Uniform  # noqa: E402
+from recur_core.analysis.probe import load_or_train_probes  # noqa: E402
+from recur_core.analysis.trace import trace  # noqa: E402
 
 TAU_GRID = (0.9, 0.8, 0.7, 0.671, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05)
 

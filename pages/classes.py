@@ -2,7 +2,7 @@
 import pandas as pd
 import streamlit as st
 
-from recur_core.analysis import TOKEN_CLASSES
+from recur_core.analysis.curves import TOKEN_CLASSES
 
 from ui import charts, compute, download, state
 

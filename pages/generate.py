@@ -1,15 +1,15 @@
 """Generate: decoding with real per-token halting; each new token is coloured by its exit depth.
 
-A thin view over recur_core.decode.generate (one prompt) and recur_core.serve (several prompts at
+A thin view over recur_core.decode.generate (one prompt) and recur_core.decoding.serve (several prompts at
 once: a pool whose tokens sit at different loops share one core step). The chosen policy decodes,
 then uniform depth r̄ runs the same prompts with the same sampling, for tokens/s side by side.
 """
 import streamlit as st
 
-from recur_core.decode import generate, token_pieces
-from recur_core.kv import KV_RULES
-from recur_core.policies import Uniform
-from recur_core.serve import Request, serve
+from recur_core.decoding.decode import generate, token_pieces
+from recur_core.decoding.kv import KV_RULES
+from recur_core.exits.policies import Uniform
+from recur_core.decoding.serve import Request, serve
 from ui import compute, decoding, state
 
 m = state.require_model()

@@ -1,6 +1,6 @@
 """recur_core: the runtime for depth-recurrent (looped) transformers."""
-from .checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
-from .config import ModelConfig
-from .model import LoopedLM
+from .model.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from .model.config import ModelConfig
+from .model.looped_lm import LoopedLM
 
 __all__ = ["Checkpoint", "CheckpointError", "LoopedLM", "ModelConfig", "load_checkpoint", "save_checkpoint"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .recipe import Recipe
+from .model.recipe import Recipe
 
 
 @dataclass(frozen=True)

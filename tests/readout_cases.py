@@ -3,7 +3,7 @@ import math
 
 import torch
 
-from recur_core.readout import ReadoutStats
+from recur_core.exits.readout import ReadoutStats
 
 # (atol, rtol) per input dtype; the chunked path upcasts W chunks, so bf16 differs from the
 # reference (which upcasts too) only by summation order.

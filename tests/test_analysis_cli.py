@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from recur_core.analysis import (classify_text, interp_rows, json_safe, loops_to_reach, matched_depth_table,
+from recur_core.analysis.curves import (classify_text, interp_rows, json_safe, loops_to_reach, matched_depth_table,
                                  settle_loop, weighted_median_rows, Curve)
-from recur_core.stats import Bootstrap
+from recur_core.analysis.stats import Bootstrap
 
 ROOT = Path(__file__).resolve().parents[1]
 PLACEHOLDERS = {"<class>": ["whitespace", "numeral", "punctuation", "word", "other"],
@@ -150,7 +150,7 @@ def test_difference_from_a0_bands_are_paired():
     """Every window is 0.01 nats better under the policy than under A0 at the same depth, while the
     windows themselves differ by ~1 nat. A paired band (same resampled windows in both terms) is
     exactly 0.01 wide zero; an unpaired one would span about +-0.4 nats."""
-    from recur_core.analysis import difference_from_a0
+    from recur_core.analysis.curves import difference_from_a0
     rng = np.random.default_rng(0)
     n, depths = 30, np.arange(1, 6, dtype=float)
     window_level = rng.normal(3.0, 1.0, size=(n, 1))
@@ -179,8 +179,8 @@ def test_difference_from_a0_bands_are_paired():
 
 
 def test_elasticity_difference_is_paired_and_needs_the_same_windows(ckpt):
-    from recur_core.analysis import elasticity_difference
-    from recur_core.trace import trace
+    from recur_core.analysis.curves import elasticity_difference
+    from recur_core.analysis.trace import trace
     windows = ckpt.windows("eval")[:6]
     tr = trace(ckpt, windows, 3, seed=0, cache=False)
     other = trace(ckpt, windows, 3, seed=7, cache=False)  # another noise draw: a stand-in for a second checkpoint

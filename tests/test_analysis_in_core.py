@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from recur_core import analysis
-from recur_core.policies import ConvergenceExit
-from recur_core.trace import trace
+from recur_core.analysis import curves as analysis
+from recur_core.exits.policies import ConvergenceExit
+from recur_core.analysis.trace import trace
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_metrics_parser_reads_old_and_new_logs(tmp_path):
 
 def test_dead_code_is_gone():
     import training.depth_sampler
-    from recur_core import decode
+    from recur_core.decoding import decode
     from ui import compute
 
     assert not hasattr(analysis, "evaluate_policies")

@@ -92,8 +92,8 @@ def eps_slider(at: AppTest):
 def engine_depths(ckpt_dir: Path, text: str, eps: float) -> tuple[np.ndarray, np.ndarray]:
     """A1 exit depths of a text computed directly with recur_core, as the app should show them."""
     from recur_core import load_checkpoint
-    from recur_core.policies import ConvergenceExit
-    from recur_core.trace import trace
+    from recur_core.exits.policies import ConvergenceExit
+    from recur_core.analysis.trace import trace
 
     ckpt = load_checkpoint(ckpt_dir)
     ids = ckpt.tokenizer().encode(text).ids[:ckpt.config.max_seq_len]
@@ -204,7 +204,7 @@ def test_curve_page_defaults_to_paired_differences_from_a0(app_env):
 
 
 def test_curve_slider_only_looks_the_sweep_up(app_env, monkeypatch):
-    from recur_core import analysis
+    from recur_core.analysis import curves as analysis
     calls = []
     real = analysis.allocation
     monkeypatch.setattr(analysis, "allocation", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -252,8 +252,8 @@ def test_curve_page_exact_mode_on_pasted_text(app_env):
 # -- page 3: compare policies ------------------------------------------------------------------------------
 def test_compare_page_three_strips(app_env):
     from recur_core import load_checkpoint
-    from recur_core.policies import ArgmaxStable
-    from recur_core.trace import trace
+    from recur_core.exits.policies import ArgmaxStable
+    from recur_core.analysis.trace import trace
     at = submit_text(new_app(), TEXT)
     goto(at, "compare")
     at.slider(key="cmp_r").set_value(2).run()

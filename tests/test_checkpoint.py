@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import save_file
 
 from recur_core import CheckpointError, LoopedLM, ModelConfig, load_checkpoint, save_checkpoint
-from recur_core.checkpoint import checkpoint_id, stored_dtype_name
+from recur_core.model.checkpoint import checkpoint_id, stored_dtype_name
 
 CFG = ModelConfig(vocab_size=50, d_model=32, n_heads=2, n_kv_heads=1, ffn_dim=48,
                   n_prelude=1, n_core=1, n_coda=1, max_seq_len=16)
@@ -117,7 +117,7 @@ def test_missing_pieces_and_paths_have_clear_errors(tmp_path):
 
 
 def test_recovery_after_a_kill_between_renames_or_mid_write(tmp_path):
-    from recur_core.checkpoint import recover_interrupted
+    from recur_core.model.checkpoint import recover_interrupted
     _, path, first = saved(tmp_path)
     path.rename(tmp_path / "ckpt.old")  # killed after moving the old one aside
     (tmp_path / ".ckpt.tmp-abc").mkdir()  # and a half-written temp dir left behind

@@ -1,4 +1,4 @@
-"""Decoding with real per-token halting (recur_core.decode) on the tiny checkpoint."""
+"""Decoding with real per-token halting (recur_core.decoding.decode) on the tiny checkpoint."""
 from __future__ import annotations
 
 import json
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from recur_core.decode import Decoder, full_depth_logits, generate, generation_drift, sample_next, teacher_forced
-from recur_core.kv import KV_RULES
-from recur_core.policies import ConvergenceExit, LatentDiff, LinearRouter, LoopSignals, Uniform
-from recur_core.probe import Probe
-from recur_core.trace import noise_seed
+from recur_core.decoding.decode import Decoder, full_depth_logits, generate, generation_drift, sample_next, teacher_forced
+from recur_core.decoding.kv import KV_RULES
+from recur_core.exits.policies import ConvergenceExit, LatentDiff, LinearRouter, LoopSignals, Uniform
+from recur_core.analysis.probe import Probe
+from recur_core.analysis.trace import noise_seed
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 2e-5  # float32 reordering (cached attention over a slab, masks)

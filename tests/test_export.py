@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from recur_core import load_checkpoint
-from training.export import DEVIATIONS, SHIPPED_FILES, card, export, saturation_section
+from recur_core.model.checkpoint import SHIPPED_FILES
+from training.export import DEVIATIONS, card, export, saturation_section
 from training.sources import KNOWN
 
 ROOT = Path(__file__).resolve().parents[1]

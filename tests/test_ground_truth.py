@@ -1,11 +1,11 @@
-"""recur_core.ground_truth: rank correlation, and the report's ground_truth section on a tiny model
+"""recur_core.analysis.ground_truth: rank correlation, and the report's ground_truth section on a tiny model
 trained for seconds on multi-hop programs (present only for checkpoints with ground truth)."""
 import json
 
 import numpy as np
 import pytest
 
-from recur_core.ground_truth import load_ground_truth, spearman
+from recur_core.analysis.ground_truth import load_ground_truth, spearman
 from training.hops_card import learned_line
 from tiny import make_tiny_hops_checkpoint
 

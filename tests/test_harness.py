@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from recur_core.analysis import exact_curves, fast_curve, fast_minus_exact
-from recur_core.harness import run_exact
-from recur_core.policies import ConvergenceExit, LatentDiff, Policy, Uniform
-from recur_core.stats import Bootstrap
-from recur_core.trace import trace
+from recur_core.analysis.curves import exact_curves, fast_curve, fast_minus_exact
+from recur_core.analysis.harness import run_exact
+from recur_core.exits.policies import ConvergenceExit, LatentDiff, Policy, Uniform
+from recur_core.analysis.stats import Bootstrap
+from recur_core.analysis.trace import trace
 
 R_MAX = 5
 
@@ -97,9 +97,9 @@ class RandomProbe:
 @torch.inference_mode()
 def naive_exact(model, windows, policy, max_loops, seed):
     """Test oracle: one full-width masking-harness run of one policy (no lanes, no cut-off)."""
-    from recur_core.readout import readout_stats
-    from recur_core.trace import cosine_change, loop_readout, relative_change, split_inputs, window_noise
-    from recur_core.policies import LoopSignals
+    from recur_core.exits.readout import readout_stats
+    from recur_core.analysis.trace import cosine_change, loop_readout, relative_change, split_inputs, window_noise
+    from recur_core.exits.policies import LoopSignals
     inputs, targets = split_inputs(windows)
     e, state = model.prelude(inputs), window_noise(model, range(len(inputs)), inputs.shape[1], seed)
     h_prev = model.coda(state)
@@ -118,8 +118,8 @@ def naive_exact(model, windows, policy, max_loops, seed):
 
 
 def test_sweep_equals_one_run_per_policy(ckpt, windows):
-    from recur_core.harness import SweepWork, run_exact_sweep
-    from recur_core.policies import ArgmaxStable, CosineExit, EntropyDiff, LinearRouter, ReverseKLExit
+    from recur_core.analysis.harness import SweepWork, run_exact_sweep
+    from recur_core.exits.policies import ArgmaxStable, CosineExit, EntropyDiff, LinearRouter, ReverseKLExit
     probe = RandomProbe(ckpt.config.d_model)
     policies = ([Uniform(r) for r in (1, 3, R_MAX)]
                 + [ConvergenceExit(eps, r_max=R_MAX) for eps in (0.0, 1e-4, 1e-2, 0.1, math.inf)]

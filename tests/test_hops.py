@@ -5,8 +5,8 @@ import random
 import pytest
 import torch
 
-from recur_core.checkpoint import load_checkpoint, read_safetensors
-from recur_core.ground_truth import load_ground_truth
+from recur_core.model.checkpoint import load_checkpoint, read_safetensors
+from recur_core.analysis.ground_truth import load_ground_truth
 from tiny import make_tiny_hops_checkpoint
 from training.hops import (HopsStream, HopsTask, build_tokenizer, elimination_chance, eval_program, hop_counts,
                            make_program, program_ids, random_program, structured_embedding, token_hops, trained_hops,

@@ -1,4 +1,4 @@
-"""Huginn-0125's on-disk format (recur_core.huginn) against the reference implementation's outputs.
+"""Huginn-0125's on-disk format (recur_core.model.huginn) against the reference implementation's outputs.
 
 The fixture tests/fixtures/huginn_tiny is a small random model saved by seal-rg/recurrent-pretraining's
 code in the hub's format, with that code's logits after r = 1..32 loops from a zero and from a given
@@ -15,12 +15,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from recur_core import CheckpointError, ModelConfig, load_checkpoint
-from recur_core.decode import full_depth_logits, generate
-from recur_core.harness import run_exact
-from recur_core.huginn import INDEX, huginn_config, memory_estimate
-from recur_core.policies import (ArgmaxStable, ConvergenceExit, CosineExit, EntropyDiff, LatentDiff, LoopSignals,
+from recur_core.decoding.decode import full_depth_logits, generate
+from recur_core.analysis.harness import run_exact
+from recur_core.model.huginn import INDEX, huginn_config, memory_estimate
+from recur_core.exits.policies import (ArgmaxStable, ConvergenceExit, CosineExit, EntropyDiff, LatentDiff, LoopSignals,
                                  ReverseKLExit)
-from recur_core.trace import trace
+from recur_core.analysis.trace import trace
 
 FIXTURE = Path(__file__).parent / "fixtures" / "huginn_tiny"
 REF = load_file(str(FIXTURE / "reference_outputs.safetensors"))

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from recur_core import kv
-from recur_core.kv import GatherKV, key_chunks
+from recur_core.decoding import kv
+from recur_core.decoding.kv import GatherKV, key_chunks
 
 S, HKV, H, L, HD = 11, 2, 6, 23, 5  # slabs, kv heads, query heads (3 per kv head), context, head dim
 BYTES_PER_KEY = 2 * HKV * HD * 4

@@ -1,4 +1,4 @@
-"""recur_core.parallel: batches on CPU worker threads give what one thread gives, in order, and
+"""recur_core.analysis.parallel: batches on CPU worker threads give what one thread gives, in order, and
 leave the caller's torch settings as they were."""
 import threading
 import time
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from recur_core.harness import run_exact_sweep
-from recur_core.parallel import map_batches
-from recur_core.policies import ConvergenceExit, Uniform
-from recur_core.trace import trace
+from recur_core.analysis.harness import run_exact_sweep
+from recur_core.analysis.parallel import map_batches
+from recur_core.exits.policies import ConvergenceExit, Uniform
+from recur_core.analysis.trace import trace
 
 
 @pytest.fixture

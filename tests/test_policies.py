@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from recur_core.policies import (ArgmaxStable, ConvergenceExit, CosineExit, EntropyDiff, LatentDiff, LinearRouter,
+from recur_core.exits.policies import (ArgmaxStable, ConvergenceExit, CosineExit, EntropyDiff, LatentDiff, LinearRouter,
                                  LoopSignals, Uniform)
-from recur_core.trace import Trace
+from recur_core.analysis.trace import Trace
 
 
 def make_trace(kl_prev, state_change=None, router_chance=None) -> Trace:

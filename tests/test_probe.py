@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from recur_core import load_checkpoint
-from recur_core.cache import TraceCache
-from recur_core.policies import LinearRouter, LoopSignals
-from recur_core.probe import (Harvest, Probe, auc, fit_logistic, harvest, load_or_train_probes, split_windows,
+from recur_core.analysis.cache import TraceCache
+from recur_core.exits.policies import LinearRouter, LoopSignals
+from recur_core.analysis.probe import (Harvest, Probe, auc, fit_logistic, harvest, load_or_train_probes, split_windows,
                               train_probe)
 
 
@@ -129,15 +129,15 @@ def test_harvested_any_later_labels_follow_the_trace(ckpt):
 
 def _positions_of(data, tr, ckpt):
     """(window, position, loop) of every harvested sample, recovered from the sampling seed."""
-    from recur_core.probe import _sample_positions
+    from recur_core.analysis.probe import _sample_positions
     pos = _sample_positions(tr.n_windows, tr.seq_len, 4, 0).numpy()
     return [(w, t, i) for w in range(tr.n_windows) for t in pos[w] for i in range(1, tr.max_loops)]
 
 
 def test_kl_label_eps_is_tied_to_a1s_matched_eps(ckpt, tmp_path):
-    from recur_core.analysis import fast_sums
-    from recur_core.policies import ConvergenceExit, Uniform
-    from recur_core.probe import a1_matched_eps
+    from recur_core.analysis.curves import fast_sums
+    from recur_core.exits.policies import ConvergenceExit, Uniform
+    from recur_core.analysis.probe import a1_matched_eps
     probes = load_or_train_probes(ckpt, 4, n_windows=4, tokens_per_window=6, r_bar=2, cache=TraceCache(tmp_path))
     data = harvest(ckpt, ckpt.windows("probe")[:4], max_loops=4, tokens_per_window=6)
     eps = a1_matched_eps(data.trace, 2, 4)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from readout_cases import assert_stats_close, make_inputs
-from recur_core.readout import (readout_stats, readout_stats_chunked,
+from recur_core.exits.readout import (readout_stats, readout_stats_chunked,
                                 readout_stats_reference)
 
 # Logit scales: N(0, scale^2) logits. 40 makes one token dominate, 1e-3 is nearly uniform.

@@ -30,7 +30,7 @@ def test_the_suite_runs_without_the_interpreter():
 
 CUDA_CHECK = """
 import torch
-from recur_core.readout import readout_stats, readout_stats_reference
+from recur_core.exits.readout import readout_stats, readout_stats_reference
 g = torch.Generator(device="cuda").manual_seed(0)
 for dtype, atol in [(torch.float32, 1e-3), (torch.bfloat16, 2e-3)]:
     for T, d, V in [(37, 48, 1007), (300, 576, 49152)]:

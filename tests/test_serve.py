@@ -1,4 +1,4 @@
-"""Depth-wise batched decoding (recur_core.serve) on the tiny checkpoint: every sequence of the pool
+"""Depth-wise batched decoding (recur_core.decoding.serve) on the tiny checkpoint: every sequence of the pool
 decodes to what batch-1 `generate` gives it alone."""
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from recur_core import kv, load_checkpoint
-from recur_core.decode import full_depth_logits, generate
-from recur_core.kv import KV_RULES
-from recur_core.policies import ArgmaxStable, ConvergenceExit, EntropyDiff, LatentDiff, LinearRouter, Uniform
-from recur_core.probe import Probe
-from recur_core.serve import Pool, Request, serve
+from recur_core import load_checkpoint
+from recur_core.decoding import kv
+from recur_core.decoding.decode import full_depth_logits, generate
+from recur_core.decoding.kv import KV_RULES
+from recur_core.exits.policies import ArgmaxStable, ConvergenceExit, EntropyDiff, LatentDiff, LinearRouter, Uniform
+from recur_core.analysis.probe import Probe
+from recur_core.decoding.serve import Pool, Request, serve
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 2e-5  # float32: the pool's batched matmuls and masked, gathered attention vs batch 1

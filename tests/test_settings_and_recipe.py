@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from recur_core import load_checkpoint
-from recur_core.recipe import Recipe
+from recur_core.model.recipe import Recipe
 from recur_core.settings import SETTINGS
 
 DEMO = "checkpoints/demo"
@@ -43,7 +43,7 @@ def test_huginn_folders_record_huginns_sampler():
 
 def test_every_reader_uses_the_checkpoint_recipe(tiny_ckpt, tmp_path):
     """A checkpoint whose meta.json lacks r_max: decode, analyze and the app all take 4 r̄ from the rule."""
-    from recur_core.decode import default_max_loops
+    from recur_core.decoding.decode import default_max_loops
     from ui import compute
 
     ckpt_dir = tmp_path / "no_r_max"
@@ -78,7 +78,7 @@ def test_app_headline_figures_equal_report_json_on_the_demo_checkpoint(tmp_path,
     figure (curves, matched-depth table, loops to match A0 at r̄) are equal, on the exact path (the
     report's headline `allocation`, the app's Exact mode) and on the fast one."""
     from recur_core import analyze
-    from recur_core.analysis import json_safe
+    from recur_core.analysis.curves import json_safe
     from ui import compute
 
     small = dataclasses.replace(SETTINGS, windows=4, probe_windows=8, n_boot=200)

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 
 from recur_core import load_checkpoint
-from recur_core.analysis import convergence, elasticity
-from recur_core.stats import Bootstrap
-from recur_core.trace import trace
-from training.export import SHIPPED_FILES
+from recur_core.analysis.curves import convergence, elasticity
+from recur_core.analysis.stats import Bootstrap
+from recur_core.analysis.trace import trace
+from recur_core.model.checkpoint import SHIPPED_FILES
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 N_WINDOWS = 12

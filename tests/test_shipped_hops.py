@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from recur_core import load_checkpoint
-from recur_core.ground_truth import GROUND_TRUTH, answer_hops, correct_at, load_ground_truth
-from recur_core.trace import trace
-from training.export import SHIPPED_FILES
+from recur_core.analysis.ground_truth import GROUND_TRUTH, answer_hops, correct_at, load_ground_truth
+from recur_core.analysis.trace import trace
+from recur_core.model.checkpoint import SHIPPED_FILES
 from training.hops_card import goals
 
 PATH = Path(__file__).resolve().parents[1] / "checkpoints" / "hops"

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from recur_core.stats import Bootstrap
+from recur_core.analysis.stats import Bootstrap
 
 
 def test_interval_covers_a_known_mean_about_95_percent_of_the_time():

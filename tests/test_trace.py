@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import recur_core.trace as trace_mod
-from recur_core.cache import TraceCache, trace_key
-from recur_core.trace import NO_TARGET, TRACE_FORMAT_VERSION, noise_seed, trace
+import recur_core.analysis.trace as trace_mod
+from recur_core.analysis.cache import TraceCache, trace_key
+from recur_core.analysis.trace import NO_TARGET, TRACE_FORMAT_VERSION, noise_seed, trace
 
 LOOPS = 5
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from recur_core import LoopedLM, load_checkpoint
-from recur_core.checkpoint import read_safetensors
+from recur_core.model.checkpoint import read_safetensors
 from tiny import TINY_SETTINGS, make_tiny_checkpoint, write_corpus
 from training.trainer import lr_at
 from training.presets import PRESETS
@@ -84,7 +84,7 @@ def test_too_little_validation_text_for_disjoint_selection_is_a_clear_error(tmp_
 def test_sampler_mean_is_a_recorded_recipe_field(tmp_path):
     """--set sampler_mean=huginn changes the drawn depths and is written to meta.json, the log's start
     event and the stderr line; a checkpoint without the field reads as "r_bar"."""
-    from recur_core.recipe import Recipe
+    from recur_core.model.recipe import Recipe
     from training.depth_sampler import sample_depth
 
     run = make_tiny_checkpoint(tmp_path, steps=10, sampler_mean="huginn", log_every="1").parent

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from recur_core.recipe import SAMPLER_MEANS
+from recur_core.model.recipe import SAMPLER_MEANS
 
 SAMPLER_SEED_OFFSET = 7_919  # keeps the sampler stream apart from the other per-step seeds
 

@@ -2,8 +2,8 @@
 
     python -m training.export runs/demo/best checkpoints/demo --command "python -m training.run ..."
 
-Every number in the card is measured here with the product's own code (recur_core.trace and
-recur_core.analysis) on the checkpoint's saved eval windows, with the analysis settings of
+Every number in the card is measured here with the product's own code (recur_core.analysis.trace and
+recur_core.analysis.curves) on the checkpoint's saved eval windows, with the analysis settings of
 recur_core.settings (the ones `python -m recur_core.analyze` and the app use). Its training data
 is named by source (training/sources.py), and it links to README.md's deviations from the paper.
 """
@@ -17,18 +17,16 @@ from pathlib import Path
 
 import numpy as np
 
-from recur_core.analysis import convergence, elasticity
-from recur_core.checkpoint import (CONFIG, EVAL_WINDOWS, META, METRICS, PROBE_WINDOWS, TOKENIZER, WEIGHTS,
-                                   atomic_write_dir, load_checkpoint)
-from recur_core.ground_truth import GROUND_TRUTH
-from recur_core.recipe import Recipe
+from recur_core.analysis.curves import convergence, elasticity
+from recur_core.model.checkpoint import SHIPPED_FILES, atomic_write_dir, load_checkpoint
+from recur_core.analysis.ground_truth import GROUND_TRUTH
+from recur_core.model.recipe import Recipe
 from recur_core.settings import SETTINGS
-from recur_core.stats import Bootstrap
-from recur_core.trace import trace
+from recur_core.analysis.stats import Bootstrap
+from recur_core.analysis.trace import trace
 
 from .sources import Source, identify
 
-SHIPPED_FILES = (WEIGHTS, CONFIG, TOKENIZER, META, METRICS, EVAL_WINDOWS, PROBE_WINDOWS)
 CARD_LOOPS = SETTINGS.min_trace_loops  # the card's table runs to loop 32
 DEVIATIONS = "../../README.md#deviations-from-the-paper"
 
@@ -195,7 +193,7 @@ differ from the paper: [Deviations from the paper]({DEVIATIONS}).
 
 ## Measured on the 128 saved eval windows ({m['n_windows']} × {m['tokens_per_window']} tokens)
 
-`python -m training.export` measured these with `recur_core.trace` / `recur_core.analysis` and the
+`python -m training.export` measured these with `recur_core.analysis.trace` / `recur_core.analysis.curves` and the
 settings of `recur_core/settings.py` (noise seed {SETTINGS.seed}, 95% bootstrap intervals over windows,
 {SETTINGS.n_boot} replicates). {m['bytes_per_token']:.3f} bytes of text per token.
 

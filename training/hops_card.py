@@ -1,7 +1,7 @@
 """The model card of a checkpoint trained on multi-hop programs (training/hops.py), for training.export.
 
-Every number is measured here with the product's own code (recur_core.trace, recur_core.probe,
-recur_core.ground_truth) on the checkpoint's 128 held-out eval programs, and judged against the
+Every number is measured here with the product's own code (recur_core.analysis.trace, recur_core.analysis.probe,
+recur_core.analysis.ground_truth) on the checkpoint's 128 held-out eval programs, and judged against the
 goals of the multi-hop checkpoint (issue 10). Unmet goals are stated as such.
 """
 from __future__ import annotations
@@ -14,13 +14,13 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from recur_core.analysis import json_safe
-from recur_core.checkpoint import load_checkpoint
-from recur_core.ground_truth import eos_id, ground_truth_section, load_ground_truth
-from recur_core.probe import load_or_train_probes
+from recur_core.analysis.curves import json_safe
+from recur_core.model.checkpoint import SHIPPED_FILES, atomic_write_dir, load_checkpoint
+from recur_core.analysis.ground_truth import eos_id, ground_truth_section, load_ground_truth
+from recur_core.analysis.probe import load_or_train_probes
 from recur_core.settings import SETTINGS
-from recur_core.stats import Bootstrap
-from recur_core.trace import trace
+from recur_core.analysis.stats import Bootstrap
+from recur_core.analysis.trace import trace
 from training.hops import elimination_chance
 
 CARD_LOOPS = 32
@@ -133,7 +133,7 @@ heads, FFN {tc['ffn_dim']}, prelude/core/coda {tc['n_prelude']}/{tc['n_core']}/{
 
 ## Answer accuracy (%) per hop count × uniform loops, on the 128 held-out programs
 
-Measured by `python -m training.export` with `recur_core.ground_truth` (noise seed 0); the same
+Measured by `python -m training.export` with `recur_core.analysis.ground_truth` (noise seed 0); the same
 numbers as the `ground_truth` section of `python -m recur_core.analyze`.
 
 {chr(10).join(rows)}
@@ -187,9 +187,7 @@ def trained_hops_of(src: Path, task, saved: int) -> int:
 
 def export_hops(src: Path, dst: Path, command: str, machine: str) -> dict:
     """Ship a multi-hop checkpoint: its files plus the ground truth, with the card measured here."""
-    from recur_core.checkpoint import atomic_write_dir
-    from recur_core.ground_truth import GROUND_TRUTH
-    from training.export import SHIPPED_FILES
+    from recur_core.analysis.ground_truth import GROUND_TRUTH
     from training.hops import HopsTask
 
     ckpt = load_checkpoint(src)

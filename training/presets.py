@@ -8,8 +8,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, fields
 
-from recur_core.config import ModelConfig
-from recur_core.recipe import SAMPLER_MEANS, Recipe
+from recur_core.model.config import ModelConfig
+from recur_core.model.recipe import SAMPLER_MEANS, Recipe
 
 # shipped in training/tokenizers/ (Apache-2.0); the same as the hub's HuggingFaceTB/SmolLM2-135M tokenizer
 SMOLLM2_TOKENIZER = "smollm2"

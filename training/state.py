@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from recur_core.checkpoint import read_safetensors
+from recur_core.model.checkpoint import read_safetensors
 
 OPTIMIZER, TRAINER_STATE = "optimizer.safetensors", "trainer_state.json"
 

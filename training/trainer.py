@@ -25,9 +25,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from recur_core.checkpoint import (EVAL_WINDOWS, METRICS, PROBE_WINDOWS, load_checkpoint,
+from recur_core.model.checkpoint import (EVAL_WINDOWS, METRICS, PROBE_WINDOWS, load_checkpoint,
                                    recover_interrupted, save_checkpoint)
-from recur_core.model import LoopedLM
+from recur_core.model.looped_lm import LoopedLM
 
 from . import hops
 from .data import (DataError, DataSpec, ShuffledWindows, StreamedWindows, local_files, pack_windows,

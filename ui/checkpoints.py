@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recur_core import CheckpointError
-from recur_core.checkpoint import stored_dtype_name
-from recur_core.huginn import describe_folder, is_huginn_dir
-from recur_core.recipe import Recipe
+from recur_core.model.checkpoint import stored_dtype_name
+from recur_core.model.huginn import describe_folder, is_huginn_dir
+from recur_core.model.recipe import Recipe
 
 APP_ROOT = Path(__file__).resolve().parents[1]
 MARKERS = ("meta.json", "model.safetensors", "config.json")
@@ -48,7 +48,7 @@ class Entry:
 
     @property
     def recipe(self) -> Recipe | None:
-        """The recipe (recur_core.recipe's fallback rule for missing fields); None if meta.json's is unusable."""
+        """The recipe (recur_core.model.recipe's fallback rule for missing fields); None if meta.json's is unusable."""
         try:
             return Recipe.from_meta(self.meta)
         except (ValueError, TypeError, AttributeError):
@@ -71,7 +71,7 @@ class Entry:
 
     def size_line(self, device: str) -> str:
         """Model size, dtype and the memory it needs on `device` against what is free there."""
-        from recur_core.huginn import available_bytes, human_bytes
+        from recur_core.model.huginn import available_bytes, human_bytes
         import torch
         m = self.meta or {}
         need = m["memory_estimate"]["total"]

@@ -21,15 +21,15 @@ import pandas as pd
 import streamlit as st
 
 from recur_core import CheckpointError, load_checkpoint
-from recur_core import analysis
-from recur_core.cache import TraceCache
-from recur_core.policies import (ArgmaxStable, ConvergenceExit, CosineExit, EntropyDiff, LatentDiff, LinearRouter,
+from recur_core.analysis import curves as analysis
+from recur_core.analysis.cache import TraceCache
+from recur_core.exits.policies import (ArgmaxStable, ConvergenceExit, CosineExit, EntropyDiff, LatentDiff, LinearRouter,
                                  ReverseKLExit, Uniform)
-from recur_core.probe import load_or_train_probes
-from recur_core.recipe import Recipe
+from recur_core.analysis.probe import load_or_train_probes
+from recur_core.model.recipe import Recipe
 from recur_core.settings import SETTINGS
-from recur_core.stats import Bootstrap
-from recur_core.trace import Trace, trace
+from recur_core.analysis.stats import Bootstrap
+from recur_core.analysis.trace import Trace, trace
 from training.metrics_log import read_metrics
 
 from .strip import plain_visible

@@ -7,8 +7,8 @@ from contextlib import contextmanager
 import streamlit as st
 import torch
 
-from recur_core.decode import generate
-from recur_core.policies import ConvergenceExit, LatentDiff, Uniform
+from recur_core.decoding.decode import generate
+from recur_core.exits.policies import ConvergenceExit, LatentDiff, Uniform
 
 from . import compute
 from .strip import TokenView, legend_html, strip_html, tooltip

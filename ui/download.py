@@ -6,7 +6,7 @@ import io
 import pandas as pd
 import streamlit as st
 
-from recur_core.trace import Trace
+from recur_core.analysis.trace import Trace
 
 
 def csv_bytes(df: pd.DataFrame) -> bytes:

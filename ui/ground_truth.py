@@ -1,6 +1,6 @@
 """The Ground truth page's cached calls and figures: exit policies against known hop counts.
 
-Only for checkpoints that carry ground truth (training/hops.py; recur_core.ground_truth). The
+Only for checkpoints that carry ground truth (training/hops.py; recur_core.analysis.ground_truth). The
 eval-set numbers are `recur_core.ground_truth.ground_truth_section` on the same trace and grids as
 `python -m recur_core.analyze`, so the page and report.json agree.
 """
@@ -10,9 +10,9 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from recur_core.ground_truth import eos_id, ground_truth_section, load_ground_truth
+from recur_core.analysis.ground_truth import eos_id, ground_truth_section, load_ground_truth
 from recur_core.settings import SETTINGS
-from recur_core.stats import Bootstrap
+from recur_core.analysis.stats import Bootstrap
 from training.hops import HopsTask, hop_counts, is_hops, random_program, token_hops
 
 from . import compute

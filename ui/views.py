@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from recur_core.trace import Trace
+from recur_core.analysis.trace import Trace
 
 from . import compute
 from .strip import TokenView, legend_html, plain_visible, strip_html, tooltip
@@ -176,7 +176,7 @@ def label_kinds_table(probes: dict, report: dict) -> pd.DataFrame:
 
 
 def probe_table(probes: dict) -> pd.DataFrame:
-    """A2 probes' quality on their held-out windows (recur_core.probe metrics)."""
+    """A2 probes' quality on their held-out windows (recur_core.analysis.probe metrics)."""
     rows = []
     for kind, p in probes.items():
         held = p.metrics.get("heldout", {})

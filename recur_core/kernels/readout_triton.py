@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..readout import ReadoutPartials, ReadoutStats, combine_partials, flatten_tokens
+from ..exits.readout import ReadoutPartials, ReadoutStats, combine_partials, flatten_tokens
 
 # Running maxima start at this finite value rather than -inf so that, before the first tile,
 # s * (m_old - m_new) is 0 * (-huge) = 0 and not 0 * (-inf) = NaN.

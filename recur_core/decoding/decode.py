@@ -5,9 +5,9 @@
 
 Every token runs the prelude once, then core loops until its policy halts it, then the coda and the
 LM head once, on its exit state; skipped loops are really not computed. The model's own blocks do
-the work (model.py, with the cache views of recur_core.kv); the KV rules ("latest", "recompute")
+the work (model.py, with the cache views of recur_core.decoding.kv); the KV rules ("latest", "recompute")
 are the objects of recur_core.kv. `generate` decodes one sequence, `teacher_forced` B windows in
-lockstep; recur_core.serve batches many sequences whose tokens sit at different loops. The design
+lockstep; recur_core.decoding.serve batches many sequences whose tokens sit at different loops. The design
 (signals, noise, caches, the rules, what is exact) is in docs/DECODING.md.
 """
 from __future__ import annotations
@@ -20,11 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .checkpoint import Checkpoint
+from ..model.checkpoint import Checkpoint
 from .kv import LoopKVCache, SlabKV, kv_rule as named_rule
-from .model import LoopedLM
-from .policies import LoopSignals, Uniform
-from .trace import cosine_change, noise_seed, relative_change
+from ..model.looped_lm import LoopedLM
+from ..exits.policies import LoopSignals, Uniform
+from ..analysis.trace import cosine_change, noise_seed, relative_change
 
 
 # -- results -----------------------------------------------------------------------------------------
@@ -106,7 +106,7 @@ def default_max_loops(policy, ckpt: Checkpoint | None, max_loops: int | None) ->
 
 class HaltSchedule:
     """When a policy is consulted and read out, and its halt decision: what the lockstep decoder and
-    the pool (recur_core.serve) share.
+    the pool (recur_core.decoding.serve) share.
 
     The policy is consulted at min_loops, then every check_every loops; every token halts at the
     cap = min(policy.r_max, max_loops). Readout policies (A1) read out at each check and once
@@ -394,9 +394,9 @@ def generate(ckpt_or_model, prompt, max_new_tokens: int, policy=None, *, kv_rule
              tokenizer=None, on_token=None, check_every: int = 1, prefill_chunk: int | None = None) -> Generation:
     """Decode max_new_tokens after `prompt` (text, or token ids) at batch 1 with per-token exits.
 
-    policy: a recur_core.policies policy; None disables exits (every token runs max_loops).
+    policy: a recur_core.exits.policies policy; None disables exits (every token runs max_loops).
     max_loops: the loop cap (default: the policy's r_max, else the checkpoint recipe's r_max).
-    kv_rule: "latest" or "recompute" (recur_core.kv). Sampling: greedy, or temperature / top_k / top_p
+    kv_rule: "latest" or "recompute" (recur_core.decoding.kv). Sampling: greedy, or temperature / top_k / top_p
     with a generator seeded by `seed` (which also seeds the state noise, see docs/DECODING.md).
     stop_ids: token ids that end the generation once sampled (kept in the output).
     on_token(index, token_id, exit_loop): called as each new token is sampled (for live display);

@@ -46,8 +46,8 @@ from torch import Tensor
 from .decode import (Decoder, HaltSchedule, check_chunk, check_lengths, default_max_loops, encode_prompt,
                      readout_signals, resolve, row_noise, sample_next, takes_argmax)
 from .kv import GatherKV, LoopKVCache, key_chunks, kv_rule
-from .policies import Uniform
-from .trace import cosine_change, relative_change
+from ..exits.policies import Uniform
+from ..analysis.trace import cosine_change, relative_change
 
 
 @dataclass

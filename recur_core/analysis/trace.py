@@ -22,7 +22,7 @@ all T tokens and the last one has no target (ce NaN there).
 
 Noise: window n (its row index in `ids`) starts from noise drawn by a generator seeded with
 noise_seed(seed, n), so a window's trace does not depend on how windows are batched, and the exact
-harness (recur_core.harness) can reproduce the same noise.
+harness (recur_core.analysis.harness) can reproduce the same noise.
 """
 from __future__ import annotations
 
@@ -35,10 +35,10 @@ import pandas as pd
 import torch
 
 from .cache import TraceCache, trace_key
-from .checkpoint import Checkpoint, checkpoint_id
-from .model import LoopedLM
+from ..model.checkpoint import Checkpoint, checkpoint_id
+from ..model.looped_lm import LoopedLM
 from .parallel import map_batches
-from .readout import readout_stats
+from ..exits.readout import readout_stats
 
 TRACE_FORMAT_VERSION = 2  # 2: kl_prev_reverse and cosine_change
 LOOP_FIELDS = ("kl_prev", "state_change", "ce", "entropy", "argmax", "top1_prob", "kl_prev_reverse", "cosine_change")
@@ -52,7 +52,7 @@ class Trace:
 
     ids, targets (N, T) int64 (targets NO_TARGET where none); LOOP_FIELDS (N, T, L);
     topk_ids / topk_probs (N, T, L, k); router_chance maps a probe id to its (N, T, L) predicted
-    chance that the output changes after each loop (see recur_core.probe).
+    chance that the output changes after each loop (see recur_core.analysis.probe).
     """
 
     ids: np.ndarray

@@ -291,5 +291,5 @@ def readout_stats(h: Tensor, W: Tensor, targets: Tensor | None = None, h_prev: T
         return readout_stats_chunked(h, W, targets, h_prev, topk=topk)
     if topk:
         raise ValueError("the triton backend computes no top-k; use backend='chunked' for topk > 0")
-    from .kernels.readout_triton import readout_stats_triton
+    from ..kernels.readout_triton import readout_stats_triton
     return readout_stats_triton(h, W, targets, h_prev)

@@ -26,7 +26,7 @@ class ModelConfig:
     norm_eps: float = 1e-6
     state_init_std: float = math.sqrt(2 / 5)  # the paper's std of the initial recurrent state
     tie_embeddings: bool = True
-    # Architecture variants (the defaults are this trainer's model; recur_core.huginn sets them for
+    # Architecture variants (the defaults are this trainer's model; recur_core.model.huginn sets them for
     # Huginn-0125). Only values that differ from these defaults are written to JSON, so the canonical
     # config JSON, and with it the checkpoint_id, of every existing checkpoint stays what it was.
     outer_blocks: str = "prenorm"     # prelude / coda blocks: "prenorm" or "sandwich" (like the core)

@@ -33,11 +33,11 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from .analysis import EPS_GRID, fast_sums
+from .curves import EPS_GRID, fast_sums
 from .cache import CacheCorrupt, TraceCache, read_arrays, write_arrays
-from .checkpoint import Checkpoint
+from ..model.checkpoint import Checkpoint
 from .parallel import map_batches
-from .policies import ConvergenceExit, Uniform
+from ..exits.policies import ConvergenceExit, Uniform
 from .trace import (Trace, progress_bar, resolve_cache, resolve_model, split_inputs, trace_batch,
                     window_noise)
 

@@ -42,7 +42,7 @@ import torch
 from .checkpoint import (CONFIG, TOKENIZER, Checkpoint, CheckpointError, check_state_dict, checkpoint_id,
                          refuse_pickle, resolve_dtype)
 from .config import ModelConfig
-from .model import LoopedLM
+from .looped_lm import LoopedLM
 
 MODEL_TYPE = "huginn_raven"
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"

@@ -1,8 +1,8 @@
 """The paper's measurements, from traces: elasticity, convergence, depth allocation, token classes.
 
-Everything here works on a uniform-depth `Trace` (recur_core.trace) and returns plain numbers,
+Everything here works on a uniform-depth `Trace` (recur_core.analysis.trace) and returns plain numbers,
 numpy arrays, lists and dicts ready for JSON (`report.json`, the app). Uncertainty comes from one
-`Bootstrap` over windows (recur_core.stats), shared by all statistics of a report, so differences
+`Bootstrap` over windows (recur_core.analysis.stats), shared by all statistics of a report, so differences
 between policies are paired.
 
 Conventions:
@@ -10,7 +10,7 @@ Conventions:
   mean_loops  mean exit depth over the same tokens (the FLOP proxy of the paper).
   fast path   a policy's tokens are scored at their exit loop of the uniform run (instant; the
               app's sliders).
-  exact path  the masking harness (recur_core.harness): frozen tokens stay in the context. The
+  exact path  the masking harness (recur_core.analysis.harness): frozen tokens stay in the context. The
               headline allocation numbers (report.json's `allocation`) are exact: every ε / τ of
               the sweep in one batched harness pass (`exact_curves`); `fast_minus_exact` is the gap.
   A1's first check is at loop 2 (ConvergenceExit.FIRST_CHECK, the paper's convention); a1_min_loops=1
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .harness import ExactResult, SweepWork, run_exact_sweep
-from .policies import ConvergenceExit, LinearRouter, Policy, Uniform
-from .settings import SETTINGS
+from ..exits.policies import ConvergenceExit, LinearRouter, Policy, Uniform
+from ..settings import SETTINGS
 from .stats import Bootstrap
 from .trace import Trace, resolve_cache, resolve_model
 

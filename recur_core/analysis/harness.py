@@ -26,7 +26,7 @@ thresholds are a batch dimension, and the work a lane saves is exact, not approx
     padding (only the attention of those blocks runs padded).
 Lanes of all windows are batched together (`batch_size` lanes per forward pass).
 
-Inputs and noise follow recur_core.trace: windows (N, T + 1) or one text (T,), and window n's noise
+Inputs and noise follow recur_core.analysis.trace: windows (N, T + 1) or one text (T,), and window n's noise
 seeded by noise_seed(seed, n), so the exact and fast paths start from identical states.
 """
 from __future__ import annotations
@@ -36,11 +36,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .checkpoint import Checkpoint
-from .model import LoopedLM, take_rows
+from ..model.checkpoint import Checkpoint
+from ..model.looped_lm import LoopedLM, take_rows
 from .parallel import map_batches
-from .policies import LoopSignals, Policy
-from .readout import readout_stats
+from ..exits.policies import LoopSignals, Policy
+from ..exits.readout import readout_stats
 from .trace import (NO_TARGET, cosine_change, loop_readout, progress_bar, relative_change, resolve_model,
                     split_inputs, window_noise)
 
@@ -97,7 +97,7 @@ def run_exact_sweep(ckpt_or_model: Checkpoint | LoopedLM, ids, policies: list[Po
     """Evaluate every policy exactly (one ExactResult each, in order) in one batched pass.
 
     Groups of window_group windows (which bound the memory of their lanes) run in parallel on a
-    CPU (recur_core.parallel); `work`, if given, is filled with the amount of computation done.
+    CPU (recur_core.analysis.parallel); `work`, if given, is filled with the amount of computation done.
     """
     if not policies:
         return []

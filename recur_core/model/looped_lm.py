@@ -10,14 +10,14 @@ The pieces are exposed one by one so that analysis and decoding can run the mode
 
 `forward(ids, loops)` is exactly that composition.
 
-Architecture variants are configuration (recur_core.config), not other classes: sandwich prelude /
+Architecture variants are configuration (recur_core.model.config), not other classes: sandwich prelude /
 coda blocks, no prelude-output norm, q/k biases, interleaved RoPE pairs, an embedding scale, a
-truncated-normal initial state and a final norm before the coda as well. recur_core.huginn sets them
+truncated-normal initial state and a final norm before the coda as well. recur_core.model.huginn sets them
 to open Huginn-0125 checkpoints with this same class.
 
 Decoding runs the same pieces with a KV cache: every attention takes an optional `kv` (one per
 layer), an object with `attention(q, k, v, sdpa) -> out` that writes this call's keys and values
-into its cache slab and attends the queries to what the slab holds (recur_core.kv holds them).
+into its cache slab and attends the queries to what the slab holds (recur_core.decoding.kv holds them).
 """
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, kv=None, rows=None):
         """kv: None (causal over x itself) or a cache view: its attention(q, k, v, sdpa) stores this
-        call's keys/values and attends the queries to what the cache holds (recur_core.kv).
+        call's keys/values and attends the queries to what the cache holds (recur_core.decoding.kv).
         rows: optional (B, M) positions (without kv); then only their outputs (B, M, d) are computed,
         each attending causally to every position of x up to its own (keys / values from all of x)."""
         if rows is not None:  # queries only at rows, at their positions' rotations

@@ -4,7 +4,7 @@ A checkpoint trained on multi-hop programs (training/hops.py) saves, beside its 
 hop count of every token (`ground_truth.safetensors`: "hops", N x (T + 1), 0 = no ground truth).
 The token at window position t + 1 is the *target* of input position t, so a trace position's hop
 count is hops[:, 1:]. Everything here is fast path (a policy's answer is the argmax at its exit
-loop of the uniform trace; see recur_core.analysis).
+loop of the uniform trace; see recur_core.analysis.curves).
 
 Terms:
   answer accuracy  share of answer tokens (hop count > 0) whose argmax is the right value.
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import read_safetensors
-from .policies import ConvergenceExit, LatentDiff, LinearRouter, Policy
+from ..model.checkpoint import read_safetensors
+from ..exits.policies import ConvergenceExit, LatentDiff, LinearRouter, Policy
 from .stats import Bootstrap
 from .trace import Trace
 

@@ -28,11 +28,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .config import ModelConfig
-from .model import LoopedLM
+from .looped_lm import LoopedLM
 from .recipe import Recipe
 
 WEIGHTS, CONFIG, TOKENIZER, META = "model.safetensors", "config.json", "tokenizer.json", "meta.json"
 EVAL_WINDOWS, PROBE_WINDOWS, METRICS = "eval_windows.safetensors", "probe_windows.safetensors", "metrics.jsonl"
+# What a shipped checkpoint holds (no trainer state): `training.export` copies these.
+SHIPPED_FILES = (WEIGHTS, CONFIG, TOKENIZER, META, METRICS, EVAL_WINDOWS, PROBE_WINDOWS)
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -65,7 +67,7 @@ class Checkpoint:
 
     @property
     def recipe(self) -> Recipe:
-        """The training recipe from meta.json (missing fields: recur_core.recipe's one fallback rule)."""
+        """The training recipe from meta.json (missing fields: recur_core.model.recipe's one fallback rule)."""
         return Recipe.from_meta(self.meta)
 
     def tokenizer(self):
@@ -225,7 +227,7 @@ def check_state_dict(model: LoopedLM, state: dict[str, torch.Tensor], where: str
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", dtype=None,
                     max_bytes: int | None = None) -> Checkpoint:
     """Load and validate a checkpoint directory (weights from safetensors only): this project's
-    format, or a Huginn-0125-format folder (recur_core.huginn; max_bytes is its memory budget).
+    format, or a Huginn-0125-format folder (recur_core.model.huginn; max_bytes is its memory budget).
     dtype: None keeps the stored dtype; "float32" / "bfloat16" / "float16" converts."""
     path = Path(path)
     if not path.is_dir():

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from .trace import Trace
+    from ..analysis.trace import Trace
 
 
 @dataclass

@@ -20,7 +20,7 @@ from pathlib import Path
 from .analysis.curves import (MOVING_KL, allocation, convergence, elasticity, fast_minus_exact, json_safe,
                        operating_threshold, token_classes, vocab_classes)
 from .analysis.cache import TraceCache
-from .model.checkpoint import load_checkpoint
+from .model.formats import load_checkpoint
 from .analysis.ground_truth import eos_id, ground_truth_section, load_ground_truth, print_ground_truth
 from .analysis.harness import SweepWork
 from .exits.policies import ConvergenceExit

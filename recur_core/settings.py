@@ -1,6 +1,9 @@
 """The analysis settings, in one place: `python -m recur_core.analyze`, the app (ui/compute.py),
-`python -m training.export` and the benches all read SETTINGS, so a figure in the app, in
+`python -m training.export`, decoding and the benches all read SETTINGS, so a figure in the app, in
 report.json and in a checkpoint's card comes from the same seed, windows, loops and grids.
+
+`seed_for` is the one rule that derives a seed for item `index` (a window, a step, a program) from a
+run's seed, so that every seeded stream is independent of how items are batched.
 """
 from __future__ import annotations
 
@@ -13,7 +16,8 @@ from .model.recipe import Recipe
 @dataclass(frozen=True)
 class Settings:
     seed: int = 0  # recurrent-state noise of every trace, and the bootstrap's resampling
-    n_boot: int = 1000  # bootstrap replicates over windows (95% percentile intervals)
+    n_boot: int = 1000  # bootstrap replicates over windows
+    ci_level: float = 0.95  # bootstrap percentile intervals
     windows: int = 128  # the canonical eval set: a checkpoint's first 128 validation windows
     min_trace_loops: int = 32  # every trace runs to max(32, r_max) loops: elasticity needs 1..32
     topk: int = 5  # predictions kept per token and loop (the app's logit lens)
@@ -25,6 +29,15 @@ class Settings:
     eps_per_decade: int = 4
     tau_grid: tuple[float, ...] = (0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8,
                                    0.9, 0.95, 0.99, math.inf)  # A2's router threshold τ
+    # LatentDiff's δ grid (relative state change), for ground truth
+    delta_grid: tuple[float, ...] = (0.0, 1e-3, 3e-3, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, math.inf)
+    default_eps: float = 1e-3  # the app's A1 ε when it opens (the paper's "still moving" threshold)
+    kv_rule: str = "latest"  # decoding's default KV rule (recur_core.decoding.kv.KV_RULES)
+    # The coarse, descending grids the decoding benches calibrate a policy's threshold on (bisection
+    # then refines between neighbours): A1's ε, LatentDiff's δ, A2's τ.
+    calibration_eps: tuple[float, ...] = (1.0, 0.3, 0.1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5, 1e-6)
+    calibration_delta: tuple[float, ...] = (1.0, 0.5, 0.3, 0.2, 0.1, 0.05, 0.03, 0.02, 0.01, 5e-3, 2e-3, 1e-3, 1e-4)
+    calibration_tau: tuple[float, ...] = (0.9, 0.7, 0.5, 0.3, 0.2, 0.1, 0.05, 0.02, 0.01, 3e-3, 1e-3)
     probe_windows: int = 32  # training-side windows A2's probes are trained on
     probe_tokens: int = 64  # sampled positions per probe window
 
@@ -49,3 +62,11 @@ class Settings:
 
 
 SETTINGS = Settings()
+
+SEED_STRIDE = 1_000_003  # a prime larger than any count of windows, steps or programs per seed
+
+
+def seed_for(seed: int, index: int) -> int:
+    """The seed of item `index` of a run seeded `seed`: distinct for every (seed, index) with
+    index < SEED_STRIDE, and a valid torch / numpy / random seed (in [0, 2**63))."""
+    return (seed * SEED_STRIDE + index) % (2 ** 63)

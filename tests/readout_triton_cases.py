@@ -16,7 +16,7 @@ pytest.importorskip("triton")
 
 from readout_cases import assert_stats_close, make_inputs  # noqa: E402
 
-from recur_core.kernels.readout_triton import readout_stats_triton  # noqa: E402
+from recur_core.exits.readout import readout_stats_triton  # noqa: E402
 from recur_core.exits.readout import readout_stats_reference  # noqa: E402
 
 

@@ -70,4 +70,4 @@ def test_dead_code_is_gone():
     assert not hasattr(analysis, "evaluate_policies")
     assert not hasattr(training.depth_sampler, "loops_with_grad")
     assert not hasattr(decode.Drift, "as_dict")
-    assert not hasattr(compute.Model, "r_bar_exact")
+    assert not hasattr(compute.SelectedCheckpoint, "r_bar_exact")

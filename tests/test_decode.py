@@ -13,9 +13,10 @@ import torch
 
 from recur_core.decoding.decode import Decoder, full_depth_logits, generate, generation_drift, sample_next, teacher_forced
 from recur_core.decoding.kv import KV_RULES
-from recur_core.exits.policies import ConvergenceExit, LatentDiff, LinearRouter, LoopSignals, Uniform
+from recur_core.exits.policies import ConvergenceExit, LatentDiff, LinearRouter, Uniform
+from recur_core.exits.signals import LoopSignals
 from recur_core.analysis.probe import Probe
-from recur_core.analysis.trace import noise_seed
+from recur_core.settings import seed_for
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 2e-5  # float32 reordering (cached attention over a slab, masks)
@@ -28,7 +29,7 @@ def windows(ckpt):
 
 
 def window_noise(model, n_rows, seq_len, seed=SEED):
-    return torch.cat([model.init_state(1, seq_len, torch.Generator().manual_seed(noise_seed(seed, n)))
+    return torch.cat([model.init_state(1, seq_len, torch.Generator().manual_seed(seed_for(seed, n)))
                       for n in range(n_rows)])
 
 

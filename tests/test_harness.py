@@ -98,10 +98,10 @@ class RandomProbe:
 def naive_exact(model, windows, policy, max_loops, seed):
     """Test oracle: one full-width masking-harness run of one policy (no lanes, no cut-off)."""
     from recur_core.exits.readout import readout_stats
-    from recur_core.analysis.trace import cosine_change, loop_readout, relative_change, split_inputs, window_noise
-    from recur_core.exits.policies import LoopSignals
+    from recur_core.analysis.trace import split_inputs
+    from recur_core.exits.signals import LoopSignals, cosine_change, loop_readout, relative_change
     inputs, targets = split_inputs(windows)
-    e, state = model.prelude(inputs), window_noise(model, range(len(inputs)), inputs.shape[1], seed)
+    e, state = model.prelude(inputs), model.seeded_state(range(len(inputs)), seed, inputs.shape[1])
     h_prev = model.coda(state)
     cap = policy.cap(max_loops)
     frozen = torch.zeros(inputs.shape, dtype=torch.bool)

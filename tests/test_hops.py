@@ -5,7 +5,8 @@ import random
 import pytest
 import torch
 
-from recur_core.model.checkpoint import load_checkpoint, read_safetensors
+from recur_core import load_checkpoint
+from recur_core.model.checkpoint import read_safetensors
 from recur_core.analysis.ground_truth import load_ground_truth
 from tiny import make_tiny_hops_checkpoint
 from training.hops import (HopsStream, HopsTask, build_tokenizer, elimination_chance, eval_program, hop_counts,

@@ -18,8 +18,8 @@ from recur_core import CheckpointError, ModelConfig, load_checkpoint
 from recur_core.decoding.decode import full_depth_logits, generate
 from recur_core.analysis.harness import run_exact
 from recur_core.model.huginn import INDEX, huginn_config, memory_estimate
-from recur_core.exits.policies import (ArgmaxStable, ConvergenceExit, CosineExit, EntropyDiff, LatentDiff, LoopSignals,
-                                 ReverseKLExit)
+from recur_core.exits.policies import (ArgmaxStable, ConvergenceExit, CosineExit, EntropyDiff, LatentDiff, ReverseKLExit)
+from recur_core.exits.signals import LoopSignals
 from recur_core.analysis.trace import trace
 
 FIXTURE = Path(__file__).parent / "fixtures" / "huginn_tiny"

@@ -93,7 +93,7 @@ def test_live_rows_with_padding_equal_the_full_step_and_coda(model):
         rows = torch.stack([torch.cat([r, r[-1:].expand(M - len(r))]) for r in live])
         valid = torch.arange(M)[None, :] < torch.tensor([len(r) for r in live])[:, None]
         full = model.core_step(s, e, freeze)
-        fast = model.core_step(s, e, freeze, live_rows=rows, live_valid=valid)
+        fast = model.core_step(s, e, freeze, rows=rows, valid=valid)
         torch.testing.assert_close(fast, full, atol=1e-5, rtol=0)
         assert torch.equal(fast[freeze], s[freeze])
         h = model.coda(full, rows=rows, valid=valid)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from recur_core.exits.policies import (ArgmaxStable, ConvergenceExit, CosineExit, EntropyDiff, LatentDiff, LinearRouter,
-                                 LoopSignals, Uniform)
+from recur_core.exits.policies import (ArgmaxStable, ConvergenceExit, CosineExit, EntropyDiff, LatentDiff, LinearRouter, Uniform)
+from recur_core.exits.signals import LoopSignals
 from recur_core.analysis.trace import Trace
 
 

@@ -4,7 +4,8 @@ import torch
 
 from recur_core import load_checkpoint
 from recur_core.analysis.cache import TraceCache
-from recur_core.exits.policies import LinearRouter, LoopSignals
+from recur_core.exits.policies import LinearRouter
+from recur_core.exits.signals import LoopSignals
 from recur_core.analysis.probe import (Harvest, Probe, auc, fit_logistic, harvest, load_or_train_probes, split_windows,
                               train_probe)
 

@@ -6,7 +6,8 @@ import torch.nn.functional as F
 
 import recur_core.analysis.trace as trace_mod
 from recur_core.analysis.cache import TraceCache, trace_key
-from recur_core.analysis.trace import NO_TARGET, TRACE_FORMAT_VERSION, noise_seed, trace
+from recur_core.analysis.trace import NO_TARGET, TRACE_FORMAT_VERSION, trace
+from recur_core.settings import seed_for
 
 LOOPS = 5
 
@@ -36,9 +37,9 @@ def test_shapes_and_ranges(tr, windows):
 
 
 def test_ce_matches_the_model_forward(ckpt, windows, tr):
-    """Window n's trace at loop r equals forward(window, r) from the noise of noise_seed(seed, n)."""
+    """Window n's trace at loop r equals forward(window, r) from the noise of seed_for(seed, n)."""
     for n, r in [(0, 1), (2, 4)]:
-        gen = torch.Generator().manual_seed(noise_seed(3, n))
+        gen = torch.Generator().manual_seed(seed_for(3, n))
         with torch.no_grad():
             logits = ckpt.model(windows[n:n + 1, :-1], r, gen)[0]
         ce = F.cross_entropy(logits, windows[n, 1:], reduction="none").numpy()
@@ -47,7 +48,7 @@ def test_ce_matches_the_model_forward(ckpt, windows, tr):
 
 
 def test_kl_prev_is_kl_of_current_against_previous(ckpt, windows, tr):
-    gen = torch.Generator().manual_seed(noise_seed(3, 1))
+    gen = torch.Generator().manual_seed(seed_for(3, 1))
     with torch.no_grad():
         logp = [F.log_softmax(ckpt.model(windows[1:2, :-1], r, torch.Generator().set_state(gen.get_state()))[0], -1)
                 for r in (2, 3)]

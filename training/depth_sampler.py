@@ -17,6 +17,7 @@ import math
 import torch
 
 from recur_core.model.recipe import SAMPLER_MEANS
+from recur_core.settings import seed_for
 
 SAMPLER_SEED_OFFSET = 7_919  # keeps the sampler stream apart from the other per-step seeds
 
@@ -33,7 +34,7 @@ def sample_depth(step: int, r_bar: float, r_max: int, sigma: float = 0.5, seed: 
     """Loops for optimizer step `step`. Seeded by (seed, step): every rank draws the same r."""
     if r_bar < 1 or r_max < 1:
         raise ValueError(f"need r_bar >= 1 and r_max >= 1, got {r_bar}, {r_max}")
-    g = torch.Generator().manual_seed(seed * 1_000_003 + SAMPLER_SEED_OFFSET + step)
+    g = torch.Generator().manual_seed(seed_for(seed, SAMPLER_SEED_OFFSET + step))
     mu = math.log(rate_mean(r_bar, sampler_mean)) - sigma ** 2 / 2
     rate = torch.empty(1, dtype=torch.float64).log_normal_(mu, sigma, generator=g)
     r = int(torch.poisson(rate, generator=g).item()) + 1

@@ -35,6 +35,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from .data import EOS
+from recur_core.settings import seed_for
 
 VARIABLES = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 VALUES = "0123456789"
@@ -230,7 +231,7 @@ def program_ids(tok: Tokenizer, program: Program, window_len: int) -> tuple[list
 
 
 def training_program(task: HopsTask, seed: int, index: int) -> Program:
-    rng = random.Random(seed * 1_000_003 + index)
+    rng = random.Random(seed_for(seed, index))
     if index < task.recall_programs:  # 1-hop only, many answers per program, 2 decoys
         return make_program(rng, [1] * (task.recall_pairs - 2), 0, [1, 1])
     top = task.curriculum_hops(index - task.recall_programs)
@@ -249,7 +250,7 @@ def program_led_by(rng: random.Random, task: HopsTask, first: int, top: int) -> 
 
 def eval_program(task: HopsTask, seed: int, index: int) -> Program:
     """Held-out programs: the first chain cycles through hop counts 1..H+4, the others are 1..H."""
-    rng = random.Random(seed * 1_000_003 + index + EVAL_SEED_OFFSET)
+    rng = random.Random(seed_for(seed, index + EVAL_SEED_OFFSET))
     return program_led_by(rng, task, 1 + index % (task.max_hops + task.extra_eval_hops), task.max_hops)
 
 

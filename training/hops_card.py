@@ -15,7 +15,8 @@ import torch
 from safetensors.torch import save_file
 
 from recur_core.analysis.curves import json_safe
-from recur_core.model.checkpoint import SHIPPED_FILES, atomic_write_dir, load_checkpoint
+from recur_core.model.checkpoint import SHIPPED_FILES, atomic_write_dir
+from recur_core.model.formats import load_checkpoint
 from recur_core.analysis.ground_truth import eos_id, ground_truth_section, load_ground_truth
 from recur_core.analysis.probe import load_or_train_probes
 from recur_core.settings import SETTINGS

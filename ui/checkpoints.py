@@ -7,18 +7,15 @@ another folder for them, e.g. an empty one in tests), every folder named in
 missing or whose meta.json cannot be read is still listed, with the reason, so the app can say
 what is wrong with it while the others keep working. A Huginn-0125-format folder (a transformers
 config.json, no meta.json) is described from its config and safetensors headers
-(recur_core.huginn.describe_folder): size, dtype and memory estimate, without reading weights.
+(recur_core.describe_folder): size, dtype and memory estimate, without reading weights.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from recur_core import CheckpointError
-from recur_core.model.checkpoint import stored_dtype_name
-from recur_core.model.huginn import describe_folder, is_huginn_dir
+from recur_core import CheckpointError, describe_folder
 from recur_core.model.recipe import Recipe
 
 APP_ROOT = Path(__file__).resolve().parents[1]
@@ -104,31 +101,14 @@ def display_name(path: Path) -> str:
 
 
 def describe(path: str | Path) -> Entry:
-    """An Entry from a folder's meta.json; the error says what is missing or unreadable."""
+    """An Entry from recur_core.describe_folder (any format); the error says what is missing or unreadable."""
     path = Path(path).expanduser()
     resolved = str(path.resolve())
     name = display_name(path.resolve())
-    if not path.exists():
-        return Entry(resolved, name, error=f"{path}: no such folder")
-    if not path.is_dir():
-        return Entry(resolved, name, error=f"{path}: not a folder")
-    meta_file = path / "meta.json"
-    if not meta_file.is_file() and is_huginn_dir(path):
-        try:
-            return Entry(resolved, name, meta=describe_folder(path))
-        except CheckpointError as err:
-            return Entry(resolved, name, error=str(err))
-    if not meta_file.is_file():
-        return Entry(resolved, name, error=f"{path}: not a checkpoint (meta.json is missing)")
     try:
-        meta = json.loads(meta_file.read_text())
-        if not isinstance(meta, dict):
-            raise ValueError("not a JSON object")
-    except (OSError, ValueError) as err:
-        return Entry(resolved, name, error=f"{meta_file}: unreadable ({err})")
-    if "dtype" not in meta and (dtype := stored_dtype_name(path)):
-        meta["dtype"] = dtype
-    return Entry(resolved, name, meta=meta)
+        return Entry(resolved, name, meta=describe_folder(path))
+    except CheckpointError as err:
+        return Entry(resolved, name, error=str(err))
 
 
 def expand(root: Path, explicit: bool) -> list[Path]:

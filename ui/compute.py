@@ -1,4 +1,5 @@
-"""Cached calls into recur_core: the only place the app runs the model or the analysis.
+"""Cached calls into recur_core for the analysis pages: loading checkpoints, traces, curves, probes.
+(Decoding for the Generate page is ui/decoding.py; neither holds any science of its own.)
 
 Caching, per the app's contract:
   * models: `st.cache_resource` keyed by (folder, checkpoint id, weights file stamp, device); a
@@ -12,7 +13,6 @@ drawn from inside the function that does the long work (Streamlit replays it, em
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +21,7 @@ import pandas as pd
 import streamlit as st
 
 from recur_core import CheckpointError, load_checkpoint
+from recur_core.model.checkpoint import read_meta
 from recur_core.analysis import curves as analysis
 from recur_core.analysis.cache import TraceCache
 from recur_core.exits.policies import (ArgmaxStable, ConvergenceExit, CosineExit, EntropyDiff, LatentDiff, LinearRouter,
@@ -39,7 +40,7 @@ S = SETTINGS  # seed, bootstrap, windows, loops, top-k and grids: the same as `p
 
 
 @dataclass(frozen=True)
-class Model:
+class SelectedCheckpoint:
     """What the pages need to know about the selected checkpoint (the weights stay cached)."""
 
     path: str
@@ -75,8 +76,8 @@ def weights_stamp(path: str) -> str:
 
 def meta_id(path: str) -> str:
     try:
-        return str(json.loads((Path(path) / "meta.json").read_text()).get("checkpoint_id", ""))
-    except (OSError, ValueError, AttributeError):
+        return str(read_meta(path).get("checkpoint_id", ""))
+    except CheckpointError:
         return ""
 
 
@@ -90,7 +91,7 @@ def checkpoint(path: str, device: str):
     return _load(path, meta_id(path), weights_stamp(path), device)
 
 
-def open_model(path: str, device: str) -> Model:
+def open_model(path: str, device: str) -> SelectedCheckpoint:
     ckpt = checkpoint(path, device)
     recipe = ckpt.recipe
     stated = str(ckpt.meta.get("checkpoint_id", ""))
@@ -98,7 +99,7 @@ def open_model(path: str, device: str) -> Model:
     if stated and stated != ckpt.checkpoint_id:
         mismatch = (f"meta.json names checkpoint id {stated}, but the weights hash to {ckpt.checkpoint_id}: "
                     "the folder's files do not belong together (results are keyed by the weights' hash).")
-    return Model(path=path, checkpoint_id=ckpt.checkpoint_id, device=device, meta=ckpt.meta, recipe=recipe,
+    return SelectedCheckpoint(path=path, checkpoint_id=ckpt.checkpoint_id, device=device, meta=ckpt.meta, recipe=recipe,
                  r_max=recipe.r_max, r_bar=recipe.depth, loops=S.trace_loops(recipe),
                  max_seq_len=ckpt.config.max_seq_len, n_params=ckpt.model.num_params(),
                  vocab_size=ckpt.config.vocab_size, id_mismatch=mismatch,

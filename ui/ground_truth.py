@@ -37,7 +37,7 @@ def has_ground_truth(path: str) -> bool:
     return load_ground_truth(path) is not None
 
 
-def task_of(model: compute.Model) -> HopsTask:
+def task_of(model: compute.SelectedCheckpoint) -> HopsTask:
     dataset = model.meta.get("train_config", {}).get("dataset", "hops")
     return HopsTask.parse(dataset if is_hops(dataset) else "hops")
 
@@ -52,7 +52,7 @@ def section(path: str, ckpt_id: str, device: str, r_max: int, r_bar: int) -> dic
                                 compute.probes(path, ckpt_id, device), SETTINGS.eps_grid, SETTINGS.tau_grid)
 
 
-def eval_programs(model: compute.Model, n: int = 32) -> list[str]:
+def eval_programs(model: compute.SelectedCheckpoint, n: int = 32) -> list[str]:
     """The first n held-out programs as text (EOS and padding removed)."""
     ckpt = compute.checkpoint(model.path, model.device)
     tok = compute.tokenizer(model.path, model.checkpoint_id)
@@ -60,7 +60,7 @@ def eval_programs(model: compute.Model, n: int = 32) -> list[str]:
     return [tok.decode([i for i in w.tolist() if i != eos]) for w in ckpt.windows("eval")[:n]]
 
 
-def add_random_program(model: compute.Model) -> None:
+def add_random_program(model: compute.SelectedCheckpoint) -> None:
     """Button callback: a new seeded program with the chosen max hop count, appended and picked."""
     seed = st.session_state.get("gt_seed", 0) + 1
     text = random_program(task_of(model), seed, int(st.session_state["gt_max_hops"])).text
@@ -69,7 +69,7 @@ def add_random_program(model: compute.Model) -> None:
     st.session_state["gt_pick"] = len(st.session_state["gt_programs"]) - 1
 
 
-def encode_program(model: compute.Model, text: str) -> tuple[Encoded, list[int]]:
+def encode_program(model: compute.SelectedCheckpoint, text: str) -> tuple[Encoded, list[int]]:
     """EOS + the program's tokens (one per statement, query, answer or `;`), as the model was
     trained, and the hop count each token carries (answers only; 0 elsewhere)."""
     tok = compute.tokenizer(model.path, model.checkpoint_id)

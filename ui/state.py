@@ -2,13 +2,14 @@
 form, the ε slider and the data-source switch.
 
 Session keys (one browser tab = one session):
-  checkpoint_path  the selected checkpoint folder (absolute; pages/generate.py reads it too)
+  checkpoint_path  the selected checkpoint folder (absolute; `require_model` opens it for every page)
   device           "cpu", "cuda", ...
   text             the submitted text, shared by every page that reads pasted text
   text_area        the text box's draft; eps_log10, source: shared widget values
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import streamlit as st
@@ -19,7 +20,6 @@ from . import compute
 from .checkpoints import default_path, describe, discover, expand
 from .text import EXAMPLES, Encoded, encode
 
-DEFAULT_EPS_LOG10 = -3.0  # ε = 1e-3, the paper's "still moving" threshold
 
 
 def devices() -> list[str]:
@@ -88,7 +88,7 @@ def ensure_navigation() -> None:
         st.rerun()
 
 
-def require_model() -> compute.Model:
+def require_model() -> compute.SelectedCheckpoint:
     """The selected checkpoint, loaded; otherwise a clear message and the page stops here."""
     ensure_navigation()
     path = st.session_state.get("checkpoint_path")
@@ -133,7 +133,7 @@ def text_form(form_key: str) -> str:
     return st.session_state["text"]
 
 
-def encoded_text(model: compute.Model, text: str | None = None) -> Encoded | None:
+def encoded_text(model: compute.SelectedCheckpoint, text: str | None = None) -> Encoded | None:
     """The shared text as token ids within the context, with the hint / truncation notice shown;
     None (after a hint) when there is no text."""
     text = st.session_state.get("text", "") if text is None else text
@@ -149,7 +149,7 @@ def encoded_text(model: compute.Model, text: str | None = None) -> Encoded | Non
     return enc
 
 
-def pasted_text(model: compute.Model, form_key: str) -> Encoded:
+def pasted_text(model: compute.SelectedCheckpoint, form_key: str) -> Encoded:
     """The text form and its encoding, for pages that analyse the pasted text; stops the page
     (after the hint) while there is no text to analyse."""
     enc = encoded_text(model, text_form(form_key))
@@ -167,7 +167,7 @@ def eps_slider(page: str = "other", help_text: str | None = None) -> float:
     """A1's threshold ε on a log scale; returns ε. One value for the whole session: each page has
     its own slider (key eps_slider_<page>) that starts from and writes back to session key eps_log10."""
     key = f"eps_slider_{page}"
-    shared = st.session_state.setdefault("eps_log10", DEFAULT_EPS_LOG10)
+    shared = st.session_state.setdefault("eps_log10", math.log10(compute.S.default_eps))
     if st.session_state.get(key) != shared:  # first show on this page, or moved on another page since
         st.session_state[key] = shared
     log10 = st.select_slider(
@@ -177,7 +177,7 @@ def eps_slider(page: str = "other", help_text: str | None = None) -> float:
     return 10.0 ** log10
 
 
-def source_picker(model: compute.Model) -> tuple[int, ...] | None | bool:
+def source_picker(model: compute.SelectedCheckpoint) -> tuple[int, ...] | None | bool:
     """Eval windows (returns None) or the pasted text (returns its ids); False when the text is unusable.
     A checkpoint that ships no eval windows (a Huginn folder) always uses the pasted text."""
     if not model.has_windows:

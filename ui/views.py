@@ -19,7 +19,7 @@ def _at_exit(values: np.ndarray, depth: np.ndarray) -> np.ndarray:
     return np.take_along_axis(values, depth[:, None] - 1, axis=1)[:, 0]
 
 
-def token_table(model: compute.Model, tr: Trace, enc: Encoded, out: compute.Outcome) -> pd.DataFrame:
+def token_table(model: compute.SelectedCheckpoint, tr: Trace, enc: Encoded, out: compute.Outcome) -> pd.DataFrame:
     """One row per token of the text: its exit depth under the policy and its output there."""
     depth = out.depth[0]
     pred_ids = _at_exit(tr.argmax[0], depth)
@@ -32,7 +32,7 @@ def token_table(model: compute.Model, tr: Trace, enc: Encoded, out: compute.Outc
         "top_prob": _at_exit(tr.top1_prob[0], depth), "next_token_loss": ce})
 
 
-def strip_views(model: compute.Model, table: pd.DataFrame, policy: str) -> list[TokenView]:
+def strip_views(model: compute.SelectedCheckpoint, table: pd.DataFrame, policy: str) -> list[TokenView]:
     views = []
     for row in table.itertuples(index=False):
         loss = None if math.isnan(row.next_token_loss) else float(row.next_token_loss)
@@ -43,7 +43,7 @@ def strip_views(model: compute.Model, table: pd.DataFrame, policy: str) -> list[
     return views
 
 
-def render_strip(model: compute.Model, table: pd.DataFrame, policy: str, selected: int | None = None,
+def render_strip(model: compute.SelectedCheckpoint, table: pd.DataFrame, policy: str, selected: int | None = None,
                  legend: bool = True) -> None:
     if legend:
         st.html(legend_html(model.r_max))
@@ -51,7 +51,7 @@ def render_strip(model: compute.Model, table: pd.DataFrame, policy: str, selecte
                        ids=table.token_id.tolist()))
 
 
-def logit_lens(model: compute.Model, tr: Trace, pos: int, exit_depth: int) -> pd.DataFrame:
+def logit_lens(model: compute.SelectedCheckpoint, tr: Trace, pos: int, exit_depth: int) -> pd.DataFrame:
     """Top-k next-token predictions of one token after every loop (the logit lens over loops)."""
     ids, probs = tr.topk_ids[0, pos], tr.topk_probs[0, pos]  # (L, k)
     words = np.array(compute.decode_ids(model.path, model.checkpoint_id, ids.ravel()), dtype=object).reshape(ids.shape)

@@ -28,9 +28,10 @@ import numpy as np
 
 from .harness import ExactResult, SweepWork, run_exact_sweep
 from ..exits.policies import ConvergenceExit, LinearRouter, Policy, Uniform
+from ..model.checkpoint import model_id
 from ..settings import SETTINGS
 from .stats import Bootstrap
-from .trace import Trace, resolve_cache, resolve_model
+from .trace import Trace, resolve_cache
 
 MOVING_KL = SETTINGS.moving_kl  # still moving at loop i while KL(p_i || p_{i-1}) > this
 EPS_GRID, TAU_GRID = SETTINGS.eps_grid, SETTINGS.tau_grid  # A1's ε and A2's τ sweeps
@@ -391,7 +392,7 @@ def exact_curves(ckpt_or_model, ids, families: dict[str, list[Policy]], max_loop
 def exact_results(ckpt_or_model, ids, policies: list[Policy], max_loops: int, seed: int, *, cache=False,
                   progress=None, work: SweepWork | None = None) -> list[ExactResult]:
     """run_exact_sweep, through the on-disk cache (key: checkpoint, ids, policies, loops, seed)."""
-    model, ckpt_id = resolve_model(ckpt_or_model)
+    ckpt_id = model_id(ckpt_or_model)
     store = resolve_cache(cache)
     ids_np = np.asarray(ids.cpu() if hasattr(ids, "cpu") else ids, dtype=np.int64)
     key = _exact_key(ckpt_id, ids_np, policies, max_loops, seed)
@@ -402,7 +403,7 @@ def exact_results(ckpt_or_model, ids, policies: list[Policy], max_loops: int, se
             a = hit[0]
             return [ExactResult(a["ce"][p], a["exit_depth"][p], a["converged"][p], a["targets"])
                     for p in range(len(policies))]
-    results = run_exact_sweep(model, ids_np, policies, max_loops, seed, progress=progress, work=work)
+    results = run_exact_sweep(ckpt_or_model, ids_np, policies, max_loops, seed, progress=progress, work=work)
     if store is not None:
         arrays = {"ce": np.stack([r.ce for r in results]), "exit_depth": np.stack([r.exit_depth for r in results]),
                   "converged": np.stack([r.converged for r in results]), "targets": results[0].targets}
@@ -416,7 +417,7 @@ def exact_is_cached(ckpt_or_model, ids, families: dict[str, list[Policy]], max_l
     store = resolve_cache(cache)
     if store is None:
         return False
-    _, ckpt_id = resolve_model(ckpt_or_model)
+    ckpt_id = model_id(ckpt_or_model)
     ids_np = np.asarray(ids.cpu() if hasattr(ids, "cpu") else ids, dtype=np.int64)
     key = _exact_key(ckpt_id, ids_np, [p for f in families.values() for p in f], max_loops, seed)
     return store.trace_path(ckpt_id, f"exact-{key[:32]}").is_file()

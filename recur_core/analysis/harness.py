@@ -27,7 +27,7 @@ thresholds are a batch dimension, and the work a lane saves is exact, not approx
 Lanes of all windows are batched together (`batch_size` lanes per forward pass).
 
 Inputs and noise follow recur_core.analysis.trace: windows (N, T + 1) or one text (T,), and window n's noise
-seeded by noise_seed(seed, n), so the exact and fast paths start from identical states.
+seeded by seed_for(seed, n) (LoopedLM.seeded_state), so the exact and fast paths start from identical states.
 """
 from __future__ import annotations
 
@@ -36,13 +36,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..model.checkpoint import Checkpoint
+from ..model.checkpoint import Checkpoint, resolve_model
 from ..model.looped_lm import LoopedLM, take_rows
 from .parallel import map_batches
-from ..exits.policies import LoopSignals, Policy
+from ..exits.policies import Policy
+from ..exits.signals import LoopSignals, loop_readout, readout_fields
 from ..exits.readout import readout_stats
-from .trace import (NO_TARGET, cosine_change, loop_readout, progress_bar, relative_change, resolve_model,
-                    split_inputs, window_noise)
+from .trace import NO_TARGET, progress_bar, split_inputs
 
 
 @dataclass
@@ -122,7 +122,7 @@ def run_exact_sweep(ckpt_or_model: Checkpoint | LoopedLM, ids, policies: list[Po
                 np.zeros((len(policies), len(rows), T), dtype=np.int64),
                 np.zeros((len(policies), len(rows), T), dtype=bool))
         part_work = SweepWork()
-        noise = window_noise(model, rows, T, seed)
+        noise = model.seeded_state(rows, seed, T)
         group_inputs, group_targets = inputs[rows.start:rows.stop], targets[rows.start:rows.stop]
         sweep = _Sweep(model, group_inputs, group_targets, noise, [policies[p] for p in shared],
                        [caps[p] for p in shared], batch_size, part_work)
@@ -213,8 +213,8 @@ class _Sweep:
         rows, valid = _live_rows(frozen_np)
         rows, valid = rows.to(self.device), valid.to(self.device)
         windows = [ln.window for ln in chunk]
-        new = self.model.core_step(state, self.e[windows, :width], freeze=frozen, live_rows=rows, live_valid=valid)
-        signals = LoopSignals(state=new, state_change=relative_change(new, state), cosine_change=cosine_change(new, state))
+        new = self.model.core_step(state, self.e[windows, :width], freeze=frozen, rows=rows, valid=valid)
+        signals = LoopSignals.of_states(new, state)
         h_rows = None
         if readout:  # KL(p_i || p_{i-1}) of the unfrozen tokens only (coda's last block and the head)
             h_prev = torch.stack([ln.h_prev[:width] for ln in chunk])
@@ -224,9 +224,8 @@ class _Sweep:
             lane = torch.arange(len(chunk), device=self.device)[:, None].expand_as(rows)[valid]
             at_rows = lambda x, fill: torch.full(frozen.shape, fill, dtype=x.dtype,
                                                  device=self.device).index_put_((lane, rows[valid]), x)
-            signals.kl_prev = at_rows(stats.kl_prev.clamp_min(0.0), float("nan"))
-            signals.kl_prev_reverse = at_rows(stats.kl_prev_reverse.clamp_min(0.0), float("nan"))
-            signals.entropy, signals.argmax = at_rows(stats.entropy, float("nan")), at_rows(stats.argmax, -1)
+            for name, value in readout_fields(stats).items():  # NaN never halts; -1 is no token
+                setattr(signals, name, at_rows(value, -1 if name == "argmax" else float("nan")))
             self.work.readout_lane_loops += len(chunk)
             self.work.readout_token_loops += len(chunk) * width
             self.work.readout_live_token_loops += int(valid.sum())
@@ -293,12 +292,11 @@ def _exact_batch(model: LoopedLM, inputs, targets, noise, policy: Policy, cap: i
     converged = torch.zeros_like(frozen)
     for loop in range(1, cap + 1):
         new = model.core_step(state, e, freeze=frozen)
-        signals = LoopSignals(state=new, state_change=relative_change(new, state),
-                              cosine_change=cosine_change(new, state))
+        readout = {}
         if policy.needs_readout:
             h_prev, stats = loop_readout(model, new, h_prev, None)
-            signals.kl_prev, signals.kl_prev_reverse = stats.kl_prev, stats.kl_prev_reverse
-            signals.entropy, signals.argmax = stats.entropy, stats.argmax
+            readout = readout_fields(stats)
+        signals = LoopSignals.of_states(new, state, **readout)
         met = policy.rule_met(loop, signals) & ~frozen
         halt = met | ~frozen if loop == cap else met
         exit_depth[halt] = loop

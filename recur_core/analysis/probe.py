@@ -35,11 +35,10 @@ import torch.nn.functional as F
 
 from .curves import EPS_GRID, fast_sums
 from .cache import CacheCorrupt, TraceCache, read_arrays, write_arrays
-from ..model.checkpoint import Checkpoint
+from ..model.checkpoint import Checkpoint, model_id, resolve_model
 from .parallel import map_batches
 from ..exits.policies import ConvergenceExit, Uniform
-from .trace import (Trace, progress_bar, resolve_cache, resolve_model, split_inputs, trace_batch,
-                    window_noise)
+from .trace import Trace, progress_bar, resolve_cache, split_inputs, trace_batch
 
 LABEL_KINDS = ("argmax", "kl", "argmax_any", "kl_any")
 PROBE_FORMAT_VERSION = 2
@@ -132,7 +131,7 @@ def harvest(ckpt_or_model, windows, max_loops: int, seed: int = 0, *, tokens_per
     (and the windows' whole uniform trace, without top-k)."""
     if max_loops < 2:
         raise ValueError("labels look one loop ahead: harvest needs max_loops >= 2")
-    model, ckpt_id = resolve_model(ckpt_or_model)
+    model, ckpt_id = resolve_model(ckpt_or_model)[0], model_id(ckpt_or_model)
     device = next(model.parameters()).device
     inputs, targets = split_inputs(windows)
     N, T = inputs.shape
@@ -141,7 +140,7 @@ def harvest(ckpt_or_model, windows, max_loops: int, seed: int = 0, *, tokens_per
 
     def run(rows: range):
         return _harvest_batch(model, inputs[rows.start:rows.stop].to(device), targets[rows.start:rows.stop],
-                              window_noise(model, rows, T, seed), positions[rows.start:rows.stop], max_loops, rows)
+                              model.seeded_state(rows, seed, T), positions[rows.start:rows.stop], max_loops, rows)
     try:
         batches = [range(start, min(start + batch_size, N)) for start in range(0, N, batch_size)]
         parts, traced = zip(*map_batches(run, batches, device, on_done=lambda rows, _: update(len(rows))))

@@ -21,7 +21,7 @@ and is scored against w[:, 1:]. A 1-D `ids` of length T is one text (e.g. pasted
 all T tokens and the last one has no target (ce NaN there).
 
 Noise: window n (its row index in `ids`) starts from noise drawn by a generator seeded with
-noise_seed(seed, n), so a window's trace does not depend on how windows are batched, and the exact
+seed_for(seed, n) (LoopedLM.seeded_state), so a window's trace does not depend on how windows are batched, and the exact
 harness (recur_core.analysis.harness) can reproduce the same noise.
 """
 from __future__ import annotations
@@ -35,10 +35,10 @@ import pandas as pd
 import torch
 
 from .cache import TraceCache, trace_key
-from ..model.checkpoint import Checkpoint, checkpoint_id
+from ..model.checkpoint import Checkpoint, model_id, resolve_model
 from ..model.looped_lm import LoopedLM
 from .parallel import map_batches
-from ..exits.readout import readout_stats
+from ..exits.signals import cosine_change, loop_readout, relative_change
 
 TRACE_FORMAT_VERSION = 2  # 2: kl_prev_reverse and cosine_change
 LOOP_FIELDS = ("kl_prev", "state_change", "ce", "entropy", "argmax", "top1_prob", "kl_prev_reverse", "cosine_change")
@@ -138,42 +138,6 @@ def split_inputs(ids) -> tuple[torch.Tensor, torch.Tensor]:
     raise ValueError(f"ids must be (N, T + 1) windows or a (T,) text, got shape {tuple(ids.shape)}")
 
 
-def noise_seed(seed: int, window: int) -> int:
-    """Seed of window `window`'s noise generator: distinct per (seed, window), batching-independent."""
-    return (seed * 1_000_003 + window) % (2 ** 63)
-
-
-def window_noise(model: LoopedLM, windows: range, seq_len: int, seed: int) -> torch.Tensor:
-    """Initial states (len(windows), seq_len, d) on the model's device, one generator per window."""
-    rows = [model.init_state(1, seq_len, torch.Generator().manual_seed(noise_seed(seed, n)))
-            for n in windows]
-    return torch.cat(rows)
-
-
-# -- one loop's measurements ------------------------------------------------------------------
-def relative_change(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
-    """||new - old|| / ||new|| per token (L2 over the model dim), float32."""
-    new, old = new.float(), old.float()
-    return (new - old).norm(dim=-1) / new.norm(dim=-1).clamp_min(1e-30)
-
-
-def cosine_change(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
-    """1 - cos(new, old) per token (over the model dim), float32."""
-    return 1 - torch.nn.functional.cosine_similarity(new.float(), old.float(), dim=-1, eps=1e-30)
-
-
-def loop_readout(model: LoopedLM, state: torch.Tensor, h_prev: torch.Tensor, targets: torch.Tensor | None,
-                 topk: int = 0):
-    """(hidden, ReadoutStats) of a state; kl_prev = KL(p_cur || p_prev) and kl_prev_reverse =
-    KL(p_prev || p_cur) in nats with p_prev the distribution of h_prev, clamped at 0 (they are >= 0;
-    float rounding can dip below)."""
-    h = model.coda(state)
-    stats = readout_stats(h, model.head_weight, targets, h_prev, topk=topk)
-    stats.kl_prev = stats.kl_prev.clamp_min(0.0)
-    stats.kl_prev_reverse = stats.kl_prev_reverse.clamp_min(0.0)
-    return h, stats
-
-
 def trace_batch(model: LoopedLM, inputs: torch.Tensor, targets: torch.Tensor, noise: torch.Tensor,
                 max_loops: int, topk: int = 0, probes: Sequence = (),
                 on_state: Callable[[int, torch.Tensor], None] | None = None) -> dict[str, torch.Tensor]:
@@ -212,14 +176,6 @@ def _or_empty(topk_field: torch.Tensor | None, lead: torch.Size, dtype) -> torch
 
 
 # -- the trace ----------------------------------------------------------------------------------
-def resolve_model(ckpt_or_model: Checkpoint | LoopedLM) -> tuple[LoopedLM, str]:
-    """(model, checkpoint id); a bare model's id is hashed from its config and weights."""
-    if isinstance(ckpt_or_model, Checkpoint):
-        return ckpt_or_model.model, ckpt_or_model.checkpoint_id
-    model = ckpt_or_model
-    return model, checkpoint_id(model.cfg, model.state_dict())
-
-
 def resolve_cache(cache) -> TraceCache | None:
     """cache: True (the default folder), False / None (no caching), a folder, or a TraceCache."""
     if cache is True:
@@ -257,7 +213,7 @@ def trace(ckpt_or_model: Checkpoint | LoopedLM, ids, max_loops: int, seed: int =
     checkpoint id, ids, max_loops, seed, topk, probe ids and TRACE_FORMAT_VERSION.
     Same inputs give an identical trace.
     """
-    model, ckpt_id = resolve_model(ckpt_or_model)
+    model, ckpt_id = resolve_model(ckpt_or_model)[0], model_id(ckpt_or_model)
     if device is not None:
         model.to(device)
     ids_np = np.asarray(ids.cpu() if torch.is_tensor(ids) else ids, dtype=np.int64)
@@ -294,7 +250,7 @@ def _compute(model, inputs, targets, max_loops, seed, topk, probes, batch_size, 
 
     def run(rows: range) -> dict:
         return trace_batch(model, inputs[rows.start:rows.stop].to(device), targets[rows.start:rows.stop],
-                           window_noise(model, rows, T, seed), max_loops, topk, probes)
+                           model.seeded_state(rows, seed, T), max_loops, topk, probes)
     try:
         batches = [range(start, min(start + batch_size, N)) for start in range(0, N, batch_size)]
         parts = map_batches(run, batches, device, on_done=lambda rows, _: update(len(rows) * max_loops))

@@ -20,11 +20,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..model.checkpoint import Checkpoint
-from .kv import LoopKVCache, SlabKV, kv_rule as named_rule
+from ..exits.policies import Policy, Uniform
+from ..exits.signals import LoopSignals, cosine_change, readout_signals, relative_change
+from ..model.checkpoint import Checkpoint, resolve_model
 from ..model.looped_lm import LoopedLM
-from ..exits.policies import LoopSignals, Uniform
-from ..analysis.trace import cosine_change, noise_seed, relative_change
+from ..settings import SETTINGS, seed_for
+from .kv import LoopKVCache, SlabKV
+from .kv import kv_rule as named_rule
 
 
 # -- results -----------------------------------------------------------------------------------------
@@ -87,17 +89,11 @@ class TeacherForced:
 
 
 # -- the decoder -------------------------------------------------------------------------------------
-def resolve(ckpt_or_model) -> tuple[LoopedLM, Checkpoint | None]:
-    if isinstance(ckpt_or_model, Checkpoint):
-        return ckpt_or_model.model, ckpt_or_model
-    return ckpt_or_model, None
-
-
-def default_max_loops(policy, ckpt: Checkpoint | None, max_loops: int | None) -> int:
+def default_max_loops(policy: Policy | None, ckpt: Checkpoint | None, max_loops: int | None) -> int:
     """max_loops if given, else the policy's r_max, else the checkpoint recipe's r_max."""
     if max_loops is not None:
         return int(max_loops)
-    if getattr(policy, "r_max", None) is not None:
+    if policy is not None and policy.r_max is not None:
         return int(policy.r_max)
     if ckpt is not None:
         return ckpt.recipe.r_max
@@ -114,18 +110,17 @@ class HaltSchedule:
     KL(p_i || p_{i - check_every}) in nats.
     """
 
-    def __init__(self, policy, max_loops: int, check_every: int = 1):
+    def __init__(self, policy: Policy, max_loops: int, check_every: int = 1):
         if check_every < 1:
             raise ValueError(f"check_every must be >= 1, got {check_every}")
         self.policy, self.every = policy, check_every
-        self.cap = policy.cap(max_loops) if hasattr(policy, "cap") else int(max_loops)
-        self.min_loops = getattr(policy, "min_loops", 1)
-        self.needs_readout = bool(getattr(policy, "needs_readout", False))
+        self.cap = policy.cap(max_loops)
+        self.min_loops = policy.min_loops
+        self.needs_readout = policy.needs_readout
         self.first_readout = max(0, self.min_loops - check_every) if self.needs_readout else None
         # one `halt_at` call can decide tokens at different loops: the policy takes a tensor of
         # loops, is consulted every loop and needs no readout
-        self.per_token_loops = bool(getattr(policy, "per_token_loops", False)) and check_every == 1 \
-            and not self.needs_readout
+        self.per_token_loops = policy.per_token_loops and check_every == 1 and not self.needs_readout
 
     def is_check(self, loop: int) -> bool:
         return loop >= self.min_loops and (loop - self.min_loops) % self.every == 0
@@ -154,25 +149,15 @@ class HaltSchedule:
         return stop | (loops >= self.cap)
 
 
-def readout_signals(logp: Tensor, logp_prev: Tensor) -> dict:
-    """The LoopSignals fields a readout gives, from log-probabilities of this and the previous
-    readout: kl_prev = KL(p || p_prev) and kl_prev_reverse = KL(p_prev || p) in nats per token,
-    clamped at 0 (float rounding); entropy (nats) and argmax of p."""
-    p = logp.exp()
-    return {"kl_prev": (p * (logp - logp_prev)).sum(-1).clamp_min(0.0),
-            "kl_prev_reverse": (logp_prev.exp() * (logp_prev - logp)).sum(-1).clamp_min(0.0),
-            "entropy": -(p * logp).sum(-1), "argmax": logp.argmax(-1)}
-
-
 class Decoder:
     """One decoding session over B rows in lockstep: a cache, a halting schedule and a KV rule."""
 
-    def __init__(self, model: LoopedLM, policy, *, batch: int = 1, max_loops: int, kv_rule="latest",
+    def __init__(self, model: LoopedLM, policy: Policy, *, batch: int = 1, max_loops: int, kv_rule=SETTINGS.kv_rule,
                  noise: Tensor, check_every: int = 1, cache: LoopKVCache | None = None, max_len: int | None = None):
         """max_len: the context the cache holds (default max_seq_len; generate sizes it to the prompt
         plus the new tokens, which keeps a large model's per-loop caches small)."""
         self.model, self.B = model, batch
-        self.policy = policy.private() if hasattr(policy, "private") else policy  # this session's own memory
+        self.policy = policy.private()  # this session's own memory
         self.rule = named_rule(kv_rule)
         self.schedule = HaltSchedule(self.policy, max_loops, check_every)
         self.cap = self.schedule.cap
@@ -334,12 +319,6 @@ def sample_next(logits: Tensor, generator: torch.Generator | None, *, greedy: bo
 
 
 # -- public API --------------------------------------------------------------------------------------
-def row_noise(model: LoopedLM, rows, seed: int) -> Tensor:
-    """(len(rows), max_seq_len, d): the full forward's noise of each row (window index) at every position."""
-    return torch.cat([model.init_state(1, model.cfg.max_seq_len, torch.Generator().manual_seed(noise_seed(seed, n)))
-                      for n in rows])
-
-
 def check_chunk(prefill_chunk: int | None) -> None:
     if prefill_chunk is not None and prefill_chunk < 1:
         raise ValueError(f"prefill_chunk must be >= 1 or None, got {prefill_chunk}")
@@ -388,7 +367,8 @@ def _notify(on_token, index: int, token_id: int, exit_loop: int) -> float:
 
 
 @torch.inference_mode()
-def generate(ckpt_or_model, prompt, max_new_tokens: int, policy=None, *, kv_rule: str = "latest",
+def generate(ckpt_or_model, prompt, max_new_tokens: int, policy: Policy | None = None, *,
+             kv_rule: str = SETTINGS.kv_rule,
              greedy: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, max_loops: int | None = None, stop_ids=(), keep_logits: bool = True,
              tokenizer=None, on_token=None, check_every: int = 1, prefill_chunk: int | None = None) -> Generation:
@@ -407,13 +387,13 @@ def generate(ckpt_or_model, prompt, max_new_tokens: int, policy=None, *, kv_rule
     all at once), as a pool request with the same prefill_chunk does (there it bounds the rows a
     joining prompt adds to the shared step).
     """
-    model, ckpt = resolve(ckpt_or_model)
+    model, ckpt = resolve_model(ckpt_or_model)
     prompt_ids, tokenizer = encode_prompt(prompt, ckpt, tokenizer)
     check_lengths(len(prompt_ids), max_new_tokens, model.cfg.max_seq_len)
     check_chunk(prefill_chunk)
     cap = default_max_loops(policy, ckpt, max_loops)
     policy = policy if policy is not None else Uniform(cap)
-    dec = Decoder(model, policy, max_loops=cap, kv_rule=kv_rule, noise=row_noise(model, [0], seed),
+    dec = Decoder(model, policy, max_loops=cap, kv_rule=kv_rule, noise=model.seeded_state([0], seed),
                   check_every=check_every, max_len=len(prompt_ids) + max_new_tokens)
     sampler = torch.Generator().manual_seed(seed)
     sample = dict(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p)
@@ -451,7 +431,7 @@ def generate(ckpt_or_model, prompt, max_new_tokens: int, policy=None, *, kv_rule
 
 
 @torch.inference_mode()
-def teacher_forced(ckpt_or_model, windows, policy, kv_rule: str = "latest", *, seed: int = 0,
+def teacher_forced(ckpt_or_model, windows, policy: Policy, kv_rule: str = SETTINGS.kv_rule, *, seed: int = 0,
                    max_loops: int | None = None, batch_size: int = 16, mode: str = "decode",
                    keep_logits: bool = False, first_window: int = 0,
                    check_every: int = 1) -> TeacherForced:
@@ -460,12 +440,12 @@ def teacher_forced(ckpt_or_model, windows, policy, kv_rule: str = "latest", *, s
     mode "decode": token by token, exactly what `generate` computes for each window (rows in
     lockstep, see docs/DECODING.md). mode "prefill": all positions in parallel (`Decoder.prefill`);
     with kv_rule "recompute" that is the masking harness.
-    Window n's noise is noise_seed(seed, first_window + n), as in recur_core.trace.
+    Window n's noise is model.seeded_state([first_window + n], seed), as in recur_core.analysis.trace.
     Returns per-token ce (nats) and exit loops (N, T), and the kept logits when keep_logits.
     """
     if mode not in ("decode", "prefill"):
         raise ValueError(f"mode must be 'decode' or 'prefill', got {mode!r}")
-    model, ckpt = resolve(ckpt_or_model)
+    model, ckpt = resolve_model(ckpt_or_model)
     windows = torch.as_tensor(windows, dtype=torch.long)
     cap = default_max_loops(policy, ckpt, max_loops)
     device = model.embed.weight.device
@@ -475,7 +455,7 @@ def teacher_forced(ckpt_or_model, windows, policy, kv_rule: str = "latest", *, s
         rows = range(start, min(start + batch_size, N))
         ids = windows[start:rows.stop].to(device)
         dec = Decoder(model, policy, batch=len(rows), max_loops=cap, kv_rule=kv_rule,
-                      noise=row_noise(model, [first_window + n for n in rows], seed), check_every=check_every)
+                      noise=model.seeded_state([first_window + n for n in rows], seed), check_every=check_every)
         if mode == "prefill":
             logits, ex = dec.prefill(ids[:, :-1])
         else:
@@ -521,9 +501,9 @@ def logit_drift(kept: Tensor, reference: Tensor, mask: Tensor | None = None) -> 
 def full_depth_logits(ckpt_or_model, ids, loops: int, seed: int = 0, row: int = 0) -> Tensor:
     """Logits (T, V) of one sequence ids (T,) from the full forward at uniform depth `loops`, with the
     noise of row `row` (what generate / teacher_forced used for it)."""
-    model, _ = resolve(ckpt_or_model)
+    model, _ = resolve_model(ckpt_or_model)
     ids = torch.as_tensor(ids, dtype=torch.long, device=model.embed.weight.device)[None]
-    gen = torch.Generator().manual_seed(noise_seed(seed, row))
+    gen = torch.Generator().manual_seed(seed_for(seed, row))
     return model(ids, loops, generator=gen)[0].float().cpu()
 
 

@@ -26,7 +26,7 @@ KV-cache slab their attention reads, (their sequence, their loop, the layer), di
      leave the core step, `_Sequence.sheds_halted`); a finished sequence leaves its slot.
 
 Each sequence keeps batch-1 semantics: its policy, KV rule ("recompute" fills its missing entries
-with its own small core step before the batched one), noise (noise_seed(seed, 0), as `generate`),
+with its own small core step before the batched one), noise (model.seeded_state([0], seed), as `generate`),
 sampler (seeded with its seed) and the parallel prefill's rules for its prompt, so it decodes to
 what `decode.generate` gives it alone (tests/test_serve.py), up to float rounding of the batched
 matmuls.
@@ -43,11 +43,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..exits.policies import Policy, Uniform
+from ..exits.signals import cosine_change, readout_signals, relative_change
+from ..model.checkpoint import resolve_model
+from ..settings import SETTINGS
 from .decode import (Decoder, HaltSchedule, check_chunk, check_lengths, default_max_loops, encode_prompt,
-                     readout_signals, resolve, row_noise, sample_next, takes_argmax)
+                     sample_next, takes_argmax)
 from .kv import GatherKV, LoopKVCache, key_chunks, kv_rule
-from ..exits.policies import Uniform
-from ..analysis.trace import cosine_change, relative_change
 
 
 @dataclass
@@ -57,8 +59,8 @@ class Request:
 
     prompt: object  # text (needs the checkpoint's tokenizer) or token ids
     max_new_tokens: int
-    policy: object = None
-    kv_rule: str = "latest"
+    policy: Policy | None = None
+    kv_rule: str = SETTINGS.kv_rule
     seed: int = 0
     greedy: bool = False
     temperature: float = 1.0
@@ -124,7 +126,7 @@ class _Sequence:
         self.kept = [] if keep_logits else None
         # halted prompt positions leave the core step: their entries are copied anyway ("latest"),
         # no per-row memory to keep aligned, and no readout whose later coda layers they would feed
-        self.sheds_halted = (dec.rule.keeps_exit_entry and not getattr(dec.policy, "remembers_loops", False)
+        self.sheds_halted = (dec.rule.keeps_exit_entry and not dec.policy.remembers_loops
                              and not dec.schedule.needs_readout)
         self.pos = 0
         self.loop = 0
@@ -183,7 +185,7 @@ class Pool:
                  keep_logits: bool = True, tokenizer=None):
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
-        self.model, self.ckpt = resolve(ckpt_or_model)
+        self.model, self.ckpt = resolve_model(ckpt_or_model)
         cfg = self.model.cfg
         self.max_loops = default_max_loops(None, self.ckpt, max_loops)
         self.max_len = min(max_len or cfg.max_seq_len, cfg.max_seq_len)
@@ -298,7 +300,7 @@ class Pool:
             admitted = time.perf_counter()
             self.cache.reset_row(slot)
             dec = Decoder(self.model, policy, max_loops=self.max_loops, kv_rule=req.kv_rule,
-                          noise=row_noise(self.model, [0], req.seed), check_every=req.check_every,
+                          noise=self.model.seeded_state([0], req.seed), check_every=req.check_every,
                           cache=self.cache.row(slot))
             s = _Sequence(rid, slot, req, dec, prompt_ids, self.keep_logits)
             s.out.admitted_s = admitted

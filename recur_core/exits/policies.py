@@ -45,35 +45,10 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch
 
+from .signals import LoopSignals
+
 if TYPE_CHECKING:
     from ..analysis.trace import Trace
-
-
-@dataclass
-class LoopSignals:
-    """Per-token signals after loop i, each of leading shape (B, T).
-
-    state         (B, T, d) core state s_i.
-    state_change  ||s_i - s_{i-1}|| / ||s_i|| (at loop 1, s_0 is the initial noise state).
-    kl_prev       KL(p_i || p_{i-1}) in nats (at loop 1, p_0 is the readout of the noise state);
-                  None when the caller skipped the readout (policies with needs_readout False).
-                  NaN never halts.
-    kl_prev_reverse, entropy, argmax   KL(p_{i-1} || p_i) in nats, H(p_i) in nats, argmax of p_i;
-                  None without the readout.
-    cosine_change 1 - cos(s_i, s_{i-1}); None when the caller did not compute it.
-    """
-
-    state: torch.Tensor
-    state_change: torch.Tensor
-    kl_prev: torch.Tensor | None = None
-    kl_prev_reverse: torch.Tensor | None = None
-    entropy: torch.Tensor | None = None
-    argmax: torch.Tensor | None = None
-    cosine_change: torch.Tensor | None = None
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.state_change.shape
 
 
 @dataclass

@@ -10,7 +10,7 @@ softmax moments (`ReadoutPartials`) that combine exactly (`combine_partials`).
 Backends, all returning `ReadoutStats`:
   readout_stats_reference  materialises the float32 logits; the ground truth for tests.
   readout_stats_chunked    vectorised PyTorch over column chunks of W; peak memory O(T * chunk).
-  readout_stats_triton     (recur_core.kernels.readout_triton) fused CUDA kernel: h and h_prev
+  readout_stats_triton     the fused kernel of recur_core.kernels.readout_triton (CUDA): h and h_prev
                            share each W tile, no logits leave the chip.
   readout_stats            picks one of these.
 
@@ -268,6 +268,17 @@ def readout_stats_chunked(h: Tensor, W: Tensor, targets: Tensor | None = None,
 # --------------------------------------------------------------------------------------------------
 # Dispatch.
 
+@flatten_tokens
+def readout_stats_triton(h: Tensor, W: Tensor, targets: Tensor | None = None, h_prev: Tensor | None = None,
+                         *, splits: int | None = None, blocks: tuple[int, int, int] | None = None) -> ReadoutStats:
+    """ReadoutStats by the fused Triton kernel (recur_core.kernels.readout_triton; CUDA, or CPU
+    under TRITON_INTERPRET=1): its per-split moments merged by combine_partials. splits / blocks:
+    the kernel's vocabulary splits and tile sizes (defaults fill the device)."""
+    from ..kernels.readout_triton import readout_partials_triton
+    m, s, u, arg, prev, target_logit = readout_partials_triton(h, W, targets, h_prev, splits=splits, blocks=blocks)
+    return combine_partials(ReadoutPartials(m, s, u, arg, *prev), target_logit, targets)
+
+
 def _triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
@@ -291,5 +302,4 @@ def readout_stats(h: Tensor, W: Tensor, targets: Tensor | None = None, h_prev: T
         return readout_stats_chunked(h, W, targets, h_prev, topk=topk)
     if topk:
         raise ValueError("the triton backend computes no top-k; use backend='chunked' for topk > 0")
-    from ..kernels.readout_triton import readout_stats_triton
     return readout_stats_triton(h, W, targets, h_prev)

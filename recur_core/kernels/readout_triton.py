@@ -1,6 +1,6 @@
 """Fused readout statistics in Triton: softmax(h @ W^T) moments without materialising the logits.
 
-PyTorch reference: recur_core.readout.readout_stats_reference (ground truth) and
+PyTorch reference: recur_core.exits.readout.readout_stats_reference (ground truth) and
 readout_stats_chunked (the same slice moments, computed chunk by chunk with torch ops).
 
 The grid is (token blocks, vocabulary splits). A program takes BLOCK_T tokens and one contiguous
@@ -8,7 +8,7 @@ split of the vocabulary, walks it in BLOCK_V tiles, and for each tile computes t
 of h_prev with the same W tile (W is read once per token block), updating online-softmax moments:
 max, sum of exps, the entropy and both KL numerators (KL(p || p_prev) and the reverse
 KL(p_prev || p)), argmax and the target logit. Each (split, token)
-writes a ReadoutPartials entry; recur_core.readout.combine_partials merges the splits in PyTorch.
+writes a ReadoutPartials entry; recur_core.exits.readout.combine_partials merges the splits in PyTorch.
 Splitting the vocabulary keeps the GPU busy when there are few token blocks (short sequences).
 
 No top-k here: readout_stats routes topk > 0 to the chunked backend.
@@ -23,8 +23,6 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-
-from ..exits.readout import ReadoutPartials, ReadoutStats, combine_partials, flatten_tokens
 
 # Running maxima start at this finite value rather than -inf so that, before the first tile,
 # s * (m_old - m_new) is 0 * (-huge) = 0 and not 0 * (-inf) = NaN.
@@ -130,12 +128,12 @@ def _auto_splits(n_token_blocks: int, vocab_tiles: int, device: torch.device) ->
     return max(1, min(triton.cdiv(4 * sms, n_token_blocks), vocab_tiles))
 
 
-@flatten_tokens
-def readout_stats_triton(h: Tensor, W: Tensor, targets: Tensor | None = None,
-                         h_prev: Tensor | None = None, *, splits: int | None = None,
-                         blocks: tuple[int, int, int] | None = None) -> ReadoutStats:
-    """ReadoutStats of softmax(h @ W^T) (and KL(p_cur || p_prev), KL(p_prev || p_cur) in nats with
-    h_prev) by the kernel.
+def readout_partials_triton(h: Tensor, W: Tensor, targets: Tensor | None = None, h_prev: Tensor | None = None,
+                            *, splits: int | None = None, blocks: tuple[int, int, int] | None = None):
+    """The kernel's per-split moments for h (N, d): (m, s, u, arg, (m_prev, s_prev, k, k_rev),
+    target_logit), each (P, N) but target_logit (N,); the prev moments are None without h_prev and
+    target_logit None without targets. recur_core.exits.readout.readout_stats_triton merges them
+    into ReadoutStats (the fields are those of its ReadoutPartials).
 
     splits: number of vocabulary splits (default: enough programs to fill the GPU).
     blocks: (BLOCK_T, BLOCK_V, BLOCK_D), powers of two >= 16 (tl.dot's minimum).
@@ -163,6 +161,4 @@ def readout_stats_triton(h: Tensor, W: Tensor, targets: Tensor | None = None,
         BLOCK_T=block_t, BLOCK_V=block_v, BLOCK_D=block_d, num_warps=8,
     )
     prev = (m_prev, s_prev, k, k_rev) if h_prev is not None else (None, None, None, None)
-    parts = ReadoutPartials(m, s, u, arg, *prev)
-    target_logit = None if targets is None else t.sum(0)
-    return combine_partials(parts, target_logit, targets)
+    return m, s, u, arg, prev, None if targets is None else t.sum(0)

@@ -224,25 +224,31 @@ def check_state_dict(model: LoopedLM, state: dict[str, torch.Tensor], where: str
         raise CheckpointError(f"{where}: weights do not match config.json: " + "; ".join(problems))
 
 
-def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", dtype=None,
-                    max_bytes: int | None = None) -> Checkpoint:
-    """Load and validate a checkpoint directory (weights from safetensors only): this project's
-    format, or a Huginn-0125-format folder (recur_core.model.huginn; max_bytes is its memory budget).
+def read_meta(path: str | Path) -> dict:
+    """A checkpoint folder's meta.json (the one reader); CheckpointError says what is missing or unreadable."""
+    meta_file = Path(path) / META
+    if not meta_file.is_file():
+        raise CheckpointError(f"{path}: not a checkpoint ({META} is missing)")
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{meta_file}: unreadable ({err})") from err
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{meta_file}: unreadable (not a JSON object)")
+    return meta
+
+
+def load_native(path: Path, device: str | torch.device = "cpu", dtype=None) -> Checkpoint:
+    """Load and validate a folder of this project's format (weights from safetensors only).
     dtype: None keeps the stored dtype; "float32" / "bfloat16" / "float16" converts."""
-    path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: no such checkpoint directory")
-    from . import huginn
-    if huginn.is_huginn_dir(path):
-        return huginn.load_huginn(path, device, dtype, max_bytes)
     for name in (WEIGHTS, CONFIG, TOKENIZER, META):
         if not (path / name).is_file():
             raise CheckpointError(f"{path}: incomplete checkpoint, {name} is missing")
     try:
         config = ModelConfig.from_json((path / CONFIG).read_text())
-        meta = json.loads((path / META).read_text())
     except (ValueError, TypeError) as err:
-        raise CheckpointError(f"{path}: unreadable config.json or meta.json: {err}") from err
+        raise CheckpointError(f"{path}: unreadable config.json: {err}") from err
+    meta = read_meta(path)
     state = read_safetensors(path / WEIGHTS)
     model = LoopedLM(config)
     check_state_dict(model, state, str(path))
@@ -253,3 +259,16 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", dtype=
         model.to(resolve_dtype(dtype))
         ckpt_id = checkpoint_id(config, model.state_dict())  # other weights, other traces
     return Checkpoint(path, config, model, meta, path / TOKENIZER, ckpt_id)
+
+
+def resolve_model(ckpt_or_model: Checkpoint | LoopedLM) -> tuple[LoopedLM, Checkpoint | None]:
+    """(model, its Checkpoint or None): every API that takes a checkpoint also takes a bare model."""
+    if isinstance(ckpt_or_model, Checkpoint):
+        return ckpt_or_model.model, ckpt_or_model
+    return ckpt_or_model, None
+
+
+def model_id(ckpt_or_model: Checkpoint | LoopedLM) -> str:
+    """The checkpoint id that keys cached results; a bare model's is hashed from its config and weights."""
+    model, ckpt = resolve_model(ckpt_or_model)
+    return ckpt.checkpoint_id if ckpt is not None else checkpoint_id(model.cfg, model.state_dict())

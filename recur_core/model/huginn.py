@@ -269,7 +269,7 @@ def read_config(path: Path) -> tuple[ModelConfig, dict, dict]:
     return cfg, recipe, hf
 
 
-def describe_folder(path: str | Path) -> dict:
+def describe_huginn(path: str | Path) -> dict:
     """What a Huginn folder holds, from config.json and the safetensors headers only (no weights
     read): format, name, recipe, n_params, dtype as stored, the weights' bytes on disk and the
     memory estimate. Raises CheckpointError for an unusable folder."""

@@ -22,11 +22,13 @@ into its cache slab and attends the queries to what the slab holds (recur_core.d
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..settings import seed_for
 from .config import ModelConfig
 
 
@@ -49,15 +51,9 @@ def rope_tables(head_dim: int, max_len: int, base: float) -> tuple[torch.Tensor,
     return angles.cos().float(), angles.sin().float()
 
 
-def rope_pairs(head_dim: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices (first, second) of the head-dim coordinates rotated together by frequency j:
-    "half" pairs (j, j + hd/2), "interleaved" (Huginn's complex form) pairs (2j, 2j + 1)."""
-    j = torch.arange(head_dim // 2)
-    return (j, j + head_dim // 2) if layout == "half" else (2 * j, 2 * j + 1)
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half") -> torch.Tensor:
-    """Rotate pairs of the head dim (see rope_pairs). x: (B, H, T, hd); cos/sin: (T, hd/2), or
+    """Rotate pairs of the head dim by frequency j: "half" pairs (j, j + hd/2), "interleaved"
+    (Huginn's complex form) pairs (2j, 2j + 1). x: (B, H, T, hd); cos/sin: (T, hd/2), or
     (B, 1, T, hd/2) when every row has its own positions."""
     if layout == "interleaved":
         x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
@@ -279,6 +275,14 @@ class LoopedLM(nn.Module):
         noise = noise[:, positions] if positions is not None else noise[:, :seq_len]
         return (noise * self.cfg.state_init_std).to(device=device, dtype=self.embed.weight.dtype)
 
+    def seeded_state(self, rows: Sequence[int], seed: int, seq_len: int | None = None) -> torch.Tensor:
+        """Initial states (len(rows), seq_len or max_seq_len, d) on the model's device; row n (a
+        window or sequence index) draws from its own generator seeded seed_for(seed, n), so its state
+        never depends on which rows share its batch. Every trace, harness and decoder starts here."""
+        seq_len = self.cfg.max_seq_len if seq_len is None else seq_len
+        return torch.cat([self.init_state(1, seq_len, torch.Generator().manual_seed(seed_for(seed, n)))
+                          for n in rows])
+
     def inject(self, e: torch.Tensor) -> torch.Tensor:
         """The adapter's e-part W_e e: adapter(concat(s, e)) = W_s s + W_e e (decoding computes it once
         per token instead of once per loop)."""
@@ -286,17 +290,17 @@ class LoopedLM(nn.Module):
 
     def core_step(self, state: torch.Tensor, e: torch.Tensor | None, freeze: torch.Tensor | None = None,
                   positions: torch.Tensor | None = None, kv=None, inject: torch.Tensor | None = None,
-                  live_rows: torch.Tensor | None = None, live_valid: torch.Tensor | None = None) -> torch.Tensor:
+                  rows: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
         """One loop: adapter(concat(state, e)) through the core blocks.
 
         freeze: optional bool (B, T); frozen tokens keep their state bit-for-bit, while the other
         tokens still attend to them (their keys/values are computed from the frozen state).
         kv: optional cache views, one per core block (the slabs of this loop).
         inject: `inject(e)` precomputed (e is then unused): the adapter runs as W_s s + inject.
-        live_rows, live_valid: optional (B, M) positions that include every unfrozen one, padded per
-        row with any positions, and bool (B, M) True where not padding (default: no padding; repeats
-        are then computed twice); the last core block then runs only for them (its MLP only for the
-        valid ones: a frozen token's own output is discarded).
+        rows, valid: optional (B, M) positions that include every unfrozen one, padded per row with
+        any positions, and bool (B, M) True where not padding (default: no padding; repeats are then
+        computed twice); the last core block then runs only for them (its MLP only for the valid
+        ones: a frozen token's own output is discarded). The same pair as `coda`'s.
         """
         cos, sin = self.rope(state.shape[1], positions)
         if inject is None:
@@ -305,12 +309,12 @@ class LoopedLM(nn.Module):
             x = F.linear(state, self.adapter.weight[:, :self.cfg.d_model]) + inject
         last = len(self.core_blocks) - 1
         for i, (block, cache) in enumerate(zip(self.core_blocks, kv or [None] * len(self.core_blocks))):
-            x = block(x, cos, sin, cache, *((live_rows, live_valid) if i == last else (None, None)))
-        if live_rows is not None:
-            valid = torch.ones_like(live_rows, dtype=torch.bool) if live_valid is None else live_valid
-            lane = torch.arange(x.shape[0], device=x.device)[:, None].expand_as(live_rows)[valid]
+            x = block(x, cos, sin, cache, *((rows, valid) if i == last else (None, None)))
+        if rows is not None:
+            valid = torch.ones_like(rows, dtype=torch.bool) if valid is None else valid
+            lane = torch.arange(x.shape[0], device=x.device)[:, None].expand_as(rows)[valid]
             out = state.clone()
-            out[lane, live_rows[valid]] = x[valid].to(state.dtype)
+            out[lane, rows[valid]] = x[valid].to(state.dtype)
             x = out
         if freeze is not None:
             x = torch.where(freeze.unsqueeze(-1), state, x.to(state.dtype))

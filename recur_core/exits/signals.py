@@ -1,0 +1,88 @@
+"""The per-loop signals an exit policy reads, computed in one place for every caller: the tracer
+(recur_core.analysis.trace), the exact harness, batch-1 / lockstep decoding and the pool.
+
+After loop i a token has a core state s_i and, where the caller reads out, a distribution
+p_i = softmax(coda(s_i) W^T). Loop 1 is measured against the initial noise state s_0 and its readout
+p_0. Every KL is in nats; kl_prev is KL(p_i || p_{i-1}) (A1's direction), kl_prev_reverse is
+KL(p_{i-1} || p_i) (Huginn's).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .readout import ReadoutStats, readout_stats
+
+
+@dataclass
+class LoopSignals:
+    """Per-token signals after loop i, each of leading shape (B, T).
+
+    state         (B, T, d) core state s_i.
+    state_change  ||s_i - s_{i-1}|| / ||s_i|| (at loop 1, s_0 is the initial noise state).
+    kl_prev       KL(p_i || p_{i-1}) in nats (at loop 1, p_0 is the readout of the noise state);
+                  None when the caller skipped the readout (policies with needs_readout False).
+                  NaN never halts.
+    kl_prev_reverse, entropy, argmax   KL(p_{i-1} || p_i) in nats, H(p_i) in nats, argmax of p_i;
+                  None without the readout.
+    cosine_change 1 - cos(s_i, s_{i-1}); None when the caller did not compute it.
+    """
+
+    state: torch.Tensor
+    state_change: torch.Tensor
+    kl_prev: torch.Tensor | None = None
+    kl_prev_reverse: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    argmax: torch.Tensor | None = None
+    cosine_change: torch.Tensor | None = None
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.state_change.shape
+
+    @classmethod
+    def of_states(cls, new: Tensor, old: Tensor, **readout) -> LoopSignals:
+        """The state signals of a loop from the states after / before it, plus readout fields
+        (`readout_fields` / `readout_signals`) where the caller read out."""
+        return cls(state=new, state_change=relative_change(new, old), cosine_change=cosine_change(new, old),
+                   **readout)
+
+
+def relative_change(new: Tensor, old: Tensor) -> Tensor:
+    """||new - old|| / ||new|| per token (L2 over the model dim), float32."""
+    new, old = new.float(), old.float()
+    return (new - old).norm(dim=-1) / new.norm(dim=-1).clamp_min(1e-30)
+
+
+def cosine_change(new: Tensor, old: Tensor) -> Tensor:
+    """1 - cos(new, old) per token (over the model dim), float32."""
+    return 1 - torch.nn.functional.cosine_similarity(new.float(), old.float(), dim=-1, eps=1e-30)
+
+
+def loop_readout(model, state: Tensor, h_prev: Tensor, targets: Tensor | None, topk: int = 0):
+    """(hidden, ReadoutStats) of a state through the model's coda and head; kl_prev = KL(p_cur || p_prev)
+    and kl_prev_reverse = KL(p_prev || p_cur) in nats with p_prev the distribution of h_prev, clamped
+    at 0 (they are >= 0; float rounding can dip below)."""
+    h = model.coda(state)
+    stats = readout_stats(h, model.head_weight, targets, h_prev, topk=topk)
+    stats.kl_prev = stats.kl_prev.clamp_min(0.0)
+    stats.kl_prev_reverse = stats.kl_prev_reverse.clamp_min(0.0)
+    return h, stats
+
+
+def readout_fields(stats: ReadoutStats) -> dict[str, Tensor]:
+    """The LoopSignals fields of a readout computed by readout_stats (with h_prev), KLs clamped at 0."""
+    return {"kl_prev": stats.kl_prev.clamp_min(0.0), "kl_prev_reverse": stats.kl_prev_reverse.clamp_min(0.0),
+            "entropy": stats.entropy, "argmax": stats.argmax}
+
+
+def readout_signals(logp: Tensor, logp_prev: Tensor) -> dict[str, Tensor]:
+    """The LoopSignals fields of a readout from log-probabilities of this and the previous readout
+    (decoding has the logits already): kl_prev = KL(p || p_prev) and kl_prev_reverse = KL(p_prev || p)
+    in nats per token, clamped at 0 (float rounding); entropy (nats) and argmax of p."""
+    p = logp.exp()
+    return {"kl_prev": (p * (logp - logp_prev)).sum(-1).clamp_min(0.0),
+            "kl_prev_reverse": (logp_prev.exp() * (logp_prev - logp)).sum(-1).clamp_min(0.0),
+            "entropy": -(p * logp).sum(-1), "argmax": logp.argmax(-1)}

@@ -6,7 +6,7 @@
   3. A1's first check at loop 1 or 2: loops A1 needs to reach A0's loss at r_bar (fast path);
   4. S1's unique parameter count (2/4/2 blocks at SmolLM2-135M widths) against 30 blocks.
 
-    python bench/bench_deviations.py [--ckpt checkpoints/demo] [--draws 40000]
+    python -m bench.bench_deviations [--ckpt checkpoints/demo] [--draws 40000]
 Last line: one JSON object with every figure.
 """
 from __future__ import annotations
@@ -14,25 +14,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import numpy as np
+import torch
+import torch.nn.functional as F
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from recur_core import LoopedLM, load_checkpoint  # noqa: E402
-from recur_core.analysis.curves import fast_curve, loops_to_match  # noqa: E402
-from recur_core.analysis.cache import TraceCache  # noqa: E402
-from recur_core.exits.policies import ConvergenceExit, Uniform  # noqa: E402
-from recur_core.settings import SETTINGS  # noqa: E402
-from recur_core.analysis.stats import Bootstrap  # noqa: E402
-from recur_core.analysis.trace import trace  # noqa: E402
-from training.depth_sampler import sample_depth  # noqa: E402
-from training.presets import PRESETS  # noqa: E402
+from recur_core import LoopedLM, load_checkpoint
+from recur_core.analysis.curves import fast_curve, loops_to_match
+from recur_core.analysis.cache import TraceCache
+from recur_core.exits.policies import ConvergenceExit, Uniform
+from recur_core.settings import SETTINGS
+from recur_core.analysis.stats import Bootstrap
+from recur_core.analysis.trace import trace
+from training.depth_sampler import sample_depth
+from training.presets import PRESETS
 
 
 def sampler_figures(draws: int) -> dict:

@@ -13,7 +13,7 @@ It also prints a floor under any implementation of the sweep: the FLOPs the lane
 (`floor_flops`, from the positions they ran), the rate the batched sweep reached, and the seconds
 the whole 128-window sweep would need at this CPU's matmul peak, measured in the same process.
 
-    python bench/bench_exact.py [--checkpoint checkpoints/demo] [--windows 2] [--threads N] [--sweep-only]
+    python -m bench.bench_exact [--checkpoint checkpoints/demo] [--windows 2] [--threads N] [--sweep-only]
 Last line: a JSON object with speedup_vs_per_policy (absent with --sweep-only), the work ratio and
 the floor figures.
 """
@@ -21,19 +21,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from recur_core import load_checkpoint
+from recur_core.analysis.curves import allocation_families
+from recur_core.analysis.harness import SweepWork, run_exact_sweep
+from recur_core.analysis.probe import load_or_train_probes
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from recur_core import load_checkpoint  # noqa: E402
-from recur_core.analysis.curves import policy_families  # noqa: E402
-from recur_core.analysis.harness import SweepWork, run_exact_sweep  # noqa: E402
-from recur_core.analysis.probe import load_or_train_probes  # noqa: E402
 
 
 def floor_flops(cfg, work: SweepWork) -> float:
@@ -82,7 +81,7 @@ def main(argv=None) -> dict:
     ckpt = load_checkpoint(args.checkpoint)
     r_max = int(ckpt.meta["recipe"]["r_max"])
     probes = load_or_train_probes(ckpt, r_max, 0)
-    policies = [pol for fam in policy_families(r_max, probes=probes).values() for pol in fam]
+    policies = [pol for fam in allocation_families(r_max, probes=probes).values() for pol in fam]
     windows = ckpt.windows("eval")[:args.windows]
     loops = max(32, r_max)
 

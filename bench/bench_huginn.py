@@ -19,7 +19,7 @@
     which the readout multiplies together), the achieved FLOP rate, and the fraction of the matmul
     peak measured in the same run (best of 5 float32 2048^3 torch.mm, same threads).
 
-    python bench/bench_huginn.py [--skip-load] [--skip-trace] [--loops 32] [--tokens 256] [--threads N]
+    python -m bench.bench_huginn [--skip-load] [--skip-trace] [--loops 32] [--tokens 256] [--threads N]
 On a shared, loaded 2-core machine --threads 1 is the stable figure: with 2 threads every small op
 pays thread-synchronisation latency whenever another process holds a core.
 Last line: a JSON object with the figures.
@@ -37,12 +37,11 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from recur_core import load_checkpoint  # noqa: E402
-from recur_core.model.huginn import huginn_config, huginn_shapes  # noqa: E402
-from recur_core.analysis.trace import trace  # noqa: E402
+from recur_core import load_checkpoint
+from recur_core.model.huginn import huginn_config, huginn_shapes
+from recur_core.analysis.trace import trace
 
+ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER = ROOT / "tests" / "fixtures" / "huginn_tiny" / "tokenizer.json"
 LOAD_MODEL = dict(n_embd=1024, num_attention_heads=8, intermediate_size=5632)   # ~0.97 GB in float32
 TRACE_MODEL = dict(n_embd=768, num_attention_heads=12, intermediate_size=2048)  # ~108M parameters
@@ -104,8 +103,8 @@ def measure_load(folder: str, variant: str) -> dict:
 
 
 def run_child(folder: Path, variant: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", str(folder), variant], capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run([sys.executable, "-m", __spec__.name, "--child", str(folder), variant], capture_output=True,
+                         text=True, check=True, cwd=ROOT)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -6,7 +6,7 @@ baseline is RECUR_WORKERS=1 (every batch in the caller, ops split over torch's t
 variant runs --repeats times, interleaved; the best wall time counts. Agreement is reported: the
 largest |difference| of the trace's KL and loss, and the fraction of exit depths that differ.
 
-    python bench/bench_parallel.py [--checkpoint checkpoints/demo] [--windows 16] [--threads 2] [--loops N]
+    python -m bench.bench_parallel [--checkpoint checkpoints/demo] [--windows 16] [--threads 2] [--loops N]
 Last line: a JSON object with trace_speedup and sweep_speedup (serial time / parallel time).
 """
 from __future__ import annotations
@@ -14,20 +14,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from recur_core import load_checkpoint
+from recur_core.analysis.curves import allocation_families
+from recur_core.analysis.harness import run_exact_sweep
+from recur_core.settings import SETTINGS
+from recur_core.analysis.trace import trace
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from recur_core import load_checkpoint  # noqa: E402
-from recur_core.analysis.curves import policy_families  # noqa: E402
-from recur_core.analysis.harness import run_exact_sweep  # noqa: E402
-from recur_core.settings import SETTINGS  # noqa: E402
-from recur_core.analysis.trace import trace  # noqa: E402
 
 
 def timed(fn, workers: str | None):
@@ -69,7 +68,7 @@ def main(argv=None) -> dict:
     recipe = ckpt.recipe
     loops = args.loops or SETTINGS.trace_loops(recipe)
     windows = ckpt.windows("eval")[:args.windows]
-    policies = [pol for fam in policy_families(min(recipe.r_max, loops)).values() for pol in fam]  # A0 and A1
+    policies = [pol for fam in allocation_families(min(recipe.r_max, loops)).values() for pol in fam]  # A0 and A1
     print(f"{args.checkpoint}: {args.windows} windows x {windows.shape[1] - 1} tokens, {args.threads} torch "
           f"threads; trace to {loops} loops; exact sweep of {len(policies)} policies (A0, A1)")
     t_s, t_p, tr_s, tr_p = compare("trace", lambda: trace(ckpt, windows, loops, SETTINGS.seed, cache=False),

@@ -15,7 +15,7 @@ before the call.
 
 Time: median of --repeats calls, with torch's default thread count unless --threads is given.
 
-    python bench/bench_readout.py [--T 256 512 1024 2048] [--repeats 3] [--threads N]
+    python -m bench.bench_readout [--T 256 512 1024 2048] [--repeats 3] [--threads N]
 Last line: a JSON object with speedup_vs_naive and peak_memory_ratio (naive / fused) at T 1024.
 """
 from __future__ import annotations
@@ -32,10 +32,9 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from recur_core.exits.readout import readout_stats_chunked, readout_stats_reference  # noqa: E402
+from recur_core.exits.readout import readout_stats_chunked, readout_stats_reference
 
+ROOT = Path(__file__).resolve().parents[1]
 V, D = 49_152, 576
 HEADLINE_T = 1024
 
@@ -45,7 +44,7 @@ def backend(variant: str):
         return readout_stats_reference
     if variant == "chunked":
         return readout_stats_chunked
-    from recur_core.kernels.readout_triton import readout_stats_triton
+    from recur_core.exits.readout import readout_stats_triton
     return readout_stats_triton
 
 
@@ -95,9 +94,9 @@ def worker(variant: str, T: int, device: torch.device, repeats: int) -> dict:
 
 
 def run_worker(variant: str, T: int, device: str, repeats: int, threads: int) -> dict:
-    cmd = [sys.executable, __file__, "--worker", variant, "--T", str(T), "--device", device,
+    cmd = [sys.executable, "-m", __spec__.name, "--worker", variant, "--T", str(T), "--device", device,
            "--repeats", str(repeats), "--threads", str(threads)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 

@@ -1,19 +1,18 @@
-"""Throughput of depth-wise batched decoding (recur_core.serve.Pool), issue 11.
+"""Throughput of depth-wise batched decoding (recur_core.decoding.serve.Pool), issue 11.
 
 For one checkpoint:
-  1. Calibrate on --windows eval windows, teacher-forced (KV rule "latest"): the target is A0@r_bar's
-     loss + --tolerance nats (bench_decode's Calibrator), or on a checkpoint with ground truth
-     (checkpoints/hops) A0@r_bar's answer accuracy - --acc-tolerance (bench/hops_decode.py); each
-     policy's threshold is the largest (fewest loops) that meets it; the best uniform depth is the
-     smallest r whose A0@r meets it.
+  1. Calibrate on --windows eval windows, teacher-forced (KV rule "latest"; bench/calibrate.py): the
+     target is A0@r_bar's loss + --tolerance nats, or on a checkpoint with ground truth
+     (checkpoints/hops) A0@r_bar's answer accuracy - --acc-tolerance; each policy's threshold is the
+     largest (fewest loops) that meets it; the best uniform depth is the smallest r whose A0@r meets it.
   2. Serve --requests requests (the first --prompt-len tokens of the next eval windows, --new-tokens
      new tokens each, greedy) through pools of each size in --pools, once per configuration, the
      configurations in an order rotated per pool, --repeats times (interleaved); each figure comes
      from the run with the median wall time (the faster of two). tokens/s = new tokens / wall time of the whole run
      (prefills included). With --repeats > 1 the ratios are also given paired: the median over
      repetitions of the ratio within one repetition (`*_paired`), since runs moments apart share
-     the machine's state and this machine's throughput drifts by 10-20% between runs.
-  3. The FLOP proxy of the same runs (bench_decode's CostModel: prelude, core loops, coda, head and
+     the machine's state and a shared machine's throughput drifts between runs.
+  3. The FLOP proxy of the same runs (bench/cost.py: prelude, core loops, coda, head and
      exit checks with the actual exits, readouts and context lengths; a prompt position counted with
      the loops and readouts the pool ran it for: its own exit loop under "latest", where a halted
      position leaves the core step, its chunk's deepest exit under "recompute", where it rides along
@@ -32,35 +31,32 @@ For one checkpoint:
 The last line is a JSON object: the headline (the largest pool, the per-token policy with the best
 realized speedup among those that met the target) at the top level, every figure under "pools".
 
-    python bench/bench_serve.py                      # checkpoints/demo-r8, 64 requests, pools 1 8 32
-    python bench/bench_serve.py --ckpt runs/x/best --requests 16 --pools 1,8
-    python bench/bench_serve.py --ckpt checkpoints/hops   # 32-token program prefixes, 33 new tokens
-    python bench/bench_serve.py --pools 32 --calibration bench/calibration/demo-r8.json   # the search skipped
+    python -m bench.bench_serve                      # checkpoints/demo-r8, 64 requests, pools 1 8 32
+    python -m bench.bench_serve --ckpt runs/x/best --requests 16 --pools 1,8
+    python -m bench.bench_serve --ckpt checkpoints/hops   # 32-token program prefixes, 33 new tokens
+    python -m bench.bench_serve --pools 32 --calibration bench/calibration/demo-r8.json   # the search skipped
 """
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from bench_decode import DELTA_GRID, EPS_GRID, TAU_GRID, Calibrator, CostModel, Spec, run_cost  # noqa: E402
-from hops_decode import AccuracyCalibrator  # noqa: E402
-from matching import match_threshold  # noqa: E402
+from recur_core import load_checkpoint
+from recur_core.analysis.ground_truth import load_ground_truth
+from recur_core.analysis.probe import load_or_train_probes
+from recur_core.decoding.serve import Request, serve
+from recur_core.exits.policies import ConvergenceExit, LatentDiff, LinearRouter, Policy, Uniform
+from recur_core.settings import SETTINGS
 
-from recur_core import load_checkpoint  # noqa: E402
-from recur_core.analysis.ground_truth import load_ground_truth  # noqa: E402
-from recur_core.exits.policies import ConvergenceExit, LatentDiff, LinearRouter, Uniform  # noqa: E402
-from recur_core.analysis.probe import load_or_train_probes  # noqa: E402
-from recur_core.decoding.serve import Request, serve  # noqa: E402
+from .calibrate import AccuracyCalibrator, LossCalibrator
+from .cost import CostModel, served_cost
+from recur_core.analysis.matching import match_threshold
 
 
 def parse_args(argv=None):
@@ -112,13 +108,72 @@ def policy_of(kind: str, threshold: float, cap: int, probe=None):
             "a2": lambda: LinearRouter(probe, threshold, r_max=cap)}[kind]()
 
 
-class Calibration(SimpleNamespace):
-    """configs {name: (policy, teacher-forced result (.score, .mean_loops), matched)}, target,
-    best_uniform, windows, metric ("loss": lower is better; "answer_accuracy": higher is better)."""
+@dataclass(frozen=True)
+class Quality:
+    """A policy's teacher-forced quality on the calibration windows: its score (loss, or answer
+    accuracy) and mean loops."""
+    score: float
+    mean_loops: float
+
+
+@dataclass
+class Config:
+    """One served configuration: how to rebuild its policy (kind "uniform", "a1", "latent" or "a2",
+    and threshold), the policy, its teacher-forced quality and whether it met the target."""
+    kind: str
+    threshold: float
+    policy: Policy
+    quality: Quality
+    matched: bool
+
+    def saved(self) -> list:
+        """Its entry in a calibration file: [kind, threshold, score, mean loops, matched]."""
+        return [self.kind, self.threshold, self.quality.score, self.quality.mean_loops, self.matched]
+
+    @staticmethod
+    def saved_kind(entry: list) -> str:
+        return entry[0]
+
+    @classmethod
+    def from_saved(cls, entry: list, cap: int, probe) -> Config:
+        kind, threshold, score, mean_loops, matched = entry
+        return cls(kind, threshold, policy_of(kind, threshold, cap, probe), Quality(score, mean_loops), matched)
+
+
+@dataclass
+class Calibration:
+    """The configurations by name (A0@r_bar, the best uniform depth, then the per-token policies),
+    the target they were held to, the calibration windows, and the metric ("loss": lower is better;
+    "answer_accuracy": higher is better)."""
+    configs: dict[str, Config]
+    target: float
+    r_bar: int
+    best_uniform: int
+    windows: int
+    metric: str
 
     @property
     def label(self) -> str:
         return "tf loss" if self.metric == "loss" else "answer acc"
+
+    @property
+    def a0_name(self) -> str:
+        return f"A0@{self.r_bar}"
+
+    @property
+    def uniform_name(self) -> str:
+        return f"A0@{self.best_uniform} (best uniform)"
+
+    @property
+    def policy_names(self) -> list[str]:
+        """The per-token policies' names."""
+        return [name for name, c in self.configs.items() if c.kind != "uniform"]
+
+    def saved(self, checkpoint_id: str, cap: int) -> dict:
+        """Its calibration file's content."""
+        return dict(checkpoint=checkpoint_id, loop_cap=cap, target=self.target, best_uniform=self.best_uniform,
+                    windows=self.windows, metric=self.metric,
+                    configs={name: c.saved() for name, c in self.configs.items()})
 
 
 def calibrate(ckpt, args, cap, r_bar) -> Calibration:
@@ -129,17 +184,13 @@ def calibrate(ckpt, args, cap, r_bar) -> Calibration:
     if saved is not None:
         log(f"  calibration read from {path}: {saved['metric']} target {saved['target']:.5f} "
             f"({saved['windows']} windows)")
-        configs = {name: (policy_of(kind, th, cap, probe), SimpleNamespace(score=score, mean_loops=loops), ok)
-                   for name, (kind, th, score, loops, ok) in saved["configs"].items()
-                   if not (kind == "a2" and args.no_a2)}
-        return Calibration(configs=configs, **{k: saved[k] for k in ("target", "best_uniform", "windows", "metric")})
-    cal, kinds = search(ckpt, args, cap, r_bar, probe)
+        configs = {name: Config.from_saved(entry, cap, probe) for name, entry in saved["configs"].items()
+                   if not (args.no_a2 and Config.saved_kind(entry) == "a2")}
+        return Calibration(configs=configs, r_bar=r_bar,
+                           **{k: saved[k] for k in ("target", "best_uniform", "windows", "metric")})
+    cal = search(ckpt, args, cap, r_bar, probe)
     if path is not None:
-        path.write_text(json.dumps(dict(checkpoint=ckpt.checkpoint_id, loop_cap=cap, target=cal.target,
-                                        best_uniform=cal.best_uniform, windows=cal.windows,
-                                        metric=cal.metric, configs={
-            name: [kinds[name][0], kinds[name][1], tf.score, tf.mean_loops, ok]
-            for name, (_, tf, ok) in cal.configs.items()}), indent=1))
+        path.write_text(json.dumps(cal.saved(ckpt.checkpoint_id, cap), indent=1))
     return cal
 
 
@@ -157,26 +208,27 @@ def read_calibration(path: Path, checkpoint_id: str, cap: int) -> dict:
 
 
 def quality_measure(ckpt, args, cap, windows):
-    """(metric, evaluate(policy) -> result with .score and .mean_loops, tolerance): teacher-forced
-    loss (lower is better, tolerance +--tolerance), or on a checkpoint with ground truth answer
-    accuracy (higher is better, tolerance -(--acc-tolerance); bench/hops_decode.py)."""
+    """(metric, evaluate(policy) -> Quality, tolerance): teacher-forced loss (lower is better,
+    tolerance +--tolerance), or on a checkpoint with ground truth answer accuracy (higher is better,
+    tolerance -(--acc-tolerance))."""
     truth = load_ground_truth(args.ckpt)
     if truth is None:
-        cal = Calibrator(ckpt, windows, cap, args.seed, args.tf_batch)
+        loss = LossCalibrator(ckpt, windows, cap, args.seed, args.tf_batch)
 
-        def evaluate(policy):
-            tf = cal.evaluate(policy)
-            return SimpleNamespace(score=tf.loss, mean_loops=tf.mean_loops)
+        def evaluate(policy) -> Quality:
+            tf = loss.evaluate(policy)
+            return Quality(score=tf.loss, mean_loops=tf.mean_loops)
         return "loss", evaluate, args.tolerance
-    acc = AccuracyCalibrator(ckpt, windows, truth[0], cap, args.seed, args.tf_batch)
+    hops, _max_train_hops = truth
+    accuracy = AccuracyCalibrator(ckpt, windows, hops, cap, args.seed, args.tf_batch)
 
-    def evaluate(policy):
-        score, loops = acc.evaluate(policy)
-        return SimpleNamespace(score=score, mean_loops=loops)
+    def evaluate(policy) -> Quality:
+        res = accuracy.evaluate(policy)
+        return Quality(score=res.accuracy, mean_loops=res.mean_loops)
     return "answer_accuracy", evaluate, -args.acc_tolerance
 
 
-def search(ckpt, args, cap, r_bar, probe) -> tuple[Calibration, dict]:
+def search(ckpt, args, cap, r_bar, probe) -> Calibration:
     windows = ckpt.windows("eval")
     n_cal = min(args.windows, len(windows) - 1)
     metric, evaluate, tolerance = quality_measure(ckpt, args, cap, windows[:n_cal])
@@ -187,22 +239,21 @@ def search(ckpt, args, cap, r_bar, probe) -> tuple[Calibration, dict]:
         return res.score <= target if tolerance >= 0 else res.score >= target
     log(f"  target: A0@{r_bar} {metric} {a0.score:.5f} -> {target:.5f}  ({n_cal} windows)")
     best_u = next((r for r in range(1, r_bar + 1) if meets(evaluate(Uniform(r)))), r_bar)
-    configs = {f"A0@{r_bar}": (Uniform(r_bar), a0, True)}
-    configs[f"A0@{best_u} (best uniform)"] = (Uniform(best_u), evaluate(Uniform(best_u)), True)
-    kinds = {f"A0@{r_bar}": ("uniform", r_bar), f"A0@{best_u} (best uniform)": ("uniform", best_u)}
-    grids = [("a1", "A1 eps", EPS_GRID), ("latent", "latent delta", DELTA_GRID)]
+    cal = Calibration(configs={}, target=target, r_bar=r_bar, best_uniform=best_u, windows=n_cal, metric=metric)
+    cal.configs[cal.a0_name] = Config("uniform", r_bar, Uniform(r_bar), a0, True)
+    cal.configs[cal.uniform_name] = Config("uniform", best_u, Uniform(best_u), evaluate(Uniform(best_u)), True)
+    grids = {"a1": ("A1 eps", SETTINGS.calibration_eps), "latent": ("latent delta", SETTINGS.calibration_delta)}
     if probe is not None:
-        grids.append(("a2", "A2 tau", TAU_GRID))
-    for kind, label, grid in grids:
-        th, tf, ok = match_threshold(evaluate, lambda x: policy_of(kind, x, cap, probe), grid, meets,  # noqa: B023
-                                     args.bisect)
-        name = f"{label}={th:.3g}"
-        configs[name], kinds[name] = (policy_of(kind, th, cap, probe), tf, ok), (kind, th)
-    return Calibration(configs=configs, target=target, best_uniform=best_u, windows=n_cal, metric=metric), kinds
+        grids["a2"] = ("A2 tau", SETTINGS.calibration_tau)
+    for kind, (label, grid) in grids.items():
+        m = match_threshold(evaluate, lambda x: policy_of(kind, x, cap, probe), grid, meets,  # noqa: B023
+                            args.bisect)
+        cal.configs[f"{label}={m.threshold:.3g}"] = Config(kind, m.threshold, m.policy, m.result, m.matched)
+    return cal
 
 
 def serve_run(ckpt, prompts, policy, slots, args, cap, new_tokens=None):
-    """recur_core.serve.ServeRun of every prompt through one pool."""
+    """recur_core.decoding.serve.ServeRun of every prompt through one pool."""
     reqs = [Request(prompt, new_tokens or args.new_tokens, policy, seed=args.seed, greedy=True,
                     prefill_chunk=args.prefill_chunk) for prompt in prompts]
     return serve(ckpt, reqs, slots, max_loops=cap, max_len=args.prompt_len + args.new_tokens, keep_logits=False)
@@ -210,7 +261,8 @@ def serve_run(ckpt, prompts, policy, slots, args, cap, new_tokens=None):
 
 def measure(ckpt, prompts, policy, slots, args, cap, cost: CostModel) -> dict:
     """One served run of every prompt: throughput, mean exit loop, FLOP proxy, latency percentiles,
-    and the pool's batched calls per new token with their mean rows (a prompt's rows included: it loops inside the shared calls)."""
+    and the pool's batched calls per new token with their mean rows (a prompt's rows included: it
+    loops inside the shared calls)."""
     run = serve_run(ckpt, prompts, policy, slots, args, cap)
     comps, wall = run.completions, run.wall_s
     lat = np.array([x for c in comps for x in c.latencies_s[1:]]) * 1e3
@@ -219,7 +271,7 @@ def measure(ckpt, prompts, policy, slots, args, cap, cost: CostModel) -> dict:
     return dict(tokens_per_s=new / wall, wall_s=wall, decode_s=[c.token_s[-1] - c.token_s[0] for c in comps],
                 model_tokens_per_s=new / run.model_s, scheduler_share=1 - run.model_s / wall,
                 mean_loops=float(np.mean(loops)) if loops else float("nan"),
-                cost=proxy_cost(cost, comps, policy), mixed_step_fraction=run.mixed_steps / max(run.steps, 1),
+                cost=served_cost(cost, comps, policy), mixed_step_fraction=run.mixed_steps / max(run.steps, 1),
                 latency_p50_ms=float(np.percentile(lat, 50)) if lat.size else float("nan"),
                 latency_p95_ms=float(np.percentile(lat, 95)) if lat.size else float("nan"),
                 calls_per_token={k: n / new for k, n in run.calls.items()},
@@ -276,18 +328,6 @@ def _cold_ms(fn, repeats, sync, flush) -> float:
     return float(np.median(times))
 
 
-def proxy_cost(cost: CostModel, completions, policy) -> float:
-    """FLOP proxy of the decode steps (bench_decode.run_cost) plus the prefills: each prompt position
-    charged the core loops and readouts the pool ran it for (Completion.prompt_row_loops / _readouts)."""
-    total = 0.0
-    spec = Spec(policy)
-    for c in completions:
-        total += run_cost(cost, c, spec)
-        total += sum(cost.step(t + 1, loops, readouts, 0, 0)
-                     for t, (loops, readouts) in enumerate(zip(c.prompt_row_loops, c.prompt_row_readouts)))
-    return total
-
-
 def fit_lengths(args, cfg, window_len: int) -> None:
     """Prompt and new-token counts that fit the context (the last new token is never run)."""
     if args.new_tokens is None:
@@ -317,46 +357,65 @@ def paired_ratio(trials: dict, name: str, base: str) -> float:
     return float(np.median([a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(trials[name], trials[base])]))
 
 
+def served_names(cal: Calibration, kinds: list[str]) -> list[str]:
+    """A0@r_bar, the best uniform depth, then the per-token policies of these kinds."""
+    return [cal.a0_name, cal.uniform_name] + [n for n in cal.policy_names if cal.configs[n].kind in kinds]
+
+
+def pool_trials(ckpt, prompts, cal: Calibration, names: list[str], first: int, slots: int, args, cap,
+                cost) -> dict[str, list[dict]]:
+    """{name: measure() of each repetition} at one pool size, the configurations run in turn from names[first]."""
+    trials = {name: [] for name in names}
+    order = names[first:] + names[:first]
+    for rep in range(args.repeats):
+        for name in order:
+            trials[name].append(measure(ckpt, prompts, cal.configs[name].policy, slots, args, cap, cost))
+            log(f"  pool {slots:3d}  {name:28s} {trials[name][-1]['tokens_per_s']:8.1f} tok/s  "
+                f"({trials[name][-1]['wall_s']:.1f}s, run {rep + 1} of {args.repeats})")
+    return trials
+
+
+def median_wall_run(trials: list[dict]) -> dict:
+    """The run with the median wall time (the faster of the middle two)."""
+    return sorted(trials, key=lambda r: r["wall_s"])[(len(trials) - 1) // 2]
+
+
+def pool_table(cal: Calibration, trials: dict, runs: dict) -> dict[str, dict]:
+    """{name: figures} of one pool size, speedups against A0@r_bar and the best uniform depth."""
+    a0, uniform = runs[cal.a0_name], runs[cal.uniform_name]
+    table = {}
+    for name, r in runs.items():
+        config = cal.configs[name]
+        realized = r["tokens_per_s"] / a0["tokens_per_s"]
+        proxy = a0["cost"] / r["cost"]
+        in_calls = r["model_tokens_per_s"] / a0["model_tokens_per_s"]
+        paired = paired_ratio(trials, name, cal.a0_name)
+        table[name] = dict(
+            tf_score=config.quality.score, tf_mean_loops=config.quality.mean_loops, matched=config.matched,
+            tokens_per_s=r["tokens_per_s"], wall_s=r["wall_s"], mean_loops=r["mean_loops"],
+            realized_speedup_vs_a0_rbar=realized, flop_proxy_speedup=proxy, fraction_of_bound=realized / proxy,
+            model_call_speedup=in_calls, model_call_fraction_of_bound=in_calls / proxy,
+            scheduler_share=r["scheduler_share"],
+            realized_speedup_vs_best_uniform=r["tokens_per_s"] / uniform["tokens_per_s"],
+            realized_speedup_vs_a0_rbar_paired=paired, fraction_of_bound_paired=paired / proxy,
+            realized_speedup_vs_best_uniform_paired=paired_ratio(trials, name, cal.uniform_name),
+            flop_proxy_speedup_vs_best_uniform=uniform["cost"] / r["cost"],
+            latency_p50_ms=r["latency_p50_ms"], latency_p95_ms=r["latency_p95_ms"],
+            mixed_step_fraction=r["mixed_step_fraction"], calls_per_token=r["calls_per_token"],
+            rows_per_call=r["rows_per_call"])
+    return table
+
+
 def run_pools(ckpt, prompts, cal: Calibration, args, cap, cost) -> dict:
     """{slots: {config name: figures}} over every pool size, configurations interleaved."""
-    names = list(cal.configs)
-    kinds = {ConvergenceExit: "a1", LatentDiff: "latent", LinearRouter: "a2"}
-    names = names[:2] + [n for n in names[2:] if kinds[type(cal.configs[n][0])] in args.serve.split(",")]
-    a0_name, u_name = names[0], names[1]
+    names = served_names(cal, args.serve.split(","))
     for name in names:  # warm-up: the first calls of a process are slow
-        serve_run(ckpt, prompts[:2], cal.configs[name][0], 2, args, cap, new_tokens=4)
+        serve_run(ckpt, prompts[:2], cal.configs[name].policy, 2, args, cap, new_tokens=4)
     pools, runs_by_pool = {}, {}
     for k, slots in enumerate(args.pools):
-        order = names[k % len(names):] + names[:k % len(names)]
-        trials = {name: [] for name in names}
-        for rep in range(args.repeats):
-            for name in order:
-                trials[name].append(measure(ckpt, prompts, cal.configs[name][0], slots, args, cap, cost))
-                log(f"  pool {slots:3d}  {name:28s} {trials[name][-1]['tokens_per_s']:8.1f} tok/s  "
-                    f"({trials[name][-1]['wall_s']:.1f}s, run {rep + 1} of {args.repeats})")
-        runs = {name: sorted(t, key=lambda r: r["wall_s"])[(len(t) - 1) // 2] for name, t in trials.items()}
-        runs_by_pool[slots] = runs
-        table = {}
-        for name in names:
-            r, (_, tf, matched) = runs[name], cal.configs[name]
-            realized = r["tokens_per_s"] / runs[a0_name]["tokens_per_s"]
-            proxy = runs[a0_name]["cost"] / r["cost"]
-            in_calls = r["model_tokens_per_s"] / runs[a0_name]["model_tokens_per_s"]
-            paired = paired_ratio(trials, name, a0_name)
-            table[name] = dict(
-                tf_score=tf.score, tf_mean_loops=tf.mean_loops, matched=matched,
-                tokens_per_s=r["tokens_per_s"], wall_s=r["wall_s"], mean_loops=r["mean_loops"],
-                realized_speedup_vs_a0_rbar=realized, flop_proxy_speedup=proxy, fraction_of_bound=realized / proxy,
-                model_call_speedup=in_calls, model_call_fraction_of_bound=in_calls / proxy,
-                scheduler_share=r["scheduler_share"],
-                realized_speedup_vs_best_uniform=r["tokens_per_s"] / runs[u_name]["tokens_per_s"],
-                realized_speedup_vs_a0_rbar_paired=paired, fraction_of_bound_paired=paired / proxy,
-                realized_speedup_vs_best_uniform_paired=paired_ratio(trials, name, u_name),
-                flop_proxy_speedup_vs_best_uniform=runs[u_name]["cost"] / r["cost"],
-                latency_p50_ms=r["latency_p50_ms"], latency_p95_ms=r["latency_p95_ms"],
-                mixed_step_fraction=r["mixed_step_fraction"], calls_per_token=r["calls_per_token"],
-                rows_per_call=r["rows_per_call"])
-        pools[slots] = table
+        trials = pool_trials(ckpt, prompts, cal, names, k % len(names), slots, args, cap, cost)
+        runs_by_pool[slots] = {name: median_wall_run(t) for name, t in trials.items()}
+        pools[slots] = pool_table(cal, trials, runs_by_pool[slots])
     for name in names:
         sequence_slowdowns(pools, runs_by_pool, name)
     return pools
@@ -398,6 +457,40 @@ def report(pools: dict, cal: Calibration) -> None:
         "latency; mixed: fraction of core steps whose batch held tokens at different loops)")
 
 
+def headline_policy(table: dict, cal: Calibration) -> str:
+    """The served per-token policy with the best realized speedup among those that met the target
+    (else among all served; with none served, the best uniform depth)."""
+    served = [name for name in table if name in cal.policy_names]
+    candidates = [name for name in served if cal.configs[name].matched] or served or [cal.uniform_name]
+    return max(candidates, key=lambda name: table[name]["realized_speedup_vs_a0_rbar"])
+
+
+def serve_prompts(windows, cal: Calibration, args) -> list[list[int]]:
+    """--requests prompts: the first --prompt-len tokens of the eval windows after the calibration ones, in turn."""
+    rows = windows[cal.windows:]
+    if len(rows) == 0:
+        rows = windows
+    return [rows[n % len(rows), :args.prompt_len].tolist() for n in range(args.requests)]
+
+
+def report_call_times(model, pools: list[int]) -> tuple[dict, dict]:
+    """(hot, cold) call_times_ms at 1, 4, 16 rows and every pool size, printed."""
+    rows_list = sorted({1, 4, 16, *pools})
+    hot, cold = call_times_ms(model, rows_list), call_times_ms(model, rows_list, repeats=15, cold=True)
+    log("\nms per batched call on single tokens, no cache, by rows per call (hot: weights in cache, back to back;"
+        f" cold: after writing {FLUSH_BYTES >> 20} MiB, weights and code from memory):")
+    for rows, t in hot.items():
+        log(f"  {rows:3d} rows: " + "  ".join(f"{k} {v:6.3f} / {cold[rows][k]:6.3f}" for k, v in t.items()))
+    return hot, cold
+
+
+HEADLINE_FIGURES = ("realized_speedup_vs_a0_rbar", "realized_speedup_vs_best_uniform", "flop_proxy_speedup",
+                    "fraction_of_bound", "realized_speedup_vs_a0_rbar_paired", "fraction_of_bound_paired",
+                    "realized_speedup_vs_best_uniform_paired", "model_call_speedup", "model_call_fraction_of_bound",
+                    "scheduler_share", "latency_p50_ms", "latency_p95_ms", "sequence_slowdown_p50",
+                    "sequence_slowdown_p95", "sequence_slowdown_max")
+
+
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -410,40 +503,22 @@ def main(argv=None):
     log(f"== {args.ckpt} (checkpoint {ckpt.checkpoint_id}; d {cfg.d_model}, layers {cfg.n_prelude}/{cfg.n_core}/"
         f"{cfg.n_coda}; r_bar {r_bar}, loop cap {cap}; {torch.get_num_threads()} thread(s))")
     cal = calibrate(ckpt, args, cap, r_bar)
-    rows_avail = windows[cal.windows:]
-    if len(rows_avail) == 0:
-        rows_avail = windows
-    prompts = [rows_avail[n % len(rows_avail), :args.prompt_len].tolist() for n in range(args.requests)]
+    prompts = serve_prompts(windows, cal, args)
     log(f"serving: {args.requests} requests x {args.prompt_len}-token prompts (eval windows {cal.windows}..), "
         f"{args.new_tokens} new tokens, greedy, pools {args.pools}, prefill chunk {args.prefill_chunk or 'none'}")
     pools = run_pools(ckpt, prompts, cal, args, cap, CostModel(cfg))
     report(pools, cal)
-
-    rows_list = sorted({1, 4, 16, *args.pools})
-    times, cold = call_times_ms(ckpt.model, rows_list), call_times_ms(ckpt.model, rows_list, repeats=15, cold=True)
-    log("\nms per batched call on single tokens, no cache, by rows per call (hot: weights in cache, back to back;"
-        f" cold: after writing {FLUSH_BYTES >> 20} MiB, weights and code from memory):")
-    for rows, t in times.items():
-        log(f"  {rows:3d} rows: " + "  ".join(f"{k} {v:6.3f} / {cold[rows][k]:6.3f}" for k, v in t.items()))
+    hot, cold = report_call_times(ckpt.model, args.pools)
 
     largest = pools[args.pools[-1]]
-    names = list(largest)  # the configurations served
-    policies = [n for n in names[2:] if cal.configs[n][2]] or names[2:] or names[1:2]
-    head = max(policies, key=lambda n: largest[n]["realized_speedup_vs_a0_rbar"])
-    h = largest[head]
+    head = headline_policy(largest, cal)
     out = dict(checkpoint=str(args.ckpt), pool=args.pools[-1], policy=head, device=args.device,
                threads=torch.get_num_threads(),
                repeats=args.repeats, requests=args.requests, prefill_chunk=args.prefill_chunk,
                new_tokens=args.new_tokens, prompt_len=args.prompt_len,
                loop_cap=cap, r_bar=r_bar, calibration_metric=cal.metric, target=cal.target,
-               best_uniform_depth=cal.best_uniform,
-               **{k: h.get(k) for k in ("realized_speedup_vs_a0_rbar", "realized_speedup_vs_best_uniform",
-                                        "flop_proxy_speedup", "fraction_of_bound", "realized_speedup_vs_a0_rbar_paired",
-                                        "fraction_of_bound_paired", "realized_speedup_vs_best_uniform_paired",
-                                        "model_call_speedup",
-                                        "model_call_fraction_of_bound", "scheduler_share", "latency_p50_ms", "latency_p95_ms",
-                                        "sequence_slowdown_p50", "sequence_slowdown_p95", "sequence_slowdown_max")},
-               pools={str(k): v for k, v in pools.items()}, call_ms={str(k): v for k, v in times.items()},
+               best_uniform_depth=cal.best_uniform, **{k: largest[head].get(k) for k in HEADLINE_FIGURES},
+               pools={str(k): v for k, v in pools.items()}, call_ms={str(k): v for k, v in hot.items()},
                call_ms_cold={str(k): v for k, v in cold.items()})
     print(json.dumps(out, default=float))
 

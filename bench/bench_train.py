@@ -5,25 +5,22 @@ the same threads. Model FLOPs count every matmul of a step with the sampled dept
 core loops (adapter + blocks), coda and head forward, plus 2x forward for the backward of the parts
 that get gradients (prelude, the last k loops, coda, head), and causal attention scores/values.
 
-    python bench/bench_train.py [--preset demo] [--steps 30] [--device cpu] [--threads N]
+    python -m bench.bench_train [--preset demo] [--steps 30] [--device cpu] [--threads N]
 Last line: a JSON object with tokens_per_s and fraction_of_peak.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from recur_core import LoopedLM  # noqa: E402
-from training.depth_sampler import sample_depth  # noqa: E402
-from training.presets import PRESETS  # noqa: E402
-from training.trainer import autocast_context, make_optimizer  # noqa: E402
+from recur_core import LoopedLM
+from training.depth_sampler import sample_depth
+from training.presets import PRESETS
+from training.trainer import autocast_context, make_optimizer
 
 
 def matmul_peak(device: torch.device, dtype: torch.dtype, n: int = 2048, reps: int = 10) -> float:

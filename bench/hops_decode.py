@@ -1,8 +1,8 @@
-"""`bench_decode.py` on a checkpoint with ground truth (issue 10, goal 5): batch-1 decoding of
+"""`python -m bench.bench_decode` on a checkpoint with ground truth (issue 10, goal 5): batch-1 decoding of
 held-out multi-hop programs, matched on **answer accuracy** instead of loss.
 
 Decoding here is teacher-forced: each program is fed token by token through the real decoder
-(`recur_core.decode.teacher_forced`, mode "decode", KV rule "latest", batch 1), so every token halts
+(`recur_core.decoding.decode.teacher_forced`, mode "decode", KV rule "latest", batch 1), so every token halts
 at its own loop exactly as in `generate`, and each answer token's prediction is scored against the
 true value. (Free generation would sample the next query, which no model can predict.)
 
@@ -19,53 +19,25 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 
 from recur_core import load_checkpoint
-from recur_core.decoding.decode import teacher_forced
 from recur_core.analysis.ground_truth import load_ground_truth
-from recur_core.exits.policies import ConvergenceExit, LatentDiff, LinearRouter, Uniform
 from recur_core.analysis.probe import load_or_train_probes
+from recur_core.decoding.decode import teacher_forced
+from recur_core.exits.policies import ConvergenceExit, LatentDiff, LinearRouter, Uniform
+from recur_core.settings import SETTINGS
 from training.hops import PAD
 
-from matching import match_threshold
+from .calibrate import Accuracy, AccuracyCalibrator
+from .cost import CostModel, program_cost
+from recur_core.analysis.matching import Match
 
 
 def log(*args):
     print(*args, flush=True)
-
-
-class AccuracyCalibrator:
-    """Answer accuracy and mean loops (over program tokens) of policies, teacher-forced (memoised)."""
-
-    def __init__(self, ckpt, windows, hops, cap, seed, batch):
-        self.ckpt, self.windows, self.cap, self.seed, self.batch = ckpt, windows, cap, seed, batch
-        targets = windows[:, 1:]
-        self.answers = torch.as_tensor(hops[:len(windows), 1:] > 0)
-        pad = ckpt.tokenizer().token_to_id(PAD)
-        self.program = ~((windows[:, :-1] == pad) & (targets == pad))
-        self.memo = {}
-
-    def evaluate(self, policy):
-        """(answer accuracy, mean loops over program tokens)."""
-        key = repr(policy)
-        if key not in self.memo:
-            t = time.perf_counter()
-            tf = teacher_forced(self.ckpt, self.windows, policy, "latest", seed=self.seed, max_loops=self.cap,
-                                batch_size=self.batch, keep_logits=True)
-            correct = tf.logits.argmax(-1) == self.windows[:, 1:]
-            acc = float(correct[self.answers].float().mean())
-            loops = float(tf.exit_loop[self.program].float().mean())
-            self.memo[key] = (acc, loops)
-            log(f"    {key:60s} answer acc {100 * acc:5.1f}%  mean loops {loops:6.3f}  "
-                f"({time.perf_counter() - t:.1f}s)")
-        return self.memo[key]
-
-    def match(self, make, grid, target, bisect_steps):
-        """Largest threshold on the grid (then bisected, log scale) whose accuracy >= target.
-        Returns (threshold, (acc, loops), matched)."""
-        return match_threshold(self.evaluate, make, grid, lambda res: res[0] >= target, bisect_steps)
 
 
 def program_rows(windows: torch.Tensor, pad: int) -> list[torch.Tensor]:
@@ -103,80 +75,100 @@ def time_policies(ckpt, rows, first_window, policies, repeats, cap, seed):
     return tps, exits
 
 
-def flop_proxy(cost, exits: list[list[int]], policy) -> float:
-    """Multiply-accumulates of decoding programs with these exit loops under policy (bench_decode's CostModel)."""
-    total = 0.0
-    reads_every_loop = getattr(policy, "needs_readout", False)
-    checks = not isinstance(policy, Uniform)
-    for program in exits:
-        for t, loops in enumerate(program):
-            consults = loops if checks else 0
-            total += cost.step(t + 1, loops, loops if reads_every_loop else 1, consults,
-                               consults if reads_every_loop else 0)
-    return total
+def match_policies(calibrator: AccuracyCalibrator, ckpt, cap: int, target: float, args) -> dict[str, Match]:
+    """{"A1", "latent", "A2" (unless --no-a2): the cheapest threshold whose accuracy is at least target}."""
+    matched = {"A1": calibrator.match(lambda th: ConvergenceExit(th, r_max=cap), SETTINGS.calibration_eps,
+                                      target, args.bisect),
+               "latent": calibrator.match(lambda th: LatentDiff(th, r_max=cap), SETTINGS.calibration_delta,
+                                          target, args.bisect)}
+    if not args.no_a2:
+        probe = load_or_train_probes(ckpt, cap, args.seed, kinds=("kl",))["kl"]
+        matched["A2"] = calibrator.match(lambda th: LinearRouter(probe, th, r_max=cap), SETTINGS.calibration_tau,
+                                         target, args.bisect)
+    return matched
 
 
-def bench_hops(path, args, cost_model, grids) -> dict:
+def smallest_uniform_depth(uniform: dict[int, Accuracy], accuracy: float, cap: int) -> int:
+    """The smallest uniform depth whose accuracy reaches `accuracy` (cap if none does)."""
+    return next((r for r in range(1, cap + 1) if uniform[r].accuracy >= accuracy), cap)
+
+
+def median_speedup(tps: dict, role: str, base: str) -> float:
+    """Median over repeats of role's tokens/s over base's in the same repeat."""
+    return statistics.median(x / y for x, y in zip(tps[role], tps[base]))
+
+
+def report_timing(labels: dict[str, str], tps: dict, flops: dict) -> None:
+    log(f"\n{'policy':36s} {'tok/s':>8s} {'vs A0@r_bar':>11s} {'vs best uniform':>15s} "
+        f"{'FLOP-proxy vs best uniform':>26s}")
+    for role, label in labels.items():
+        log(f"{label:36s} {statistics.median(tps[role]):8.1f} {median_speedup(tps, role, 'a0'):11.3f} "
+            f"{median_speedup(tps, role, 'uniform'):15.3f} {flops['uniform'] / flops[role]:26.3f}")
+
+
+@dataclass
+class HopsCalibration:
+    """A0@r_bar's accuracy, every uniform depth's, each policy's match and the target they met."""
+    a0: Accuracy
+    target: float
+    uniform: dict[int, Accuracy]
+    matched: dict[str, Match]
+
+
+def calibrate(calibrator: AccuracyCalibrator, ckpt, r_bar: int, cap: int, args) -> HopsCalibration:
+    a0 = calibrator.evaluate(Uniform(r_bar))
+    target = a0.accuracy - args.acc_tolerance
+    log(f"  target: A0@{r_bar} answer accuracy {100 * a0.accuracy:.1f}% - {100 * args.acc_tolerance:g} points")
+    uniform = {r: calibrator.evaluate(Uniform(r)) for r in range(1, cap + 1)}
+    return HopsCalibration(a0=a0, target=target, uniform=uniform,
+                           matched=match_policies(calibrator, ckpt, cap, target, args))
+
+
+def bench_hops(path, args) -> dict:
     """The hops benchmark for one checkpoint; returns its figures (also printed)."""
-    eps_grid, delta_grid, tau_grid = grids
     ckpt = load_checkpoint(path)
     hops, max_train_hops = load_ground_truth(path)
     r_bar, cap = ckpt.recipe.depth, args.max_loops or ckpt.recipe.r_max
     windows = ckpt.windows("eval")
     n_cal = min(args.windows, len(windows) - args.prompts)
-    pad = ckpt.tokenizer().token_to_id(PAD)
     log(f"\n== {path}  (checkpoint {ckpt.checkpoint_id}; ground truth: hop counts, trained to {max_train_hops}; "
         f"r_bar {r_bar}, loop cap {cap}; {torch.get_num_threads()} thread(s))")
     log(f"calibration: {n_cal} held-out programs, teacher-forced decode, KV rule 'latest', answer accuracy")
-    cal = AccuracyCalibrator(ckpt, windows[:n_cal], hops, cap, args.seed, args.tf_batch)
-    acc_rbar, loops_rbar = cal.evaluate(Uniform(r_bar))
-    target = acc_rbar - args.acc_tolerance
-    log(f"  target: A0@{r_bar} answer accuracy {100 * acc_rbar:.1f}% - {100 * args.acc_tolerance:g} points")
-    uniform = {r: cal.evaluate(Uniform(r)) for r in range(1, cap + 1)}
-    matched = {}
-    for name, make, grid in (("A1", lambda th: ConvergenceExit(th, r_max=cap), eps_grid),
-                             ("latent", lambda th: LatentDiff(th, r_max=cap), delta_grid)):
-        matched[name] = (make,) + cal.match(make, grid, target, args.bisect)
-    if not args.no_a2:
-        probe = load_or_train_probes(ckpt, cap, args.seed, kinds=("kl",))["kl"]
-        make = lambda th: LinearRouter(probe, th, r_max=cap)
-        matched["A2"] = (make,) + cal.match(make, tau_grid, target, args.bisect)
-    ok = {n: m for n, m in matched.items() if m[3]}
+    calib = calibrate(AccuracyCalibrator(ckpt, windows[:n_cal], hops, cap, args.seed, args.tf_batch), ckpt, r_bar,
+                      cap, args)
+    ok = {name: m for name, m in calib.matched.items() if m.matched}
     if not ok:
         log("no policy reaches A0@r_bar's answer accuracy within the tolerance; nothing to time")
-        return dict(checkpoint=str(path), matched=False, accuracy_a0_rbar=acc_rbar)
-    best = min(ok, key=lambda n: ok[n][2][1])
-    make, th, (acc_best, loops_best), _ = ok[best]
-    best_uniform = next((r for r in range(1, cap + 1) if uniform[r][0] >= acc_best - args.acc_tolerance), cap)
-    log(f"  best policy: {best} threshold {th:.4g} (accuracy {100 * acc_best:.1f}%, {loops_best:.3f} loops); "
-        f"smallest uniform depth within {100 * args.acc_tolerance:g} points of it: {best_uniform} "
-        f"({100 * uniform[best_uniform][0]:.1f}%)")
+        return dict(checkpoint=str(path), matched=False, accuracy_a0_rbar=calib.a0.accuracy)
+    best_name = min(ok, key=lambda name: ok[name].result.mean_loops)
+    best, uniform = ok[best_name], calib.uniform
+    best_uniform = smallest_uniform_depth(uniform, best.result.accuracy - args.acc_tolerance, cap)
+    log(f"  best policy: {best_name} threshold {best.threshold:.4g} (accuracy {100 * best.result.accuracy:.1f}%, "
+        f"{best.result.mean_loops:.3f} loops); smallest uniform depth within {100 * args.acc_tolerance:g} points "
+        f"of it: {best_uniform} ({100 * uniform[best_uniform].accuracy:.1f}%)")
 
-    first = n_cal
-    rows = program_rows(windows[first:first + args.prompts], pad)
-    policies = {f"A0@{r_bar}": Uniform(r_bar), f"A0@{best_uniform} (best uniform)": Uniform(best_uniform),
-                f"{best} {th:.4g}": make(th)}
+    rows = program_rows(windows[n_cal:n_cal + args.prompts], ckpt.tokenizer().token_to_id(PAD))
+    labels = {"a0": f"A0@{r_bar}", "uniform": f"A0@{best_uniform} (best uniform)",
+              "best": f"{best_name} {best.threshold:.4g}"}
+    policies = {"a0": Uniform(r_bar), "uniform": Uniform(best_uniform), "best": best.policy}
     log(f"timing: {len(rows)} programs ({sum(r.shape[1] - 1 for r in rows)} tokens), batch 1, "
         f"{args.repeats} interleaved repeat(s)")
-    tps, exits = time_policies(ckpt, rows, first, policies, args.repeats, cap, args.seed)
-    names = list(policies)
-    cost = cost_model(ckpt.config)
-    flops = {n: flop_proxy(cost, exits[n], p) for n, p in policies.items()}
-    ratio = lambda a, b: statistics.median(x / y for x, y in zip(tps[a], tps[b]))
-    log(f"\n{'policy':36s} {'tok/s':>8s} {'vs A0@r_bar':>11s} {'vs best uniform':>15s} {'FLOP-proxy vs best uniform':>26s}")
-    for n in names:
-        log(f"{n:36s} {statistics.median(tps[n]):8.1f} {ratio(n, names[0]):11.3f} {ratio(n, names[1]):15.3f} "
-            f"{flops[names[1]] / flops[n]:26.3f}")
+    tps, exits = time_policies(ckpt, rows, n_cal, policies, args.repeats, cap, args.seed)
+    cost = CostModel(ckpt.config)
+    flops = {role: program_cost(cost, exits[role], p) for role, p in policies.items()}
+    report_timing(labels, tps, flops)
+    matched = calib.matched
     return dict(
         checkpoint=str(path), r_bar=r_bar, loop_cap=cap, calibration_programs=n_cal, timed_programs=len(rows),
-        accuracy_a0_rbar=acc_rbar, mean_loops_a0_rbar=loops_rbar,
-        accuracy_uniform={r: a for r, (a, _) in uniform.items()},
-        thresholds={n: m[1] for n, m in matched.items()}, matched={n: m[3] for n, m in matched.items()},
-        accuracy={n: m[2][0] for n, m in matched.items()}, mean_loops={n: m[2][1] for n, m in matched.items()},
-        best_policy=best, best_uniform_depth=best_uniform, accuracy_best_uniform=uniform[best_uniform][0],
-        tokens_per_s={n: statistics.median(v) for n, v in tps.items()},
-        realized_speedup_vs_best_uniform=ratio(names[2], names[1]),
-        realized_speedup_vs_a0_rbar=ratio(names[2], names[0]),
-        flop_proxy_speedup_vs_best_uniform=flops[names[1]] / flops[names[2]],
-        flop_proxy_speedup_vs_a0_rbar=flops[names[0]] / flops[names[2]],
+        accuracy_a0_rbar=calib.a0.accuracy, mean_loops_a0_rbar=calib.a0.mean_loops,
+        accuracy_uniform={r: u.accuracy for r, u in uniform.items()},
+        thresholds={n: m.threshold for n, m in matched.items()}, matched={n: m.matched for n, m in matched.items()},
+        accuracy={n: m.result.accuracy for n, m in matched.items()},
+        mean_loops={n: m.result.mean_loops for n, m in matched.items()},
+        best_policy=best_name, best_uniform_depth=best_uniform, accuracy_best_uniform=uniform[best_uniform].accuracy,
+        tokens_per_s={labels[role]: statistics.median(v) for role, v in tps.items()},
+        realized_speedup_vs_best_uniform=median_speedup(tps, "best", "uniform"),
+        realized_speedup_vs_a0_rbar=median_speedup(tps, "best", "a0"),
+        flop_proxy_speedup_vs_best_uniform=flops["uniform"] / flops["best"],
+        flop_proxy_speedup_vs_a0_rbar=flops["a0"] / flops["best"],
     )

@@ -335,7 +335,7 @@ def test_too_long_raises(ckpt):
 # -- the benchmark --------------------------------------------------------------------------------
 def test_bench_decode_runs_on_tiny(tiny_ckpt, tmp_path):
     env = {**os.environ, "RECUR_CACHE_DIR": str(tmp_path / "cache")}  # the A2 probe is cached there
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_decode.py"), "--ckpt", str(tiny_ckpt),
+    out = subprocess.run([sys.executable, "-m", "bench.bench_decode", "--ckpt", str(tiny_ckpt),
                           "--prompts", "2", "--new-tokens", "8", "--windows", "4", "--repeats", "1"],
                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert out.returncode == 0, out.stderr

@@ -112,7 +112,7 @@ def test_bench_decode_on_a_hops_checkpoint_matches_on_answer_accuracy(hops_ckpt,
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "RECUR_CACHE_DIR": str(tmp_path / "cache")}  # the A2 probe is cached there
-    out = subprocess.run([sys.executable, str(root / "bench" / "bench_decode.py"), "--ckpt", str(hops_ckpt),
+    out = subprocess.run([sys.executable, "-m", "bench.bench_decode", "--ckpt", str(hops_ckpt),
                           "--windows", "8", "--prompts", "2", "--repeats", "1", "--max-loops", "3"],
                          capture_output=True, text=True, timeout=300, cwd=root, env=env)
     assert out.returncode == 0, out.stderr
@@ -140,7 +140,7 @@ def test_bench_serve_on_a_hops_checkpoint_matches_on_answer_accuracy(hops_ckpt, 
     from recur_core import load_checkpoint
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "RECUR_CACHE_DIR": str(tmp_path / "cache")}
-    out = subprocess.run([sys.executable, str(root / "bench" / "bench_serve.py"), "--ckpt", str(hops_ckpt),
+    out = subprocess.run([sys.executable, "-m", "bench.bench_serve", "--ckpt", str(hops_ckpt),
                           "--requests", "3", "--pools", "1,2", "--windows", "6", "--bisect", "1", "--max-loops", "3",
                           "--no-a2"], capture_output=True, text=True, timeout=300, cwd=root, env=env)
     assert out.returncode == 0, out.stderr[-3000:]

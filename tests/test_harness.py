@@ -146,7 +146,7 @@ def test_sweep_equals_one_run_per_policy(ckpt, windows):
 def test_bench_exact_prints_the_floor(tiny_ckpt, tmp_path):
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "RECUR_CACHE_DIR": str(tmp_path / "cache")}
-    out = subprocess.run([sys.executable, str(root / "bench" / "bench_exact.py"), "--checkpoint", str(tiny_ckpt),
+    out = subprocess.run([sys.executable, "-m", "bench.bench_exact", "--checkpoint", str(tiny_ckpt),
                           "--windows", "1", "--threads", "1", "--sweep-only"],
                          capture_output=True, text=True, timeout=600, cwd=root, env=env)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from bench.bench_parallel import main as bench_parallel
 from recur_core.analysis.harness import run_exact_sweep
 from recur_core.analysis.parallel import map_batches
 from recur_core.exits.policies import ConvergenceExit, Uniform
@@ -82,14 +83,9 @@ def test_recur_workers_env_sets_the_worker_count(monkeypatch, two_threads):
 
 
 def test_bench_parallel_runs_on_tiny(tiny_ckpt, capsys):
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    import bench_parallel
     before = torch.get_num_threads()
     try:
-        out = bench_parallel.main(["--checkpoint", str(tiny_ckpt), "--windows", "3", "--repeats", "1",
-                                   "--loops", "4"])
+        out = bench_parallel(["--checkpoint", str(tiny_ckpt), "--windows", "3", "--repeats", "1", "--loops", "4"])
     finally:
         torch.set_num_threads(before)
     for key in ("trace_speedup", "sweep_speedup", "trace_max_abs_kl", "exit_depth_differs"):

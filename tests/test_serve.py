@@ -247,7 +247,7 @@ def test_a_chunked_prompt_puts_at_most_a_chunk_of_rows_in_a_step(ckpt, windows):
 
 def test_bench_serve_runs_on_tiny(tiny_ckpt, tmp_path):
     env = {**os.environ, "RECUR_CACHE_DIR": str(tmp_path / "cache")}
-    bench = [sys.executable, str(ROOT / "bench" / "bench_serve.py"), "--ckpt", str(tiny_ckpt), "--quick",
+    bench = [sys.executable, "-m", "bench.bench_serve", "--ckpt", str(tiny_ckpt), "--quick",
              "--calibration", str(tmp_path / "calibration.json")]
     out = subprocess.run(bench, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert out.returncode == 0, out.stderr[-3000:]

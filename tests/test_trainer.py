@@ -11,6 +11,7 @@ import torch
 from recur_core import LoopedLM, load_checkpoint
 from recur_core.model.checkpoint import read_safetensors
 from tiny import TINY_SETTINGS, make_tiny_checkpoint, write_corpus
+from training.data import pack_windows
 from training.trainer import lr_at
 from training.presets import PRESETS
 
@@ -51,7 +52,7 @@ def test_final_weights_compete_for_best(tmp_path):
 def test_best_is_chosen_on_windows_disjoint_from_the_analysed_ones(tmp_path):
     """The selection windows are the next cfg.eval_windows of the validation stream after the 128
     saved eval windows; the periodic eval's loss is measured on them and best/ says so."""
-    from training.data import DataSpec, pack_windows
+    from training.data import DataSpec
     from training.trainer import Trainer, evaluate
 
     train, val = write_corpus(tmp_path / "data")
@@ -70,14 +71,29 @@ def test_best_is_chosen_on_windows_disjoint_from_the_analysed_ones(tmp_path):
     assert "disjoint" in trainer.meta()["best_selected_on"]
 
 
-def test_too_little_validation_text_for_disjoint_selection_is_a_clear_error(tmp_path):
+def test_short_validation_source_gives_fewer_windows_then_a_clear_error(tmp_path):
+    """A separate validation source too short for 128 + 8 windows gives fewer (the selection keeps
+    its share), recorded in meta.json; too short for the minimum, it is refused."""
     from training.data import DataError, DataSpec
     from training.trainer import Trainer
 
     train, val = write_corpus(tmp_path / "data", n_val=40)  # about 130 windows: 128 saved + too few to select on
     cfg = PRESETS["demo"].with_overrides(TINY_SETTINGS)
     trainer = Trainer("demo", cfg, {}, DataSpec(str(train), str(val)), tmp_path / "run", progress=False)
-    with pytest.raises(DataError, match="128 saved eval windows plus 8 disjoint ones"):
+    trainer.setup()
+    stream = torch.tensor(list(pack_windows(DataSpec(str(train), str(val)).val_docs(), trainer.tokenizer, 33, 0)))
+    n_eval, n_select = len(trainer.eval_windows), len(trainer.select_windows)
+    assert n_eval < 128 and 4 <= n_select < 8 and n_eval + n_select == len(stream)
+    assert torch.equal(trainer.eval_windows, stream[:n_eval]) and torch.equal(trainer.select_windows, stream[n_eval:])
+    v = trainer.meta()["validation"]
+    assert (v["eval_windows"], v["selection_windows"], v["shrunk"], v["enlarged"]) == (n_eval, n_select, True, False)
+    assert "hold_out_rank_below" not in v and v["made_by"] == f"a separate validation source ({val})"
+
+    _, tiny_val = write_corpus(tmp_path / "tiny", n_val=2)
+    trainer = Trainer("demo", cfg, {}, DataSpec(str(train), str(tiny_val)), tmp_path / "run2", progress=False)
+    with pytest.raises(DataError, match=r"needs at least 12 \(8 saved eval windows plus 4 disjoint ones to choose "
+                                        r"best/ on; usually 128 \+ 8\), that is 396 tokens of validation text\. "
+                                        r"Give more validation text \(--val-data\)"):
         trainer.setup()
 
 

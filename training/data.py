@@ -6,6 +6,9 @@ Sources (all read through `datasets`):
     folders. A .txt file is split into documents at lines reading `<|endoftext|>`; a file without
     such lines is split at blank lines.
 Windows hold seq_len + 1 tokens (inputs and shifted targets); documents are joined with EOS.
+Without a validation source, about 0.5% of the documents (by SHA-1) are held out for validation; on
+text too small for that to fill the trainer's validation windows, the trainer holds out more documents
+in the same hash order (enlarged_holdout_below), up to a tenth of the text.
 """
 from __future__ import annotations
 
@@ -19,10 +22,17 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+from recur_core.settings import seed_for
 
 EOS = "<|endoftext|>"
 LOCAL_SUFFIXES = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 VAL_PER_MILLE = 5  # documents held out for validation when no validation split is given
+# A document's hold-out rank puts its hash's per-mille bucket first, so the usual hold-out (buckets
+# below VAL_PER_MILLE) is exactly the ranks below USUAL_HOLDOUT_BELOW, and an enlarged hold-out
+# (enlarged_holdout_below) extends it in rank order.
+USUAL_HOLDOUT_BELOW = VAL_PER_MILLE << 32
+MAX_HOLDOUT_SHARE = 0.10  # an enlarged hold-out takes at most this share of the text's tokens: the
+#                           usual validation share of small corpora, so training keeps nine tenths
 
 
 LOCAL_FORMATS = ("local files via --data (paths, globs or folders): .txt (documents split at `<|endoftext|>` "
@@ -113,9 +123,34 @@ def iter_hub_documents(name: str, config: str, split: str) -> Iterator[str]:
             yield row["text"]
 
 
-def is_heldout(doc: str) -> bool:
-    """Deterministic hold-out by content hash: about VAL_PER_MILLE / 1000 of documents."""
-    return int.from_bytes(hashlib.sha1(doc.encode()).digest()[:4], "little") % 1000 < VAL_PER_MILLE
+def holdout_rank(doc: str) -> int:
+    """The document's place in hold-out order: (per-mille bucket of its SHA-1, then the hash itself)."""
+    h = int.from_bytes(hashlib.sha1(doc.encode()).digest()[:4], "little")
+    return (h % 1000) << 32 | h
+
+
+def is_heldout(doc: str, below: int = USUAL_HOLDOUT_BELOW) -> bool:
+    """Deterministic hold-out by content hash: by default about VAL_PER_MILLE / 1000 of documents."""
+    return holdout_rank(doc) < below
+
+
+def enlarged_holdout_below(rank_and_tokens: list[tuple[int, int]], need_tokens: int,
+                           max_share: float = MAX_HOLDOUT_SHARE) -> int:
+    """The hold-out limit for text whose usual hold-out is too small: whole documents in rank order
+    (the usual hold-out first) until they hold need_tokens, but no more than max_share of all tokens
+    (the usual hold-out itself stays held out, whatever its share).
+
+    rank_and_tokens: (holdout_rank, tokens including the EOS that follows it) per document.
+    """
+    cap = max_share * sum(n for _, n in rank_and_tokens)
+    below, held = USUAL_HOLDOUT_BELOW, 0
+    for rank, n in sorted(rank_and_tokens):
+        if rank >= below:
+            if held >= need_tokens or held + n > cap:
+                break
+            below = rank + 1
+        held += n
+    return below
 
 
 @dataclass
@@ -124,6 +159,7 @@ class DataSpec:
     train: str  # local path/glob/folder or hub dataset id
     val: str = ""  # optional separate validation source; else hold out by hash
     hub_config: str = ""
+    holdout_below: int = USUAL_HOLDOUT_BELOW  # the hashed hold-out: documents of holdout_rank below this
 
     def describe(self) -> str:
         return self.train + (f" (validation: {self.val})" if self.val else " (validation: hashed hold-out)")
@@ -136,16 +172,30 @@ class DataSpec:
             raise DataError(f"{source}: no such file (accepted: {LOCAL_FORMATS}; or a hub dataset id)")
         return iter_hub_documents(source, self.hub_config, split)
 
+    def all_train_docs(self) -> Iterator[str]:
+        """Every document of the training source, the hashed hold-out included."""
+        return self._docs(self.train, "train")
+
     def train_docs(self) -> Iterator[str]:
-        docs = self._docs(self.train, "train")
-        return docs if self.val or self._hub_has_validation() else (d for d in docs if not is_heldout(d))
+        docs = self.all_train_docs()
+        if not self.holds_out_by_hash():
+            return docs
+        return (d for d in docs if not is_heldout(d, self.holdout_below))
 
     def val_docs(self) -> Iterator[str]:
         if self.val:
             return self._docs(self.val, "validation")
         if self._hub_has_validation():
             return self._docs(self.train, "validation")
-        return (d for d in self._docs(self.train, "train") if is_heldout(d))
+        return (d for d in self.all_train_docs() if is_heldout(d, self.holdout_below))
+
+    def holds_out_by_hash(self) -> bool:
+        """Validation is the hashed hold-out of the training documents (no other source is given)."""
+        return not self.val and not self._hub_has_validation()
+
+    def can_enlarge_holdout(self) -> bool:
+        """A hashed hold-out of local files (finite, so its documents can be ranked and counted)."""
+        return self.holds_out_by_hash() and local_files(self.train) is not None
 
     def _hub_has_validation(self) -> bool:
         if local_files(self.train) is not None or looks_local(self.train):
@@ -181,6 +231,11 @@ def pack_windows(docs: Iterator[str], tokenizer, window_len: int, eos_id: int,
         buf = buf[window_len:]
 
 
+def token_counts(tokenizer, docs: list[str]) -> list[int]:
+    """The tokens each document adds to the packed stream: its own and the EOS after it."""
+    return [len(enc.ids) + 1 for enc in tokenizer.encode_batch(docs, add_special_tokens=False)]
+
+
 def take_windows(windows: Iterator[list[int]], n: int) -> torch.Tensor:
     rows = [w for _, w in zip(range(n), windows)]
     if not rows:
@@ -200,7 +255,7 @@ class ShuffledWindows:
 
     def _order(self, epoch: int) -> torch.Tensor:
         if epoch != self._perm_epoch:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            g = torch.Generator().manual_seed(seed_for(self.seed, epoch))
             self._perm, self._perm_epoch = torch.randperm(len(self.windows), generator=g), epoch
         return self._perm
 

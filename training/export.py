@@ -18,13 +18,15 @@ from pathlib import Path
 import numpy as np
 
 from recur_core.analysis.curves import convergence, elasticity
-from recur_core.model.checkpoint import SHIPPED_FILES, atomic_write_dir, load_checkpoint
+from recur_core.model.checkpoint import SHIPPED_FILES, atomic_write_dir
+from recur_core.model.formats import load_checkpoint
 from recur_core.analysis.ground_truth import GROUND_TRUTH
 from recur_core.model.recipe import Recipe
 from recur_core.settings import SETTINGS
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
 
+from .data import VAL_PER_MILLE
 from .sources import Source, identify
 
 CARD_LOOPS = SETTINGS.min_trace_loops  # the card's table runs to loop 32
@@ -144,6 +146,22 @@ def best_sentence(meta: dict) -> str:
             "them, and this checkpoint was not retrained")
 
 
+def validation_sentence(meta: dict) -> str:
+    """For a run whose validation text was short (meta.json's "validation"): what the trainer held out
+    and the windows it got instead of the usual ones; "" otherwise (and for runs before the record)."""
+    v = meta.get("validation", {})
+    if not (v.get("enlarged") or v.get("shrunk")):
+        return ""
+    windows = f"{v['eval_windows']} saved eval windows and {v['selection_windows']} selection windows"
+    usual = f"the usual {v['wanted_eval_windows']} + {v['wanted_selection_windows']}"
+    got = f"{windows} instead of {usual}" if v["shrunk"] else f"{windows}, {usual}"
+    if v["enlarged"]:
+        return (f" The usual {VAL_PER_MILLE / 10:g}% validation hold-out was too small for this text, so the trainer held "
+                f"{v['documents_held_out']:,} of its {v['documents_total']:,} documents (the first in hash order) "
+                f"out of training; they gave {got}.")
+    return f" The validation text was short: it gave {got}."
+
+
 def data_section(meta: dict) -> tuple[str, str]:
     """(the card's Data lines, its license paragraph), from the sources the checkpoint names."""
     found = identify(meta)
@@ -187,11 +205,11 @@ differ from the paper: [Deviations from the paper]({DEVIATIONS}).
 {data_lines}
 - **Training**: {meta['tokens_seen']:,} tokens ({meta['step']} steps{epochs_part(meta)}) in
   {meta['wall_seconds'] / 60:.0f} minutes on {machine}. This is the run's `best/` checkpoint:
-  {best_sentence(meta)}.
+  {best_sentence(meta)}.{validation_sentence(meta)}
 - **Reproduce** (with the data files above where the command names them): `{command}`
 - **Checkpoint id**: `{meta['checkpoint_id']}` (code revision {meta['code_revision']}).
 
-## Measured on the 128 saved eval windows ({m['n_windows']} × {m['tokens_per_window']} tokens)
+## Measured on the {m['n_windows']} saved eval windows ({m['n_windows']} × {m['tokens_per_window']} tokens)
 
 `python -m training.export` measured these with `recur_core.analysis.trace` / `recur_core.analysis.curves` and the
 settings of `recur_core/settings.py` (noise seed {SETTINGS.seed}, 95% bootstrap intervals over windows,

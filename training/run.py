@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from .data import DataError, DataSpec
+from .data import MAX_HOLDOUT_SHARE, VAL_PER_MILLE, DataError, DataSpec
 from .presets import PRESETS
 from .trainer import Trainer
 
@@ -24,7 +24,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--data", help="hub dataset id, or local .txt/.jsonl/.json/.parquet files, globs or folders "
                                   "(default: the preset's dataset, streamed from the hub)")
     p.add_argument("--val-data", default="", help="separate validation source (default: the dataset's "
-                                                  "validation split, else a hashed 0.5%% hold-out)")
+                                                  f"validation split, else a hashed {VAL_PER_MILLE / 10:g}%% "
+                                                  f"hold-out, enlarged up to {MAX_HOLDOUT_SHARE * 100:g}%% of "
+                                                  "the text when that is too small)")
     p.add_argument("--out", type=Path, help="run directory (default: runs/<preset>)")
     p.add_argument("--max-tokens", type=int, help="training budget in tokens (sets the cosine schedule)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")

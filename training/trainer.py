@@ -6,11 +6,13 @@ Run layout under --out DIR:
     DIR/best/           checkpoint with the lowest validation loss at r_bar loops so far, measured on
                         the selection windows: the cfg.eval_windows validation windows that follow the
                         128 saved eval windows, so the windows every analysis uses never choose it
+                        (short validation text gives fewer of both: see Trainer._validation_windows)
 Both are written atomically, so a run killed at any moment keeps its last complete checkpoint.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import signal
@@ -25,21 +27,28 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from recur_core.model.checkpoint import (EVAL_WINDOWS, METRICS, PROBE_WINDOWS, load_checkpoint,
-                                   recover_interrupted, save_checkpoint)
+from recur_core.model.checkpoint import (EVAL_WINDOWS, META, METRICS, PROBE_WINDOWS, recover_interrupted,
+                                         save_checkpoint)
+from recur_core.model.formats import load_checkpoint
 from recur_core.model.looped_lm import LoopedLM
 
 from . import hops
-from .data import (DataError, DataSpec, ShuffledWindows, StreamedWindows, local_files, pack_windows,
-                   take_windows)
+from .data import (MAX_HOLDOUT_SHARE, USUAL_HOLDOUT_BELOW, VAL_PER_MILLE, DataError, DataSpec,
+                   ShuffledWindows, StreamedWindows, enlarged_holdout_below, holdout_rank, is_heldout,
+                   local_files, pack_windows, take_windows, token_counts)
 from .depth_sampler import sample_depth
 from .metrics_log import append as append_metrics
 from .presets import TrainConfig
 from .sources import file_record
 from .state import read_trainer_state, write_trainer_state
 from .tokenizer import eos_id, load_tokenizer
+from recur_core.settings import seed_for
 
 N_SAVED_WINDOWS = 128  # the paper evaluates on 128 validation windows
+# The least validation a run takes (it refuses below): 8 saved eval windows give the analyses'
+# bootstrap over windows 8 values to resample (with fewer, its intervals say little), and 4 selection
+# windows keep best/ from being chosen on one or two windows' noise.
+MIN_EVAL_WINDOWS, MIN_SELECT_WINDOWS = 8, 4
 EVAL_SEED = 0  # the recurrent-state noise of every eval
 
 
@@ -130,6 +139,27 @@ def evaluate(model: LoopedLM, windows: torch.Tensor, depths: list[int], device: 
     return {d: totals[d] / n_tokens for d in depths}
 
 
+# -- validation windows --------------------------------------------------------------------
+def split_validation(n_windows: int, want_select: int) -> tuple[int, int] | None:
+    """(saved eval, selection) windows out of n_windows <= N_SAVED_WINDOWS + want_select: all wanted
+    ones when there are enough; else the selection keeps its usual share (at least its minimum) and
+    the eval windows get the rest. None below MIN_EVAL_WINDOWS eval windows."""
+    n_select = max(min(MIN_SELECT_WINDOWS, want_select), n_windows * want_select // (N_SAVED_WINDOWS + want_select))
+    n_eval = min(N_SAVED_WINDOWS, n_windows - n_select)
+    return (n_eval, n_select) if n_eval >= MIN_EVAL_WINDOWS else None
+
+
+def validation_line(v: dict) -> str:
+    """The one line a run prints when its validation differs from the usual (meta.json's "validation")."""
+    got = f"{v['eval_windows']} eval + {v['selection_windows']} selection windows"
+    usual = f"the usual {v['wanted_eval_windows']} + {v['wanted_selection_windows']}"
+    if v["enlarged"]:
+        return (f"the usual {VAL_PER_MILLE / 10:g}% validation hold-out is too small for this text, so "
+                f"{v['documents_held_out']:,} of its {v['documents_total']:,} documents (first in hash order) are "
+                f"held out of training; validation: {got}" + (f" instead of {usual}" if v["shrunk"] else f", {usual}"))
+    return f"the validation data is short: {got} instead of {usual}"
+
+
 # -- the run -------------------------------------------------------------------------------
 class Trainer:
     def __init__(self, preset: str, cfg: TrainConfig, overrides: dict, data: DataSpec, out: Path,
@@ -157,18 +187,20 @@ class Trainer:
             raise FileExistsError(f"{self._latest()} exists: pass --resume to continue that run, "
                                   "or choose another --out")
         self.tokenizer = self._tokenizer()
-        eos = eos_id(self.tokenizer)
         window_len = cfg.seq_len + 1
         self.ground_truth = {}
-        make_train = lambda: pack_windows(self.data.train_docs(), self.tokenizer, window_len, eos)
         sources = (("train", self.data.train), ("validation", self.data.val))
         self.data_files = [file_record(f, role) for role, spec in sources if spec for f in (local_files(spec) or [])]
         if hops.is_hops(self.data.train):  # generated programs, with per-token hop counts
             (self.eval_windows, self.select_windows, self.probe_windows, self.train_windows,
              self.ground_truth) = hops.training_data(self.data.train, self.tokenizer, cfg.seed, window_len,
                                                      n_select=cfg.eval_windows)
+            self.validation = self._validation_record("held-out generated programs (training/hops.py)")
         else:
-            self.eval_windows, self.select_windows = self._validation_windows(window_len, eos)
+            self.eval_windows, self.select_windows = self._validation_windows(window_len)
+            self.validation = self._validation_record(self._validation_made_by())
+            eos = eos_id(self.tokenizer)
+            make_train = lambda: pack_windows(self.data.train_docs(), self.tokenizer, window_len, eos)
             self.probe_windows = take_windows(make_train(), N_SAVED_WINDOWS)
             if local_files(self.data.train) is not None:
                 self.train_windows = ShuffledWindows(take_windows(make_train(), 2 ** 62), cfg.seed)
@@ -185,18 +217,99 @@ class Trainer:
         self.ddp = (torch.nn.parallel.DistributedDataParallel(self.model) if self.world > 1 else self.model)
         self.total_steps = max(1, cfg.max_tokens // cfg.tokens_per_step(self.world))
 
-    def _validation_windows(self, window_len: int, eos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _validation_windows(self, window_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The 128 saved eval windows (what every analysis reads) and, after them in the same stream,
-        the cfg.eval_windows selection windows the periodic eval picks best/ on: disjoint sets."""
-        stream = pack_windows(self.data.val_docs(), self.tokenizer, window_len, eos)
-        saved = take_windows(stream, N_SAVED_WINDOWS)
-        select = [w for _, w in zip(range(self.cfg.eval_windows), stream)]
-        if len(saved) < N_SAVED_WINDOWS or len(select) < self.cfg.eval_windows:
-            raise DataError(
-                f"the validation data holds {len(saved) + len(select)} windows of {window_len} tokens; the trainer "
-                f"needs {N_SAVED_WINDOWS} saved eval windows plus {self.cfg.eval_windows} disjoint ones to choose "
-                "best/ on: give more validation text (--val-data) or lower --set eval_windows / seq_len")
-        return saved, torch.tensor(select, dtype=torch.int64)
+        the cfg.eval_windows selection windows the periodic eval picks best/ on: disjoint sets.
+
+        Short validation text first enlarges a hashed hold-out of local files (_enlarge_holdout, which
+        changes self.data and may retrain a BPE; a resumed run reuses the recorded hold-out), then gives
+        fewer windows (split_validation), down to MIN_EVAL_WINDOWS + MIN_SELECT_WINDOWS; below that it
+        is a DataError."""
+        wanted = N_SAVED_WINDOWS + self.cfg.eval_windows
+        if self.resume:
+            self.data = dataclasses.replace(self.data, holdout_below=self._recorded_holdout_below())
+        rows = self._validation_rows(window_len, wanted)
+        if len(rows) < wanted and not self.resume and self.data.can_enlarge_holdout():
+            self._enlarge_holdout(window_len * wanted)
+            rows = self._validation_rows(window_len, wanted)
+        counts = split_validation(len(rows), self.cfg.eval_windows)
+        if counts is None:
+            raise self._too_little_validation(len(rows), window_len)
+        n_eval, n_select = counts
+        return rows[:n_eval].clone(), rows[n_eval:n_eval + n_select].clone()
+
+    def _validation_rows(self, window_len: int, n: int) -> torch.Tensor:
+        """The first n windows (fewer if that is all there is) of the validation stream."""
+        stream = pack_windows(self.data.val_docs(), self.tokenizer, window_len, eos_id(self.tokenizer))
+        return torch.tensor([w for _, w in zip(range(n), stream)], dtype=torch.int64)
+
+    def _enlarge_holdout(self, need_tokens: int) -> None:
+        """Hold out more training documents, in hash order, to fill need_tokens of validation windows
+        (at most MAX_HOLDOUT_SHARE of the text). A BPE trained here is trained again without them, so
+        that no held-out text shapes the model's training."""
+        docs = list(self.data.all_train_docs())
+        tokens = token_counts(self.tokenizer, docs)
+        below = enlarged_holdout_below([(holdout_rank(d), n) for d, n in zip(docs, tokens)], need_tokens)
+        self.data = dataclasses.replace(self.data, holdout_below=below)
+        if self.cfg.tokenizer.startswith("bpe:"):
+            self.tokenizer = self._tokenizer()
+
+    def _recorded_holdout_below(self) -> int:
+        """The hashed hold-out of the run being resumed (its meta.json records an enlarged one)."""
+        meta = json.loads((self._latest() / META).read_text())
+        return meta.get("validation", {}).get("hold_out_rank_below", USUAL_HOLDOUT_BELOW)
+
+    def _too_little_validation(self, n_windows: int, window_len: int) -> DataError:
+        """The refusal below the minimum, naming how much text would do."""
+        n_select = min(MIN_SELECT_WINDOWS, self.cfg.eval_windows)
+        need_tokens = (MIN_EVAL_WINDOWS + n_select) * window_len
+        message = (f"the validation data holds {n_windows} windows of {window_len} tokens, and the trainer needs at "
+                   f"least {MIN_EVAL_WINDOWS + n_select} ({MIN_EVAL_WINDOWS} saved eval windows plus {n_select} "
+                   f"disjoint ones to choose best/ on; usually {N_SAVED_WINDOWS} + {self.cfg.eval_windows}), that is "
+                   f"{need_tokens:,} tokens of validation text. ")
+        if self.data.can_enlarge_holdout():
+            have_kb, need_kb = self._text_kb(need_tokens / MAX_HOLDOUT_SHARE)
+            message += (f"It holds out at most {MAX_HOLDOUT_SHARE:.0%} of the training text for them, so give at "
+                        f"least about {need_kb:,.0f} KB of text (this is {have_kb:,.0f} KB), or a separate "
+                        "--val-data, or a lower --set seq_len")
+        else:
+            message += "Give more validation text (--val-data) or a lower --set seq_len"
+        return DataError(message)
+
+    def _text_kb(self, tokens: float) -> tuple[float, float]:
+        """(KB of training text, KB of such text that holds `tokens` tokens)."""
+        docs = list(self.data.all_train_docs())
+        n_bytes = sum(len(d.encode()) + 1 for d in docs)
+        n_tokens = sum(token_counts(self.tokenizer, docs))
+        return n_bytes / 1000, tokens * n_bytes / max(n_tokens, 1) / 1000
+
+    def _validation_made_by(self) -> str:
+        if self.data.val:
+            return f"a separate validation source ({self.data.val})"
+        if not self.data.holds_out_by_hash():
+            return "the dataset's validation split"
+        if self.data.holdout_below == USUAL_HOLDOUT_BELOW:
+            return (f"the hashed hold-out: training documents whose SHA-1 falls in the lowest {VAL_PER_MILLE} per "
+                    "mille (training/data.py)")
+        return (f"an enlarged hashed hold-out: the usual {VAL_PER_MILLE} per mille of training documents by SHA-1 "
+                "was too small, so the documents first in that hash order (holdout_rank below hold_out_rank_below, "
+                f"training/data.py) are held out of training, up to the wanted windows or {MAX_HOLDOUT_SHARE:.0%} "
+                "of the text's tokens")
+
+    def _validation_record(self, made_by: str) -> dict:
+        """meta.json's "validation": how it was made and how many windows it gave (wanted: the usual)."""
+        counts = (len(self.eval_windows), len(self.select_windows))
+        wanted = (N_SAVED_WINDOWS, self.cfg.eval_windows)
+        record = {"made_by": made_by, "enlarged": False, "shrunk": counts != wanted,
+                  "eval_windows": counts[0], "selection_windows": counts[1],
+                  "wanted_eval_windows": wanted[0], "wanted_selection_windows": wanted[1]}
+        if not hops.is_hops(self.data.train) and self.data.holds_out_by_hash():
+            record["hold_out_rank_below"] = self.data.holdout_below
+            if self.data.holdout_below != USUAL_HOLDOUT_BELOW:
+                docs = list(self.data.all_train_docs())
+                record.update(enlarged=True, documents_total=len(docs),
+                              documents_held_out=sum(is_heldout(d, self.data.holdout_below) for d in docs))
+        return record
 
     def _tokenizer(self):
         if self.resume:
@@ -238,8 +351,9 @@ class Trainer:
             "preset": self.preset, "overrides": self.overrides, "step": self.step,
             "tokens_seen": self.tokens_seen, "train_config": dataclasses.asdict(cfg),
             "recipe": cfg.recipe().to_meta(),
-            "best_selected_on": f"{cfg.eval_windows} validation windows after the {N_SAVED_WINDOWS} saved eval "
-                                "windows (disjoint from them)",
+            "best_selected_on": f"{len(self.select_windows)} validation windows after the {len(self.eval_windows)} "
+                                "saved eval windows (disjoint from them)",
+            "validation": self.validation,
             "data": self.data.describe(), "data_files": self.data_files, "tokenizer": cfg.tokenizer,
             "code_revision": self.code_revision,
             "last_eval": {str(d): v for d, v in self.last_eval.items()}, "best_eval_r_bar": self.best_eval,
@@ -280,7 +394,7 @@ class Trainer:
             group["lr"] = lr
         batch = self.train_windows.next_batch(cfg.batch_size * self.world)[self.rank::self.world].to(self.device)
         inputs, targets = batch[:, :-1], batch[:, 1:]
-        gen = torch.Generator().manual_seed((cfg.seed * 1_000_003 + self.step) * 64 + self.rank)
+        gen = torch.Generator().manual_seed(seed_for(cfg.seed, self.step) * 64 + self.rank)
         with autocast_context(self.device, cfg.autocast):
             logits = self.ddp(inputs, r, gen, backprop_depth=cfg.backprop_depth)
         if hasattr(self.train_windows, "loss_weights"):  # e.g. answers weighted above other tokens
@@ -313,6 +427,8 @@ class Trainer:
                           "recipe": cfg.recipe().to_meta(), "data": self.data.describe(),
                           "train_config": dataclasses.asdict(cfg)})
             print(f"{self.preset}: recipe {cfg.recipe().describe()}", file=sys.stderr)
+            if self.validation["enlarged"] or self.validation["shrunk"]:
+                print(f"{self.preset}: {validation_line(self.validation)}", file=sys.stderr)
         old_handlers = {s: signal.signal(s, self._request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
         self.model.train()
         bar = tqdm(total=self.total_steps, initial=self.step, disable=not (self.is_main and self.progress),

@@ -274,7 +274,7 @@ def _exact_inputs(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | N
 def exact_cached(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, r_max: int, n_windows: int) -> bool:
     """Whether the exact sweep is already in the disk cache (e.g. written by `python -m recur_core.analyze`)."""
     ckpt, tr, inputs = _exact_inputs(path, ckpt_id, device, ids, n_windows)
-    families = analysis.policy_families(min(r_max, tr.max_loops), probes=probes(path, ckpt_id, device))
+    families = analysis.allocation_families(min(r_max, tr.max_loops), probes=probes(path, ckpt_id, device))
     return analysis.exact_is_cached(ckpt, inputs, families, tr.max_loops, tr.seed, TraceCache())
 
 

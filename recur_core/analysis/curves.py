@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .harness import ExactResult, SweepWork, run_exact_sweep
+from .matching import cheapest
 from ..exits.policies import ConvergenceExit, LinearRouter, Policy, Uniform
 from ..model.checkpoint import model_id
 from ..settings import SETTINGS
@@ -260,10 +261,10 @@ def convergence(tr: Trace, boot: Bootstrap, threshold: float = MOVING_KL) -> dic
 
 
 # -- allocation -------------------------------------------------------------------------------------
-def policy_families(r_max: int, eps_grid=EPS_GRID, tau_grid=TAU_GRID, probes: dict | None = None,
+def allocation_families(r_max: int, eps_grid=EPS_GRID, tau_grid=TAU_GRID, probes: dict | None = None,
                     a1_min_loops: int = ConvergenceExit.FIRST_CHECK) -> dict[str, list[Policy]]:
-    """A0 at r = 1..r_max, A1 over eps_grid (first check at a1_min_loops), and A2 over tau_grid for
-    each probe label kind."""
+    """The policies of the allocation curves: A0 at r = 1..r_max, A1 over eps_grid (first check at
+    a1_min_loops), and A2 over tau_grid for each probe label kind."""
     families = {"A0": [Uniform(r) for r in range(1, r_max + 1)],
                 "A1": [ConvergenceExit(eps, min(a1_min_loops, r_max), r_max) for eps in eps_grid]}
     for kind, probe in (probes or {}).items():
@@ -291,7 +292,7 @@ def allocation(tr: Trace, boot: Bootstrap, r_max: int, r_bar: int, *, eps_grid=E
     the traced windows; every policy of the sweep runs in the masking harness (`exact_curves`).
     Returns {"curves": {name: Curve}, "report": JSON-ready dict, "path": "fast" | "exact"}.
     """
-    families = policy_families(min(r_max, tr.max_loops), eps_grid, tau_grid, probes, a1_min_loops)
+    families = allocation_families(min(r_max, tr.max_loops), eps_grid, tau_grid, probes, a1_min_loops)
     if exact is None:
         curves = {name: fast_curve(tr, name, policies, boot) for name, policies in families.items()}
     else:
@@ -302,9 +303,11 @@ def allocation(tr: Trace, boot: Bootstrap, r_max: int, r_bar: int, *, eps_grid=E
 
 
 def operating_threshold(curve: Curve, target_loss: float, default: float) -> float:
-    """The cheapest swept threshold whose (point-estimate) loss is at most target_loss."""
-    ok = [(curve.mean_loops[0, p], t) for p, t in enumerate(curve.thresholds) if curve.loss[0, p] <= target_loss]
-    return min(ok)[1] if ok else default
+    """The cheapest swept threshold whose (point-estimate) loss is at most target_loss (ties: the
+    smaller threshold); default if none is."""
+    best = cheapest(range(len(curve.thresholds)), lambda p: curve.loss[0, p] <= target_loss,
+                    lambda p: (curve.mean_loops[0, p], curve.thresholds[p]))
+    return default if best is None else curve.thresholds[best]
 
 
 # -- token classes ----------------------------------------------------------------------------------

@@ -16,18 +16,18 @@ Terms:
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
 
 from ..model.checkpoint import read_safetensors
 from ..exits.policies import ConvergenceExit, LatentDiff, LinearRouter, Policy
+from ..settings import SETTINGS
+from .matching import cheapest
 from .stats import Bootstrap
 from .trace import Trace
 
 GROUND_TRUTH = "ground_truth.safetensors"
-DELTA_GRID = (0.0, 1e-3, 3e-3, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, math.inf)  # LatentDiff thresholds
 TOLERANCE = 0.01  # "matches A0 at r_bar": answer accuracy within 1 point
 
 
@@ -94,10 +94,11 @@ def spearman_ci(depth: np.ndarray, ah: np.ndarray, boot: Bootstrap) -> dict:
     return {"value": value, "ci_low": float(lo), "ci_high": float(hi)}
 
 
-def policy_families(r_max: int, probes: dict | None, eps_grid, tau_grid) -> dict[str, list[Policy]]:
-    """A1 over eps, A2 over tau per probe label kind, and the latent rule over DELTA_GRID."""
+def operating_point_families(r_max: int, probes: dict | None, eps_grid, tau_grid) -> dict[str, list[Policy]]:
+    """The policies ground truth finds operating points for: A1 over eps, A2 over tau per probe label
+    kind, and the latent rule over SETTINGS.delta_grid (A0 is the baseline, not a family here)."""
     fam = {"A1": [ConvergenceExit(e, r_max=r_max) for e in eps_grid],
-           "latent": [LatentDiff(d, r_max=r_max) for d in DELTA_GRID]}
+           "latent": [LatentDiff(d, r_max=r_max) for d in SETTINGS.delta_grid]}
     for kind, probe in (probes or {}).items():
         fam[f"A2_{kind}"] = [LinearRouter(probe, t, r_max=r_max) for t in tau_grid]
     return fam
@@ -130,14 +131,15 @@ def ground_truth_section(tr: Trace, hops: np.ndarray, max_train_hops: int, pad_i
     best_uniform = next((r for r in range(1, r_max + 1) if overall[r - 1] >= target), None)
 
     policies, answer_exits = {}, {}
-    for name, family in policy_families(r_max, probes, eps_grid, tau_grid).items():
+    for name, family in operating_point_families(r_max, probes, eps_grid, tau_grid).items():
         points = [_point(tr, ah, program, p) for p in family]
-        ok = [p for p in points if p["answer_accuracy"] >= target]
-        op = min(ok, key=lambda p: p["mean_loops"]) if ok else max(points, key=lambda p: p["answer_accuracy"])
+        op = cheapest(points, lambda p: p["answer_accuracy"] >= target, lambda p: p["mean_loops"])
+        matched = op is not None
+        op = op if matched else max(points, key=lambda p: p["answer_accuracy"])
         depth = op["depth"]
         answer_exits[name] = depth[ah > 0].tolist()
         policies[name] = {
-            "threshold": op["threshold"], "matches_a0_rbar": bool(ok),
+            "threshold": op["threshold"], "matches_a0_rbar": matched,
             "answer_accuracy": op["answer_accuracy"], "mean_loops": op["mean_loops"],
             "answer_mean_loops": op["answer_mean_loops"],
             "accuracy_by_hops": {str(h): v for h, v in accuracy_by_hops(tr, ah, depth).items()},

@@ -219,7 +219,7 @@ class _Sweep:
         if readout:  # KL(p_i || p_{i-1}) of the unfrozen tokens only (coda's last block and the head)
             h_prev = torch.stack([ln.h_prev[:width] for ln in chunk])
             h_rows = self.model.coda(new, rows=rows, valid=valid)  # (B, M, d), padding rows unfinished
-            # the head and the KL only for the valid rows (the padding was ~half the rows on demo)
+            # the head and the KL only for the valid rows, not the padding
             stats = readout_stats(h_rows[valid], self.model.head_weight, None, take_rows(h_prev, rows)[valid])
             lane = torch.arange(len(chunk), device=self.device)[:, None].expand_as(rows)[valid]
             at_rows = lambda x, fill: torch.full(frozen.shape, fill, dtype=x.dtype,

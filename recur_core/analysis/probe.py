@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from .curves import EPS_GRID, fast_sums
+from .matching import cheapest
 from .cache import CacheCorrupt, TraceCache, read_arrays, write_arrays
 from ..model.checkpoint import Checkpoint, model_id, resolve_model
 from .parallel import map_batches
@@ -252,9 +253,8 @@ def a1_matched_eps(tr: Trace, r_bar: int, r_max: int) -> float | None:
     """A1's ε at the matched point on a trace: the cheapest ε of analysis.EPS_GRID (fast path, A1's
     default first check) whose loss is at most A0's at r_bar; None if no ε reaches it."""
     target = fast_sums(tr, Uniform(r_bar)).mean_loss
-    ok = [(s.mean_loops, eps) for eps in EPS_GRID if 0 < eps < float("inf")
-          for s in [fast_sums(tr, ConvergenceExit(eps, r_max=r_max))] if s.mean_loss <= target]
-    return min(ok)[1] if ok else None
+    sums = {eps: fast_sums(tr, ConvergenceExit(eps, r_max=r_max)) for eps in EPS_GRID if 0 < eps < float("inf")}
+    return cheapest(sums, lambda eps: sums[eps].mean_loss <= target, lambda eps: (sums[eps].mean_loops, eps))
 
 
 def load_or_train_probes(ckpt: Checkpoint, max_loops: int, seed: int = 0, *, kinds=LABEL_KINDS,

@@ -10,13 +10,13 @@ paired. Intervals are percentile intervals (95% by default); everything is seede
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 
-N_BOOT = 1000
-LEVEL = 0.95
+from ..settings import SETTINGS
+
 
 
 @dataclass
@@ -39,7 +39,7 @@ class Bootstrap:
     """Seeded resampling of n_windows windows; `weights` is (1 + n_boot, n_windows): row 0 is the
     data itself (all ones), rows 1.. are the replicates' draw counts."""
 
-    def __init__(self, n_windows: int, n_boot: int = N_BOOT, seed: int = 0, level: float = LEVEL):
+    def __init__(self, n_windows: int, n_boot: int = SETTINGS.n_boot, seed: int = 0, level: float = SETTINGS.ci_level):
         if n_windows < 1:
             raise ValueError("the bootstrap needs at least one window")
         rng = np.random.default_rng(seed)

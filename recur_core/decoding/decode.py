@@ -48,7 +48,7 @@ class Generation:
     readouts: int  # coda + head passes in the decode steps (checks and final readouts)
     step_readouts: list[int] = field(default_factory=list)  # per decode step
     policy: str = ""
-    kv_rule: str = "latest"
+    kv_rule: str = SETTINGS.kv_rule
 
     @property
     def wall_s(self) -> float:

@@ -55,9 +55,8 @@ class SlabKV:
 
 
 # Bytes of gathered keys + values one attention call of a pool step may read (CPU): a chunk of rows
-# whose gathered slabs fit in a core's L2 cache is attended while the copy is still there. One
-# gather of a whole step (a few MB at demo-r8's width) went to memory and back, and its attention
-# read it from memory again: 1.2-3x slower than 1 MiB chunks, cache cold (docs/BENCHMARKS.md).
+# whose gathered slabs fit in a core's L2 cache is attended while the copy is still there, instead
+# of one gather of a whole step going to memory and back (docs/BENCHMARKS.md has the measurement).
 CPU_CHUNK_BYTES = 1 << 20
 
 
@@ -255,8 +254,8 @@ class LatestRule(KVRule):
     A later token reads loop i's slab as it is, so j's entry must sit in every slab i > e_j that
     is read. It is copied there lazily, like "recompute"'s fill: before a token runs loop i, the past
     positions that lack loop i get loop i - 1's entry (which is e_j's, by induction). Only loops
-    that a later token reaches are copied: copying each halted token into every loop up to the cap
-    cost the pool a strided copy per token (~5% of demo-r8's pool-32 wall time, 32 loops of cache)."""
+    that a later token reaches are copied, which spares the pool a strided copy per halted token
+    and loop up to the cap."""
 
     name = "latest"
     keeps_exit_entry = True

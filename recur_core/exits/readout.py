@@ -29,9 +29,8 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
-# Vocabulary ids per chunk. On the 2-core dev box, 2048 was ~10% faster single-threaded (buffers stay
-# in L3), but with 2 threads on a loaded machine every op pays thread-scheduling latency and 8192
-# (fewer, larger ops) was ~1.6x faster than 2048. Peak extra memory is ~2 * 2T * chunk floats.
+# Vocabulary ids per chunk: fewer, larger ops pay less thread-scheduling latency with 2 threads
+# (the measurement is in docs/BENCHMARKS.md). Peak extra memory is ~2 * 2T * chunk floats.
 DEFAULT_CHUNK = 8192
 BACKENDS = ("auto", "chunked", "triton", "reference")
 

@@ -1,0 +1,1 @@
+"""The benchmarks: each script runs from the repository root as `python -m bench.<name>`."""

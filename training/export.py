@@ -27,6 +27,7 @@ from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
 
 from .data import VAL_PER_MILLE
+from .presets import shape_of
 from .sources import Source, identify
 
 CARD_LOOPS = SETTINGS.min_trace_loops  # the card's table runs to loop 32
@@ -192,13 +193,13 @@ def card(name: str, meta: dict, m: dict, c: dict, command: str, machine: str, sa
     rows = "\n".join(f"| {i + 1} | {m['loss'][i]:.4f} [{m['loss_ci_low'][i]:.4f}, {m['loss_ci_high'][i]:.4f}] "
                      f"| {m['bits_per_byte'][i]:.4f} | {m['mean_kl_prev'][i]:.2e} | {m['frac_moving'][i]:.3f} |"
                      for i in (0, 1, 2, 3, 5, 7, 11, 15, 23, 31))
-    tc = meta["train_config"]
+    shape = shape_of(meta["train_config"])
     return f"""# {name}: a looped LM trained on {' and '.join(datasets)} ({meta['n_params']:,} parameters)
 
-Preset `{meta['preset']}` with overrides `{json.dumps(meta['overrides'])}`: d_model {tc['d_model']},
-{tc['n_heads']} heads / {tc['n_kv_heads']} KV heads, FFN {tc['ffn_dim']}, prelude/core/coda
-{tc['n_prelude']}/{tc['n_core']}/{tc['n_coda']} blocks, {tokenizer_sentence(meta)},
-windows of {tc['seq_len']} tokens. Recipe: r̄ {recipe.r_bar:g}, r_max {recipe.r_max}, backprop depth
+Preset `{meta['preset']}` with overrides `{json.dumps(meta['overrides'])}`: d_model {shape['d_model']},
+{shape['n_heads']} heads / {shape['n_kv_heads']} KV heads, FFN {shape['ffn_dim']}, prelude/core/coda
+{shape['n_prelude']}/{shape['n_core']}/{shape['n_coda']} blocks, {tokenizer_sentence(meta)},
+windows of {shape['max_seq_len']} tokens. Recipe: r̄ {recipe.r_bar:g}, r_max {recipe.r_max}, backprop depth
 k {recipe.k}, σ {recipe.sigma:g}, {sampler_sentence(recipe)}. Where this model and its recipe
 differ from the paper: [Deviations from the paper]({DEVIATIONS}).
 

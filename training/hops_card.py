@@ -23,6 +23,7 @@ from recur_core.settings import SETTINGS
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
 from training.hops import elimination_chance
+from training.presets import shape_of
 
 CARD_LOOPS = 32
 TABLE_LOOPS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
@@ -74,7 +75,7 @@ def goals(gt: dict) -> list[tuple[str, str, bool]]:
 
 
 def card(name: str, meta: dict, gt: dict, command: str, machine: str) -> str:
-    tc = meta["train_config"]
+    tc, shape = meta["train_config"], shape_of(meta["train_config"])
     acc = gt["uniform"]["accuracy_by_hops"]
     loops = [r for r in TABLE_LOOPS if r <= gt["r_max"]]
     header = "| hops | answers | " + " | ".join(f"{r}" for r in loops) + " |"
@@ -118,9 +119,9 @@ never queried) and then query one variable of each queried chain (`k=7;b=k;x=b;`
 {status}
 
 Preset `{meta['preset']}` with overrides
-`{json.dumps(meta['overrides'])}`: d_model {tc['d_model']}, {tc['n_heads']} heads / {tc['n_kv_heads']} KV
-heads, FFN {tc['ffn_dim']}, prelude/core/coda {tc['n_prelude']}/{tc['n_core']}/{tc['n_coda']} blocks, a
-{meta.get('vocab_size', '')}-token word vocabulary (a token per statement, query and answer), windows of {tc['seq_len']} tokens. Recipe:
+`{json.dumps(meta['overrides'])}`: d_model {shape['d_model']}, {shape['n_heads']} heads / {shape['n_kv_heads']} KV
+heads, FFN {shape['ffn_dim']}, prelude/core/coda {shape['n_prelude']}/{shape['n_core']}/{shape['n_coda']} blocks, a
+{meta.get('vocab_size', '')}-token word vocabulary (a token per statement, query and answer), windows of {shape['max_seq_len']} tokens. Recipe:
 {meta['recipe_text']}, lr {tc['lr']}. Where this recipe and the runtime differ from the paper:
 [Deviations from the paper](../../README.md#deviations-from-the-paper).
 

@@ -1,4 +1,5 @@
-"""Training presets: the model shape plus the randomized-depth recipe and the optimisation.
+"""Training presets: the model shape (a ModelConfig, the one place a shape is declared) plus the
+randomized-depth recipe and the optimisation.
 
 The paper gives widths, r_bar, r_max, k and sigma for S0 / S1 (see ../shared/paper.md). Where it is
 silent the choice is ours and is marked "(ours)" below.
@@ -8,26 +9,22 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, fields
 
-from recur_core.model.config import ModelConfig
+from recur_core.model.config import VOCAB_FROM_TOKENIZER, ModelConfig
 from recur_core.model.recipe import SAMPLER_MEANS, Recipe
 
 # shipped in training/tokenizers/ (Apache-2.0); the same as the hub's HuggingFaceTB/SmolLM2-135M tokenizer
 SMOLLM2_TOKENIZER = "smollm2"
 
 
+def shape(**fields) -> ModelConfig:
+    """A preset's model shape: a ModelConfig whose vocabulary comes from the tokenizer. Its
+    max_seq_len is also the length of the training windows (TrainConfig.seq_len)."""
+    return ModelConfig(vocab_size=VOCAB_FROM_TOKENIZER, **fields)
+
+
 @dataclass
 class TrainConfig:
-    # model shape (vocab_size comes from the tokenizer)
-    d_model: int
-    n_heads: int
-    n_kv_heads: int
-    ffn_dim: int
-    n_prelude: int
-    n_core: int
-    n_coda: int
-    seq_len: int = 256
-    rope_base: float = 10_000.0
-    tie_embeddings: bool = True
+    model: ModelConfig  # the model shape (see `shape`); `--set d_model=...` etc. set its fields
     # the randomized-depth recipe
     r_bar: float = 4.0
     r_max: int = 16
@@ -64,11 +61,13 @@ class TrainConfig:
         """The randomized-depth recipe, as meta.json records it."""
         return Recipe(float(self.r_bar), self.r_max, self.backprop_depth, self.sigma, self.sampler_mean)
 
+    @property
+    def seq_len(self) -> int:
+        """Tokens per training window: the model's context, max_seq_len."""
+        return self.model.max_seq_len
+
     def model_config(self, vocab_size: int) -> ModelConfig:
-        return ModelConfig(vocab_size=vocab_size, d_model=self.d_model, n_heads=self.n_heads,
-                           n_kv_heads=self.n_kv_heads, ffn_dim=self.ffn_dim, n_prelude=self.n_prelude,
-                           n_core=self.n_core, n_coda=self.n_coda, max_seq_len=self.seq_len,
-                           rope_base=self.rope_base, tie_embeddings=self.tie_embeddings)
+        return dataclasses.replace(self.model, vocab_size=vocab_size)
 
     def tokens_per_step(self, world_size: int = 1) -> int:
         return self.batch_size * self.seq_len * world_size
@@ -79,14 +78,34 @@ class TrainConfig:
         return sorted({d for d in (1, 2, 4, rb, 2 * rb, self.r_max) if d <= self.r_max})
 
     def with_overrides(self, overrides: dict[str, str]) -> "TrainConfig":
-        """Apply `--set key=value` strings, parsed with the field's type."""
-        types = {f.name: f.type for f in fields(self)}
-        parsed = {}
+        """Apply `--set key=value` strings, parsed with the field's type: a training setting, or a
+        field of the model shape (`seq_len` names the shape's max_seq_len, the window length)."""
+        train_types = {f.name: f.type for f in fields(self) if f.name != "model"}
+        shape_types = {f.name: f.type for f in fields(ModelConfig) if f.name != "vocab_size"}
+        train, model = {}, {}
         for key, raw in overrides.items():
-            if key not in types:
-                raise ValueError(f"unknown setting {key!r}; known: {', '.join(sorted(types))}")
-            parsed[key] = parse_value(types[key], raw)
-        return dataclasses.replace(self, **parsed)
+            name = SHAPE_ALIASES.get(key, key)
+            if name in train_types:
+                train[name] = parse_value(train_types[name], raw)
+            elif name in shape_types:
+                model[name] = parse_value(shape_types[name], raw)
+            else:
+                known = sorted({*train_types, *shape_types, *SHAPE_ALIASES})
+                raise ValueError(f"unknown setting {key!r}; known: {', '.join(known)}")
+        return dataclasses.replace(self, model=dataclasses.replace(self.model, **model), **train)
+
+
+SHAPE_ALIASES = {"seq_len": "max_seq_len"}  # the trainer's word for the model's context
+
+
+def shape_of(train_config: dict) -> dict:
+    """The model-shape fields of a meta.json "train_config": nested under "model", or (runs before
+    the shape moved into TrainConfig.model) flat, with the window length as "seq_len"."""
+    if "model" in train_config:
+        return train_config["model"]
+    names = {f.name for f in fields(ModelConfig)}
+    flat = {k: v for k, v in train_config.items() if k in names}
+    return {**flat, "max_seq_len": train_config["seq_len"]}
 
 
 def parse_value(type_name: str, raw: str):
@@ -100,21 +119,21 @@ def parse_value(type_name: str, raw: str):
 PRESETS: dict[str, TrainConfig] = {
     # S1, the paper's main run: SmolLM2-135M widths; the 2/4/2 block split is Huginn's (ours);
     # seq_len 1024, lr 1e-3 with 2000 warmup steps and batch 32 x 1024 per rank are ours.
-    "s1": TrainConfig(d_model=576, n_heads=9, n_kv_heads=3, ffn_dim=1536, n_prelude=2, n_core=4, n_coda=2,
-                      seq_len=1024, r_bar=8, r_max=32, backprop_depth=8,
+    "s1": TrainConfig(shape(d_model=576, n_heads=9, n_kv_heads=3, ffn_dim=1536, n_prelude=2, n_core=4, n_coda=2,
+                            max_seq_len=1024), r_bar=8, r_max=32, backprop_depth=8,
                       dataset="HuggingFaceFW/fineweb-edu", dataset_config="sample-10BT",
                       tokenizer=SMOLLM2_TOKENIZER, batch_size=32, lr=1e-3, warmup_steps=2000,
                       max_tokens=12_900_000_000, eval_every=1000, ckpt_every=1000),
     # S0, the toy run: paper widths; 2/4/2 split, the SmolLM2 tokenizer and seq_len 512 are ours.
-    "s0": TrainConfig(d_model=384, n_heads=6, n_kv_heads=2, ffn_dim=1024, n_prelude=2, n_core=4, n_coda=2,
-                      seq_len=512, r_bar=4, r_max=16, backprop_depth=4,
+    "s0": TrainConfig(shape(d_model=384, n_heads=6, n_kv_heads=2, ffn_dim=1024, n_prelude=2, n_core=4, n_coda=2,
+                            max_seq_len=512), r_bar=4, r_max=16, backprop_depth=4,
                       dataset="roneneldan/TinyStories", tokenizer=SMOLLM2_TOKENIZER,
                       batch_size=32, lr=1e-3, warmup_steps=1000, max_tokens=400_000_000,
                       eval_every=1000, ckpt_every=1000),
     # demo: sized for about an hour on 2 CPU cores (all choices ours): ~3.7M parameters,
     # d 256, 4 heads / 2 KV, 1/2/1 blocks, a 2,048-token BPE trained on the corpus.
-    "demo": TrainConfig(d_model=256, n_heads=4, n_kv_heads=2, ffn_dim=768, n_prelude=1, n_core=2, n_coda=1,
-                        seq_len=256, r_bar=4, r_max=16, backprop_depth=4,
+    "demo": TrainConfig(shape(d_model=256, n_heads=4, n_kv_heads=2, ffn_dim=768, n_prelude=1, n_core=2, n_coda=1,
+                              max_seq_len=256), r_bar=4, r_max=16, backprop_depth=4,
                         dataset="roneneldan/TinyStories", tokenizer="bpe:2048",
                         batch_size=16, lr=2e-3, warmup_steps=100, max_tokens=6_000_000,
                         eval_every=100, ckpt_every=100),
@@ -125,8 +144,8 @@ PRESETS: dict[str, TrainConfig] = {
     # statement); untied embeddings (with a tied head the lookup never formed in CPU pilots, see
     # docs/BENCHMARKS.md); lr 1e-3, no weight decay; float32 (faster here); 25,000 steps (the
     # curriculum reaches 6 hops at step 20,000). Programs fit 65 tokens.
-    "hops": TrainConfig(d_model=64, n_heads=2, n_kv_heads=2, ffn_dim=256, n_prelude=1, n_core=1, n_coda=1,
-                        seq_len=64, r_bar=8, r_max=24, backprop_depth=8, dataset="hops", tokenizer="hops",
+    "hops": TrainConfig(shape(d_model=64, n_heads=2, n_kv_heads=2, ffn_dim=256, n_prelude=1, n_core=1, n_coda=1,
+                              max_seq_len=64, tie_embeddings=False), r_bar=8, r_max=24, backprop_depth=8, dataset="hops", tokenizer="hops",
                         batch_size=32, lr=1e-3, warmup_steps=200, weight_decay=0.0, autocast="fp32",
-                        tie_embeddings=False, max_tokens=25_000 * 32 * 64, eval_every=250, ckpt_every=250),
+                        max_tokens=25_000 * 32 * 64, eval_every=250, ckpt_every=250),
 }

@@ -210,7 +210,7 @@ class Trainer:
         self.model = LoopedLM(cfg.model_config(self.tokenizer.get_vocab_size())).to(self.device)
         if hops.is_hops(self.data.train):  # statement tokens start from shared codes (see the function)
             with torch.no_grad():
-                self.model.embed.weight.copy_(hops.structured_embedding(self.tokenizer, cfg.d_model, cfg.seed))
+                self.model.embed.weight.copy_(hops.structured_embedding(self.tokenizer, cfg.model.d_model, cfg.seed))
         self.opt = make_optimizer(self.model, cfg, self.device)
         if self.resume:
             self._load_latest()

@@ -11,9 +11,12 @@ VARIANT_FIELDS = ("outer_blocks", "prelude_norm", "qk_bias", "rope_layout", "emb
                   "coda_input_norm")
 
 
+VOCAB_FROM_TOKENIZER = 0  # a training preset's shape before its tokenizer is built (no model from it)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    vocab_size: int
+    vocab_size: int  # VOCAB_FROM_TOKENIZER in a training preset (training/presets.py)
     d_model: int
     n_heads: int
     n_kv_heads: int
@@ -48,7 +51,9 @@ class ModelConfig:
                               ("state_init", ("normal", "trunc_normal"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        for name in ("vocab_size", "d_model", "ffn_dim", "n_core", "max_seq_len"):
+        if self.vocab_size < 0:
+            raise ValueError(f"vocab_size must be positive (or VOCAB_FROM_TOKENIZER), got {self.vocab_size}")
+        for name in ("d_model", "ffn_dim", "n_core", "max_seq_len"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 

@@ -195,6 +195,9 @@ def take_rows(x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
 class LoopedLM(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        if cfg.vocab_size <= 0:
+            raise ValueError(f"vocab_size must be positive to build a model, got {cfg.vocab_size} (a preset's "
+                             "shape takes its vocabulary from the tokenizer: TrainConfig.model_config)")
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         outer = SandwichBlock if cfg.outer_blocks == "sandwich" else Block

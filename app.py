@@ -8,7 +8,6 @@ import streamlit as st
 
 from ui import state
 
-
 st.set_page_config(page_title="recur · looped transformers", page_icon="🔁", layout="wide")
 
 

@@ -41,15 +41,15 @@ import torch
 
 from recur_core import load_checkpoint
 from recur_core.analysis.ground_truth import load_ground_truth
+from recur_core.analysis.matching import Match
 from recur_core.analysis.probe import load_or_train_probes
 from recur_core.decoding.decode import generate, generation_drift
-from recur_core.exits.policies import ConvergenceExit, LatentDiff, LinearRouter, Uniform
+from recur_core.exits.policies import ConvergenceExit, LatentDiff, LinearRouter, Policy, Uniform
 from recur_core.settings import SETTINGS
 
 from .calibrate import HarnessResult, LossCalibrator
 from .cost import CostModel, generation_cost
 from .hops_decode import bench_hops
-from recur_core.analysis.matching import Match
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CKPTS = ("checkpoints/demo-r8", "checkpoints/demo")
@@ -218,7 +218,7 @@ def faithfulness(calibrator: LossCalibrator, calib: Calibration) -> Faithfulness
 class Spec:
     """What one timed configuration runs: a policy, a KV rule and how often the policy is consulted."""
 
-    def __init__(self, policy, kv_rule="latest", check_every=1):
+    def __init__(self, policy: Policy, kv_rule=SETTINGS.kv_rule, check_every=1):
         self.policy, self.kv_rule, self.check_every = policy, kv_rule, check_every
 
     def run(self, ckpt, prompt, new_tokens, cap, seed, keep_logits=False):

@@ -20,12 +20,12 @@ import torch
 import torch.nn.functional as F
 
 from recur_core import LoopedLM, load_checkpoint
-from recur_core.analysis.curves import fast_curve, loops_to_match
 from recur_core.analysis.cache import TraceCache
-from recur_core.exits.policies import ConvergenceExit, Uniform
-from recur_core.settings import SETTINGS
+from recur_core.analysis.curves import fast_curve, loops_to_match
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
+from recur_core.exits.policies import ConvergenceExit, Uniform
+from recur_core.settings import SETTINGS
 from training.depth_sampler import sample_depth
 from training.presets import PRESETS
 

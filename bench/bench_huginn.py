@@ -38,8 +38,8 @@ from pathlib import Path
 import torch
 
 from recur_core import load_checkpoint
-from recur_core.model.huginn import huginn_config, huginn_shapes
 from recur_core.analysis.trace import trace
+from recur_core.model.huginn import huginn_config, huginn_shapes
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER = ROOT / "tests" / "fixtures" / "huginn_tiny" / "tokenizer.json"
@@ -80,6 +80,7 @@ def proc_status(key: str) -> int:
 def measure_load(folder: str, variant: str) -> dict:
     """Run in the child: peak RSS of one load above the RSS before it, and the loaded weights' bytes."""
     from safetensors.torch import load_file
+
     from recur_core.model.huginn import huginn_tensors
     from recur_core.model.looped_lm import LoopedLM
     cfg, _ = huginn_config(json.loads((Path(folder) / "config.json").read_text()))

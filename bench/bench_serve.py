@@ -49,6 +49,7 @@ import torch
 
 from recur_core import load_checkpoint
 from recur_core.analysis.ground_truth import load_ground_truth
+from recur_core.analysis.matching import match_threshold
 from recur_core.analysis.probe import load_or_train_probes
 from recur_core.decoding.serve import Request, serve
 from recur_core.exits.policies import ConvergenceExit, LatentDiff, LinearRouter, Policy, Uniform
@@ -56,7 +57,6 @@ from recur_core.settings import SETTINGS
 
 from .calibrate import AccuracyCalibrator, LossCalibrator
 from .cost import CostModel, served_cost
-from recur_core.analysis.matching import match_threshold
 
 
 def parse_args(argv=None):

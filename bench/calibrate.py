@@ -10,10 +10,11 @@ import numpy as np
 import torch
 
 from recur_core.analysis.harness import run_exact
-from recur_core.decoding.decode import teacher_forced
-from training.hops import PAD
-
 from recur_core.analysis.matching import Match, match_threshold
+from recur_core.decoding.decode import teacher_forced
+from recur_core.exits.policies import Policy
+from recur_core.settings import SETTINGS
+from training.hops import PAD
 
 
 def log(*args):
@@ -41,10 +42,10 @@ class LossCalibrator:
         self.ckpt, self.windows, self.cap, self.seed, self.batch = ckpt, windows, cap, seed, batch
         self.memo = {}
 
-    def evaluate(self, policy, kv_rule="latest", mode=None, check_every=1):
+    def evaluate(self, policy: Policy, kv_rule=SETTINGS.kv_rule, mode=None, check_every=1):
         # state-based policies: the parallel "prefill" pass equals token-by-token decoding exactly
         # (tests/test_decode.py); A1's readout context differs, so it is decoded token by token
-        mode = mode or ("decode" if getattr(policy, "needs_readout", False) else "prefill")
+        mode = mode or ("decode" if policy.needs_readout else "prefill")
         key = (repr(policy), kv_rule, mode, check_every)
         if key not in self.memo:
             t = time.perf_counter()
@@ -65,7 +66,7 @@ class LossCalibrator:
             f"mean loops {result.mean_loops:6.3f}  ({time.perf_counter() - t:.1f}s)")
         return result
 
-    def match(self, make, grid, target, bisect_steps, check_every=1, kv_rule="latest") -> Match:
+    def match(self, make, grid, target, bisect_steps, check_every=1, kv_rule=SETTINGS.kv_rule) -> Match:
         """Largest threshold on the grid (then bisected, log scale) whose loss <= target under kv_rule."""
         return match_threshold(lambda policy: self.evaluate(policy, kv_rule, check_every=check_every), make, grid,
                                lambda tf: tf.loss <= target, bisect_steps)
@@ -86,7 +87,7 @@ class AccuracyCalibrator:
         key = repr(policy)
         if key not in self.memo:
             t = time.perf_counter()
-            tf = teacher_forced(self.ckpt, self.windows, policy, "latest", seed=self.seed, max_loops=self.cap,
+            tf = teacher_forced(self.ckpt, self.windows, policy, SETTINGS.kv_rule, seed=self.seed, max_loops=self.cap,
                                 batch_size=self.batch, keep_logits=True)
             correct = tf.logits.argmax(-1) == self.windows[:, 1:]
             acc = Accuracy(accuracy=float(correct[self.answers].float().mean()),

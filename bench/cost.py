@@ -3,7 +3,7 @@ prelude, core loops, coda, head and exit checks, counted with the real exit loop
 context lengths of a run."""
 from __future__ import annotations
 
-from recur_core.exits.policies import Uniform
+from recur_core.exits.policies import Policy, Uniform
 
 
 class CostModel:
@@ -29,15 +29,15 @@ class CostModel:
         return prelude + loops * loop + readouts * readout + 3 * c.d_model * checks + 3 * c.vocab_size * kl_checks
 
 
-def generation_cost(cost: CostModel, gen, policy, check_every: int = 1) -> float:
+def generation_cost(cost: CostModel, gen, policy: Policy, check_every: int = 1) -> float:
     """FLOP proxy of a generation's decode steps (the first new token comes from the prefill) under
     `policy`, consulted every `check_every` loops."""
     prompt_len = len(gen.prompt_ids)
-    min_loops = getattr(policy, "min_loops", 1)
+    min_loops = policy.min_loops
     total = 0.0
     for k, (loops, readouts) in enumerate(zip(gen.decode_exit_loops, gen.step_readouts)):
         consults = 0 if isinstance(policy, Uniform) else max(loops - min_loops, -1) // check_every + 1
-        kl = consults if getattr(policy, "needs_readout", False) else 0
+        kl = consults if policy.needs_readout else 0
         total += cost.step(prompt_len + k + 1, loops, readouts, consults, kl)
     return total
 

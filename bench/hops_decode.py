@@ -25,6 +25,7 @@ import torch
 
 from recur_core import load_checkpoint
 from recur_core.analysis.ground_truth import load_ground_truth
+from recur_core.analysis.matching import Match
 from recur_core.analysis.probe import load_or_train_probes
 from recur_core.decoding.decode import teacher_forced
 from recur_core.exits.policies import ConvergenceExit, LatentDiff, LinearRouter, Uniform
@@ -33,7 +34,6 @@ from training.hops import PAD
 
 from .calibrate import Accuracy, AccuracyCalibrator
 from .cost import CostModel, program_cost
-from recur_core.analysis.matching import Match
 
 
 def log(*args):

@@ -27,11 +27,11 @@ import torch.nn.functional as F
 
 from recur_core import load_checkpoint
 from recur_core.analysis.curves import TOKEN_CLASSES, vocab_classes
-from recur_core.decoding.decode import Decoder, teacher_forced
 from recur_core.analysis.harness import run_exact
-from recur_core.exits.policies import LinearRouter, Policy, Uniform
 from recur_core.analysis.probe import load_or_train_probes
 from recur_core.analysis.trace import trace
+from recur_core.decoding.decode import Decoder, teacher_forced
+from recur_core.exits.policies import LinearRouter, Policy, Uniform
 
 # Section 2's own grid, not SETTINGS.calibration_tau: steps of 0.1 with the investigated tau (the
 # --tau default) on it, searched without bisection, so both rules are compared at the same thresholds.

@@ -3,7 +3,6 @@ import pandas as pd
 import streamlit as st
 
 from recur_core.analysis.curves import TOKEN_CLASSES
-
 from ui import charts, compute, download, state
 
 m = state.require_model()

@@ -3,7 +3,6 @@ import pandas as pd
 import streamlit as st
 
 from recur_core import CheckpointError
-
 from ui import charts, compute, download, state
 from ui.checkpoints import discover
 

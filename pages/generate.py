@@ -8,8 +8,8 @@ import streamlit as st
 
 from recur_core.decoding.decode import generate, token_pieces
 from recur_core.decoding.kv import KV_RULES
-from recur_core.exits.policies import Uniform
 from recur_core.decoding.serve import Request, serve
+from recur_core.exits.policies import Uniform
 from ui import compute, decoding, state
 
 m = state.require_model()

@@ -17,17 +17,26 @@ import sys
 import time
 from pathlib import Path
 
-from .analysis.curves import (MOVING_KL, allocation, convergence, elasticity, fast_minus_exact, json_safe,
-                       operating_threshold, token_classes, vocab_classes)
 from .analysis.cache import TraceCache
-from .model.formats import load_checkpoint
+from .analysis.curves import (
+    MOVING_KL,
+    allocation,
+    convergence,
+    elasticity,
+    fast_minus_exact,
+    json_safe,
+    operating_threshold,
+    token_classes,
+    vocab_classes,
+)
 from .analysis.ground_truth import eos_id, ground_truth_section, load_ground_truth, print_ground_truth
 from .analysis.harness import SweepWork
-from .exits.policies import ConvergenceExit
 from .analysis.probe import LABEL_EPS_A1, load_or_train_probes
-from .settings import SETTINGS
 from .analysis.stats import Bootstrap
 from .analysis.trace import trace
+from .exits.policies import ConvergenceExit
+from .model.formats import load_checkpoint
+from .settings import SETTINGS
 
 
 def parse_args(argv=None) -> argparse.Namespace:

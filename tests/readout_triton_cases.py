@@ -16,8 +16,10 @@ pytest.importorskip("triton")
 
 from readout_cases import assert_stats_close, make_inputs  # noqa: E402
 
-from recur_core.exits.readout import readout_stats_triton  # noqa: E402
-from recur_core.exits.readout import readout_stats_reference  # noqa: E402
+from recur_core.exits.readout import (
+    readout_stats_reference,  # noqa: E402
+    readout_stats_triton,  # noqa: E402
+)
 
 
 @pytest.mark.parametrize("T,d,V,splits", [

@@ -9,8 +9,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from recur_core.analysis.curves import (classify_text, interp_rows, json_safe, loops_to_reach, matched_depth_table,
-                                 settle_loop, weighted_median_rows, Curve)
+from recur_core.analysis.curves import (
+    Curve,
+    classify_text,
+    interp_rows,
+    json_safe,
+    loops_to_reach,
+    matched_depth_table,
+    settle_loop,
+    weighted_median_rows,
+)
 from recur_core.analysis.stats import Bootstrap
 
 ROOT = Path(__file__).resolve().parents[1]

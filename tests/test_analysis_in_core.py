@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from recur_core.analysis import curves as analysis
-from recur_core.exits.policies import ConvergenceExit
 from recur_core.analysis.trace import trace
+from recur_core.exits.policies import ConvergenceExit
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from streamlit.testing.v1 import AppTest
 
 TIMEOUT = 300  # seconds per script run: first runs trace and train the A2 probes (CPU shared with training)
@@ -92,8 +91,8 @@ def eps_slider(at: AppTest):
 def engine_depths(ckpt_dir: Path, text: str, eps: float) -> tuple[np.ndarray, np.ndarray]:
     """A1 exit depths of a text computed directly with recur_core, as the app should show them."""
     from recur_core import load_checkpoint
-    from recur_core.exits.policies import ConvergenceExit
     from recur_core.analysis.trace import trace
+    from recur_core.exits.policies import ConvergenceExit
 
     ckpt = load_checkpoint(ckpt_dir)
     ids = ckpt.tokenizer().encode(text).ids[:ckpt.config.max_seq_len]
@@ -252,8 +251,8 @@ def test_curve_page_exact_mode_on_pasted_text(app_env):
 # -- page 3: compare policies ------------------------------------------------------------------------------
 def test_compare_page_three_strips(app_env):
     from recur_core import load_checkpoint
-    from recur_core.exits.policies import ArgmaxStable
     from recur_core.analysis.trace import trace
+    from recur_core.exits.policies import ArgmaxStable
     at = submit_text(new_app(), TEXT)
     goto(at, "compare")
     at.slider(key="cmp_r").set_value(2).run()

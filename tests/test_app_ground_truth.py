@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
-
 from tiny import make_tiny_hops_checkpoint
+
 from training.hops import hop_counts
 
 TIMEOUT = 300

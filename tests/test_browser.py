@@ -28,7 +28,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from test_app import engine_depths
 
 ROOT = Path(__file__).resolve().parents[1]

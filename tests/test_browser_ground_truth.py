@@ -8,9 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-
-from test_browser import (RUN_TIMEOUT_MS, browser, chromium_path, shots, snap,  # noqa: F401
-                          streamlit_server, wait_idle)
+from test_browser import RUN_TIMEOUT_MS, browser, chromium_path, shots, snap, streamlit_server, wait_idle  # noqa: F401
 from tiny import make_tiny_hops_checkpoint
 
 

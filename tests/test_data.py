@@ -6,8 +6,16 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from training.data import (DataError, DataSpec, ShuffledWindows, is_heldout, local_files, pack_windows,
-                           split_txt, take_windows)
+from training.data import (
+    DataError,
+    DataSpec,
+    ShuffledWindows,
+    is_heldout,
+    local_files,
+    pack_windows,
+    split_txt,
+    take_windows,
+)
 from training.tokenizer import eos_id, load_tokenizer
 
 DOCS = [f"Story {i}: the cat sat on mat {i}." for i in range(40)]

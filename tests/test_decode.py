@@ -11,11 +11,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from recur_core.decoding.decode import Decoder, full_depth_logits, generate, generation_drift, sample_next, teacher_forced
+from recur_core.analysis.probe import Probe
+from recur_core.decoding.decode import (
+    Decoder,
+    full_depth_logits,
+    generate,
+    generation_drift,
+    sample_next,
+    teacher_forced,
+)
 from recur_core.decoding.kv import KV_RULES
 from recur_core.exits.policies import ConvergenceExit, LatentDiff, LinearRouter, Uniform
 from recur_core.exits.signals import LoopSignals
-from recur_core.analysis.probe import Probe
 from recur_core.settings import seed_for
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,10 +4,10 @@ import json
 
 import numpy as np
 import pytest
+from tiny import make_tiny_hops_checkpoint
 
 from recur_core.analysis.ground_truth import load_ground_truth, spearman
 from training.hops_card import learned_line
-from tiny import make_tiny_hops_checkpoint
 
 ANALYZE_ARGS = ["--windows", "12", "--max-loops", "6", "--n-boot", "40", "--probe-windows", "8",
                 "--probe-tokens", "16", "--no-cache", "--batch-size", "12"]

@@ -11,9 +11,9 @@ import torch
 
 from recur_core.analysis.curves import exact_curves, fast_curve, fast_minus_exact
 from recur_core.analysis.harness import run_exact
-from recur_core.exits.policies import ConvergenceExit, LatentDiff, Policy, Uniform
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
+from recur_core.exits.policies import ConvergenceExit, LatentDiff, Policy, Uniform
 
 R_MAX = 5
 
@@ -97,8 +97,8 @@ class RandomProbe:
 @torch.inference_mode()
 def naive_exact(model, windows, policy, max_loops, seed):
     """Test oracle: one full-width masking-harness run of one policy (no lanes, no cut-off)."""
-    from recur_core.exits.readout import readout_stats
     from recur_core.analysis.trace import split_inputs
+    from recur_core.exits.readout import readout_stats
     from recur_core.exits.signals import LoopSignals, cosine_change, loop_readout, relative_change
     inputs, targets = split_inputs(windows)
     e, state = model.prelude(inputs), model.seeded_state(range(len(inputs)), seed, inputs.shape[1])

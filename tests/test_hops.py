@@ -4,14 +4,27 @@ import random
 
 import pytest
 import torch
+from tiny import make_tiny_hops_checkpoint
 
 from recur_core import load_checkpoint
-from recur_core.model.checkpoint import read_safetensors
 from recur_core.analysis.ground_truth import load_ground_truth
-from tiny import make_tiny_hops_checkpoint
-from training.hops import (HopsStream, HopsTask, build_tokenizer, elimination_chance, eval_program, hop_counts,
-                           make_program, program_ids, random_program, structured_embedding, token_hops, trained_hops,
-                           training_data, training_program)
+from recur_core.model.checkpoint import read_safetensors
+from training.hops import (
+    HopsStream,
+    HopsTask,
+    build_tokenizer,
+    elimination_chance,
+    eval_program,
+    hop_counts,
+    make_program,
+    program_ids,
+    random_program,
+    structured_embedding,
+    token_hops,
+    trained_hops,
+    training_data,
+    training_program,
+)
 
 
 def answers(text: str) -> dict[str, int]:

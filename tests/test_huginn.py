@@ -15,12 +15,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from recur_core import CheckpointError, ModelConfig, load_checkpoint
-from recur_core.decoding.decode import full_depth_logits, generate
 from recur_core.analysis.harness import run_exact
-from recur_core.model.huginn import INDEX, huginn_config, memory_estimate
-from recur_core.exits.policies import (ArgmaxStable, ConvergenceExit, CosineExit, EntropyDiff, LatentDiff, ReverseKLExit)
-from recur_core.exits.signals import LoopSignals
 from recur_core.analysis.trace import trace
+from recur_core.decoding.decode import full_depth_logits, generate
+from recur_core.exits.policies import ArgmaxStable, ConvergenceExit, CosineExit, EntropyDiff, LatentDiff, ReverseKLExit
+from recur_core.exits.signals import LoopSignals
+from recur_core.model.huginn import INDEX, huginn_config, memory_estimate
 
 FIXTURE = Path(__file__).parent / "fixtures" / "huginn_tiny"
 REF = load_file(str(FIXTURE / "reference_outputs.safetensors"))

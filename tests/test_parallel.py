@@ -10,8 +10,8 @@ import torch
 from bench.bench_parallel import main as bench_parallel
 from recur_core.analysis.harness import run_exact_sweep
 from recur_core.analysis.parallel import map_batches
-from recur_core.exits.policies import ConvergenceExit, Uniform
 from recur_core.analysis.trace import trace
+from recur_core.exits.policies import ConvergenceExit, Uniform
 
 
 @pytest.fixture

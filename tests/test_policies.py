@@ -4,9 +4,17 @@ import numpy as np
 import pytest
 import torch
 
-from recur_core.exits.policies import (ArgmaxStable, ConvergenceExit, CosineExit, EntropyDiff, LatentDiff, LinearRouter, Uniform)
-from recur_core.exits.signals import LoopSignals
 from recur_core.analysis.trace import Trace
+from recur_core.exits.policies import (
+    ArgmaxStable,
+    ConvergenceExit,
+    CosineExit,
+    EntropyDiff,
+    LatentDiff,
+    LinearRouter,
+    Uniform,
+)
+from recur_core.exits.signals import LoopSignals
 
 
 def make_trace(kl_prev, state_change=None, router_chance=None) -> Trace:

@@ -4,10 +4,18 @@ import torch
 
 from recur_core import load_checkpoint
 from recur_core.analysis.cache import TraceCache
+from recur_core.analysis.probe import (
+    Harvest,
+    Probe,
+    auc,
+    fit_logistic,
+    harvest,
+    load_or_train_probes,
+    split_windows,
+    train_probe,
+)
 from recur_core.exits.policies import LinearRouter
 from recur_core.exits.signals import LoopSignals
-from recur_core.analysis.probe import (Harvest, Probe, auc, fit_logistic, harvest, load_or_train_probes, split_windows,
-                              train_probe)
 
 
 def separable_harvest(n_windows=40, per_window=50, d=6, seed=0) -> Harvest:
@@ -137,8 +145,8 @@ def _positions_of(data, tr, ckpt):
 
 def test_kl_label_eps_is_tied_to_a1s_matched_eps(ckpt, tmp_path):
     from recur_core.analysis.curves import fast_sums
-    from recur_core.exits.policies import ConvergenceExit, Uniform
     from recur_core.analysis.probe import a1_matched_eps
+    from recur_core.exits.policies import ConvergenceExit, Uniform
     probes = load_or_train_probes(ckpt, 4, n_windows=4, tokens_per_window=6, r_bar=2, cache=TraceCache(tmp_path))
     data = harvest(ckpt, ckpt.windows("probe")[:4], max_loops=4, tokens_per_window=6)
     eps = a1_matched_eps(data.trace, 2, 4)

@@ -8,10 +8,9 @@ import math
 
 import pytest
 import torch
-
 from readout_cases import assert_stats_close, make_inputs
-from recur_core.exits.readout import (readout_stats, readout_stats_chunked,
-                                readout_stats_reference)
+
+from recur_core.exits.readout import readout_stats, readout_stats_chunked, readout_stats_reference
 
 # Logit scales: N(0, scale^2) logits. 40 makes one token dominate, 1e-3 is nearly uniform.
 SCALES = {"peaked": 40.0, "normal": 1.0, "flat": 1e-3}

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from recur_core import load_checkpoint
+from recur_core.analysis.probe import Probe
 from recur_core.decoding import kv
 from recur_core.decoding.decode import full_depth_logits, generate
 from recur_core.decoding.kv import KV_RULES
-from recur_core.exits.policies import ArgmaxStable, ConvergenceExit, EntropyDiff, LatentDiff, LinearRouter, Uniform
-from recur_core.analysis.probe import Probe
 from recur_core.decoding.serve import Pool, Request, serve
+from recur_core.exits.policies import ArgmaxStable, ConvergenceExit, EntropyDiff, LatentDiff, LinearRouter, Uniform
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 2e-5  # float32: the pool's batched matmuls and masked, gathered attention vs batch 1

@@ -5,12 +5,20 @@ import json
 
 import pytest
 import torch
-
-from recur_core.model.checkpoint import read_safetensors
-from recur_core import load_checkpoint
 from tiny import TINY_SETTINGS, synthetic_stories
-from training.data import (EOS, MAX_HOLDOUT_SHARE, USUAL_HOLDOUT_BELOW, DataError, DataSpec,
-                           enlarged_holdout_below, holdout_rank, is_heldout)
+
+from recur_core import load_checkpoint
+from recur_core.model.checkpoint import read_safetensors
+from training.data import (
+    EOS,
+    MAX_HOLDOUT_SHARE,
+    USUAL_HOLDOUT_BELOW,
+    DataError,
+    DataSpec,
+    enlarged_holdout_below,
+    holdout_rank,
+    is_heldout,
+)
 from training.export import validation_sentence
 from training.presets import PRESETS
 from training.trainer import MIN_EVAL_WINDOWS, MIN_SELECT_WINDOWS, Trainer, split_validation
@@ -145,3 +153,12 @@ def test_card_sentence_only_for_a_short_validation():
                                                       "windows and 5 selection windows instead of the usual 128 + 32.")
     assert validation_sentence({"validation": {**v, "shrunk": False}}) == ""
     assert validation_sentence({}) == ""  # checkpoints from before the record
+
+
+def test_an_empty_text_is_refused_as_empty(tmp_path):
+    (tmp_path / "empty.txt").write_text("")
+    cfg = PRESETS["demo"].with_overrides(SMALL)
+    trainer = Trainer("demo", cfg, SMALL, DataSpec(str(tmp_path / "empty.txt")), tmp_path / "run", progress=False)
+    with pytest.raises(DataError, match="the training text is empty"):
+        trainer.setup()
+    assert not (tmp_path / "run" / "latest").exists()

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny import TINY_SETTINGS, make_tiny_checkpoint, write_corpus
 
 from recur_core import LoopedLM, load_checkpoint
 from recur_core.model.checkpoint import read_safetensors
-from tiny import TINY_SETTINGS, make_tiny_checkpoint, write_corpus
 from training.data import pack_windows
-from training.trainer import lr_at
 from training.presets import PRESETS
+from training.trainer import lr_at
 
 ROOT = Path(__file__).resolve().parents[1]
 

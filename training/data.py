@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+
 from recur_core.settings import seed_for
 
 EOS = "<|endoftext|>"

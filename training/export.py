@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from recur_core.analysis.curves import convergence, elasticity
-from recur_core.model.checkpoint import SHIPPED_FILES, atomic_write_dir
-from recur_core.model.formats import load_checkpoint
 from recur_core.analysis.ground_truth import GROUND_TRUTH
-from recur_core.model.recipe import Recipe
-from recur_core.settings import SETTINGS
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
+from recur_core.model.checkpoint import SHIPPED_FILES, atomic_write_dir
+from recur_core.model.formats import load_checkpoint
+from recur_core.model.recipe import Recipe
+from recur_core.settings import SETTINGS
 
 from .data import VAL_PER_MILLE
 from .presets import shape_of

@@ -34,8 +34,9 @@ from dataclasses import dataclass
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from .data import EOS
 from recur_core.settings import seed_for
+
+from .data import EOS
 
 VARIABLES = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 VALUES = "0123456789"

@@ -15,13 +15,13 @@ import torch
 from safetensors.torch import save_file
 
 from recur_core.analysis.curves import json_safe
-from recur_core.model.checkpoint import SHIPPED_FILES, atomic_write_dir
-from recur_core.model.formats import load_checkpoint
 from recur_core.analysis.ground_truth import eos_id, ground_truth_section, load_ground_truth
 from recur_core.analysis.probe import load_or_train_probes
-from recur_core.settings import SETTINGS
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
+from recur_core.model.checkpoint import SHIPPED_FILES, atomic_write_dir
+from recur_core.model.formats import load_checkpoint
+from recur_core.settings import SETTINGS
 from training.hops import elimination_chance
 from training.presets import shape_of
 

@@ -27,22 +27,42 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from recur_core.model.checkpoint import (EVAL_WINDOWS, META, METRICS, PROBE_WINDOWS, recover_interrupted,
-                                         save_checkpoint)
+from recur_core.model.checkpoint import (
+    EVAL_WINDOWS,
+    META,
+    METRICS,
+    PROBE_WINDOWS,
+    TOKENIZER,
+    recover_interrupted,
+    save_checkpoint,
+)
 from recur_core.model.formats import load_checkpoint
 from recur_core.model.looped_lm import LoopedLM
+from recur_core.settings import seed_for
 
 from . import hops
-from .data import (MAX_HOLDOUT_SHARE, USUAL_HOLDOUT_BELOW, VAL_PER_MILLE, DataError, DataSpec,
-                   ShuffledWindows, StreamedWindows, enlarged_holdout_below, holdout_rank, is_heldout,
-                   local_files, pack_windows, take_windows, token_counts)
+from .data import (
+    MAX_HOLDOUT_SHARE,
+    USUAL_HOLDOUT_BELOW,
+    VAL_PER_MILLE,
+    DataError,
+    DataSpec,
+    ShuffledWindows,
+    StreamedWindows,
+    enlarged_holdout_below,
+    holdout_rank,
+    is_heldout,
+    local_files,
+    pack_windows,
+    take_windows,
+    token_counts,
+)
 from .depth_sampler import sample_depth
 from .metrics_log import append as append_metrics
 from .presets import TrainConfig
 from .sources import file_record
 from .state import read_trainer_state, write_trainer_state
 from .tokenizer import eos_id, load_tokenizer
-from recur_core.settings import seed_for
 
 N_SAVED_WINDOWS = 128  # the paper evaluates on 128 validation windows
 # The least validation a run takes (it refuses below): 8 saved eval windows give the analyses'
@@ -269,6 +289,9 @@ class Trainer:
                    f"{need_tokens:,} tokens of validation text. ")
         if self.data.can_enlarge_holdout():
             have_kb, need_kb = self._text_kb(need_tokens / MAX_HOLDOUT_SHARE)
+            if have_kb == 0:
+                return DataError("the training text is empty (no documents with any text): give --data files "
+                                 "that hold text")
             message += (f"It holds out at most {MAX_HOLDOUT_SHARE:.0%} of the training text for them, so give at "
                         f"least about {need_kb:,.0f} KB of text (this is {have_kb:,.0f} KB), or a separate "
                         "--val-data, or a lower --set seq_len")
@@ -313,13 +336,13 @@ class Trainer:
 
     def _tokenizer(self):
         if self.resume:
-            return load_tokenizer(str(self._latest() / "tokenizer.json"))
+            return load_tokenizer(str(self._latest() / TOKENIZER))
         if not self.cfg.tokenizer.startswith("bpe:"):
             return load_tokenizer(self.cfg.tokenizer)
         if self.world == 1:
             return load_tokenizer(self.cfg.tokenizer, self.data.train_docs())
         # multi-process BPE training: rank 0 trains, the others read its file
-        path = self.out / "tokenizer.json"
+        path = self.out / TOKENIZER
         if self.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             load_tokenizer(self.cfg.tokenizer, self.data.train_docs()).save(str(path))

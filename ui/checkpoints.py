@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recur_core import CheckpointError, describe_folder
+from recur_core.model.checkpoint import CONFIG, META, WEIGHTS
 from recur_core.model.recipe import Recipe
 
 APP_ROOT = Path(__file__).resolve().parents[1]
-MARKERS = ("meta.json", "model.safetensors", "config.json")
+MARKERS = (META, WEIGHTS, CONFIG)
 
 
 def shipped_root() -> Path:
@@ -68,8 +69,9 @@ class Entry:
 
     def size_line(self, device: str) -> str:
         """Model size, dtype and the memory it needs on `device` against what is free there."""
-        from recur_core.model.huginn import available_bytes, human_bytes
         import torch
+
+        from recur_core.model.huginn import available_bytes, human_bytes
         m = self.meta or {}
         need = m["memory_estimate"]["total"]
         try:

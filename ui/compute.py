@@ -21,16 +21,25 @@ import pandas as pd
 import streamlit as st
 
 from recur_core import CheckpointError, load_checkpoint
-from recur_core.model.checkpoint import read_meta
 from recur_core.analysis import curves as analysis
 from recur_core.analysis.cache import TraceCache
-from recur_core.exits.policies import (ArgmaxStable, ConvergenceExit, CosineExit, EntropyDiff, LatentDiff, LinearRouter,
-                                 ReverseKLExit, Uniform)
 from recur_core.analysis.probe import load_or_train_probes
-from recur_core.model.recipe import Recipe
-from recur_core.settings import SETTINGS
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import Trace, trace
+from recur_core.exits.policies import (
+    ArgmaxStable,
+    ConvergenceExit,
+    CosineExit,
+    EntropyDiff,
+    LatentDiff,
+    LinearRouter,
+    ReverseKLExit,
+    Uniform,
+)
+from recur_core.model.checkpoint import EVAL_WINDOWS, METRICS, TOKENIZER, WEIGHTS, read_meta
+from recur_core.model.huginn import INDEX
+from recur_core.model.recipe import Recipe
+from recur_core.settings import SETTINGS
 from training.metrics_log import read_metrics
 
 from .strip import plain_visible
@@ -64,9 +73,9 @@ class SelectedCheckpoint:
 
 # -- checkpoints ------------------------------------------------------------------------------------
 def weights_stamp(path: str) -> str:
-    f = Path(path) / "model.safetensors"
-    if not f.exists() and (Path(path) / "model.safetensors.index.json").exists():  # sharded (Huginn)
-        f = Path(path) / "model.safetensors.index.json"
+    f = Path(path) / WEIGHTS
+    if not f.exists() and (Path(path) / INDEX).exists():  # sharded (Huginn)
+        f = Path(path) / INDEX
     try:
         s = f.stat()
     except OSError:
@@ -103,7 +112,7 @@ def open_model(path: str, device: str) -> SelectedCheckpoint:
                  r_max=recipe.r_max, r_bar=recipe.depth, loops=S.trace_loops(recipe),
                  max_seq_len=ckpt.config.max_seq_len, n_params=ckpt.model.num_params(),
                  vocab_size=ckpt.config.vocab_size, id_mismatch=mismatch,
-                 has_windows=(Path(path) / "eval_windows.safetensors").is_file())
+                 has_windows=(Path(path) / EVAL_WINDOWS).is_file())
 
 
 def _ckpt(path: str, ckpt_id: str, device: str):
@@ -116,7 +125,7 @@ def _ckpt(path: str, ckpt_id: str, device: str):
 @st.cache_resource(max_entries=8, show_spinner=False)
 def tokenizer(path: str, ckpt_id: str):
     from tokenizers import Tokenizer
-    return Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
+    return Tokenizer.from_file(str(Path(path) / TOKENIZER))
 
 
 def decode_ids(path: str, ckpt_id: str, ids) -> list[str]:
@@ -355,13 +364,13 @@ def elasticity_difference(path: str, ckpt_id: str, ref_path: str, ref_id: str, d
 @st.cache_data(max_entries=16, show_spinner=False)
 def training_log(path: str, stamp: str) -> dict:
     """The checkpoint's metrics.jsonl, parsed by training.metrics_log (beside its writer)."""
-    log = read_metrics(Path(path) / "metrics.jsonl")
+    log = read_metrics(Path(path) / METRICS)
     return {"train": log.train, "eval": log.evals, "bad_lines": log.bad_lines, "start": log.start}
 
 
 def log_stamp(path: str) -> str:
     try:
-        s = (Path(path) / "metrics.jsonl").stat()
+        s = (Path(path) / METRICS).stat()
     except OSError:
         return "missing"
     return f"{s.st_mtime_ns}-{s.st_size}"

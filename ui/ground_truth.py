@@ -11,8 +11,8 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from recur_core.analysis.ground_truth import eos_id, ground_truth_section, load_ground_truth
-from recur_core.settings import SETTINGS
 from recur_core.analysis.stats import Bootstrap
+from recur_core.settings import SETTINGS
 from training.hops import HopsTask, hop_counts, is_hops, random_program, token_hops
 
 from . import compute

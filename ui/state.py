@@ -21,7 +21,6 @@ from .checkpoints import default_path, describe, discover, expand
 from .text import EXAMPLES, Encoded, encode
 
 
-
 def devices() -> list[str]:
     import torch
     out = ["cpu"]

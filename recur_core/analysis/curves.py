@@ -26,11 +26,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .harness import ExactResult, SweepWork, run_exact_sweep
-from .matching import cheapest
 from ..exits.policies import ConvergenceExit, LinearRouter, Policy, Uniform
 from ..model.checkpoint import model_id
 from ..settings import SETTINGS
+from .harness import ExactResult, SweepWork, run_exact_sweep
+from .matching import cheapest
 from .stats import Bootstrap
 from .trace import Trace, resolve_cache
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..model.checkpoint import read_safetensors
 from ..exits.policies import ConvergenceExit, LatentDiff, LinearRouter, Policy
+from ..model.checkpoint import read_safetensors
 from ..settings import SETTINGS
 from .matching import cheapest
 from .stats import Bootstrap

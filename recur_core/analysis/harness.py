@@ -36,12 +36,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..exits.policies import Policy
+from ..exits.readout import readout_stats
+from ..exits.signals import LoopSignals, loop_readout, readout_fields
 from ..model.checkpoint import Checkpoint, resolve_model
 from ..model.looped_lm import LoopedLM, take_rows
 from .parallel import map_batches
-from ..exits.policies import Policy
-from ..exits.signals import LoopSignals, loop_readout, readout_fields
-from ..exits.readout import readout_stats
 from .trace import NO_TARGET, progress_bar, split_inputs
 
 

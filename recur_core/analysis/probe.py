@@ -33,12 +33,12 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from ..exits.policies import ConvergenceExit, Uniform
+from ..model.checkpoint import Checkpoint, model_id, resolve_model
+from .cache import CacheCorrupt, TraceCache, read_arrays, write_arrays
 from .curves import EPS_GRID, fast_sums
 from .matching import cheapest
-from .cache import CacheCorrupt, TraceCache, read_arrays, write_arrays
-from ..model.checkpoint import Checkpoint, model_id, resolve_model
 from .parallel import map_batches
-from ..exits.policies import ConvergenceExit, Uniform
 from .trace import Trace, progress_bar, resolve_cache, split_inputs, trace_batch
 
 LABEL_KINDS = ("argmax", "kl", "argmax_any", "kl_any")

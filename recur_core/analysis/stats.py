@@ -18,7 +18,6 @@ import numpy as np
 from ..settings import SETTINGS
 
 
-
 @dataclass
 class Estimate:
     """A point estimate with its bootstrap interval (floats, or arrays of one shape)."""

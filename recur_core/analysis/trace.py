@@ -34,11 +34,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .cache import TraceCache, trace_key
+from ..exits.signals import cosine_change, loop_readout, relative_change
 from ..model.checkpoint import Checkpoint, model_id, resolve_model
 from ..model.looped_lm import LoopedLM
+from .cache import TraceCache, trace_key
 from .parallel import map_batches
-from ..exits.signals import cosine_change, loop_readout, relative_change
 
 TRACE_FORMAT_VERSION = 2  # 2: kl_prev_reverse and cosine_change
 LOOP_FIELDS = ("kl_prev", "state_change", "ce", "entropy", "argmax", "top1_prob", "kl_prev_reverse", "cosine_change")

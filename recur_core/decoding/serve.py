@@ -36,8 +36,8 @@ from __future__ import annotations
 import time
 from collections import deque
 from contextlib import contextmanager
-from itertools import groupby
 from dataclasses import dataclass, field
+from itertools import groupby
 
 import numpy as np
 import torch
@@ -47,8 +47,16 @@ from ..exits.policies import Policy, Uniform
 from ..exits.signals import cosine_change, readout_signals, relative_change
 from ..model.checkpoint import resolve_model
 from ..settings import SETTINGS
-from .decode import (Decoder, HaltSchedule, check_chunk, check_lengths, default_max_loops, encode_prompt,
-                     sample_next, takes_argmax)
+from .decode import (
+    Decoder,
+    HaltSchedule,
+    check_chunk,
+    check_lengths,
+    default_max_loops,
+    encode_prompt,
+    sample_next,
+    takes_argmax,
+)
 from .kv import GatherKV, LoopKVCache, key_chunks, kv_rule
 
 

@@ -6,7 +6,6 @@ import json
 import math
 from dataclasses import dataclass
 
-
 VARIANT_FIELDS = ("outer_blocks", "prelude_norm", "qk_bias", "rope_layout", "embed_scale", "state_init",
                   "coda_input_norm")
 

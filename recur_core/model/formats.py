@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import Checkpoint, CheckpointError, load_native, read_meta, stored_dtype_name
+from .checkpoint import META, Checkpoint, CheckpointError, load_native, read_meta, stored_dtype_name
 from .huginn import describe_huginn, is_huginn_dir, load_huginn
 
 
@@ -39,7 +39,7 @@ def describe_folder(path: str | Path) -> dict:
         raise CheckpointError(f"{path}: no such folder")
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a folder")
-    if not (path / "meta.json").is_file() and is_huginn_dir(path):
+    if not (path / META).is_file() and is_huginn_dir(path):
         return describe_huginn(path)
     meta = read_meta(path)
     if "dtype" not in meta and (dtype := stored_dtype_name(path)):

@@ -39,8 +39,16 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import (CONFIG, TOKENIZER, Checkpoint, CheckpointError, check_state_dict, checkpoint_id,
-                         refuse_pickle, resolve_dtype)
+from .checkpoint import (
+    CONFIG,
+    TOKENIZER,
+    Checkpoint,
+    CheckpointError,
+    check_state_dict,
+    checkpoint_id,
+    refuse_pickle,
+    resolve_dtype,
+)
 from .config import ModelConfig
 from .looped_lm import LoopedLM
 

@@ -12,7 +12,6 @@ Both are written atomically, so a run killed at any moment keeps its last comple
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import signal
@@ -29,10 +28,10 @@ from tqdm import tqdm
 
 from recur_core.model.checkpoint import (
     EVAL_WINDOWS,
-    META,
     METRICS,
     PROBE_WINDOWS,
     TOKENIZER,
+    read_meta,
     recover_interrupted,
     save_checkpoint,
 )
@@ -276,7 +275,7 @@ class Trainer:
 
     def _recorded_holdout_below(self) -> int:
         """The hashed hold-out of the run being resumed (its meta.json records an enlarged one)."""
-        meta = json.loads((self._latest() / META).read_text())
+        meta = read_meta(self._latest())
         return meta.get("validation", {}).get("hold_out_rank_below", USUAL_HOLDOUT_BELOW)
 
     def _too_little_validation(self, n_windows: int, window_len: int) -> DataError:

@@ -14,7 +14,7 @@
     Goal: ours <= 1.3x (no second full copy).
 (b) Trace. A synthetic Huginn-format model of about 100M parameters (d 768, 12 heads, FFN 2048,
     2 / 4 / 2 blocks, vocabulary 65,536) traces one 256-token text over 32 loops with the readout
-    statistics (recur_core.trace.trace, top-5, no cache). Printed: time, matmul FLOPs per loop
+    statistics (recur_core.analysis.trace.trace, top-5, no cache). Printed: time, matmul FLOPs per loop
     (counted: adapter, core and coda blocks, causal attention, and the LM head over h and h_prev,
     which the readout multiplies together), the achieved FLOP rate, and the fraction of the matmul
     peak measured in the same run (best of 5 float32 2048^3 torch.mm, same threads).

@@ -1,6 +1,6 @@
 """The calibrators the decoding benchmarks match exit thresholds with, teacher-forced on held-out
 eval windows and memoised per policy: LossCalibrator scores a policy by its loss, AccuracyCalibrator
-(a checkpoint with ground truth) by its answer accuracy. Both search with bench.matching."""
+(a checkpoint with ground truth) by its answer accuracy. Both search with recur_core.analysis.matching."""
 from __future__ import annotations
 
 import time

@@ -42,7 +42,7 @@ def generation_cost(cost: CostModel, gen, policy: Policy, check_every: int = 1) 
     return total
 
 
-def served_cost(cost: CostModel, completions, policy) -> float:
+def served_cost(cost: CostModel, completions, policy: Policy) -> float:
     """FLOP proxy of a pool's completions: each one's decode steps (generation_cost) plus its prefill,
     each prompt position charged the core loops and readouts the pool ran it for
     (Completion.prompt_row_loops / _readouts)."""
@@ -54,10 +54,10 @@ def served_cost(cost: CostModel, completions, policy) -> float:
     return total
 
 
-def program_cost(cost: CostModel, exits: list[list[int]], policy) -> float:
+def program_cost(cost: CostModel, exits: list[list[int]], policy: Policy) -> float:
     """FLOP proxy of teacher-forced decoding of programs whose tokens exit at these loops under `policy`."""
     total = 0.0
-    reads_every_loop = getattr(policy, "needs_readout", False)
+    reads_every_loop = policy.needs_readout
     checks = not isinstance(policy, Uniform)
     for program in exits:
         for t, loops in enumerate(program):

@@ -1,6 +1,6 @@
 """Generate: decoding with real per-token halting; each new token is coloured by its exit depth.
 
-A thin view over recur_core.decode.generate (one prompt) and recur_core.decoding.serve (several prompts at
+A thin view over recur_core.decoding.decode.generate (one prompt) and recur_core.decoding.serve (several prompts at
 once: a pool whose tokens sit at different loops share one core step). The chosen policy decodes,
 then uniform depth r̄ runs the same prompts with the same sampling, for tokens/s side by side.
 """

@@ -4,7 +4,7 @@ Steps: train (or load from the cache) the A2 probes on the checkpoint's training
 label kinds; the KL labels' ε tied to A1's matched ε there), trace the first --windows validation
 windows once to --max-loops (with the probes' chances) for elasticity, convergence, token classes and
 the fast allocation curves, then run every ε / τ of the allocation sweep exactly in the masking
-harness (one batched pass, recur_core.harness.run_exact_sweep). The headline allocation numbers
+harness (one batched pass, recur_core.analysis.harness.run_exact_sweep). The headline allocation numbers
 (`allocation`) are the exact ones; `allocation_fast` holds the fast path's and `fast_minus_exact`
 the gap per policy. --fast-only skips the harness. Keys of report.json: docs/REPORT_KEYS.md.
 """

@@ -1,4 +1,4 @@
-"""The pool's ragged attention (recur_core.kv.GatherKV, key_chunks): rows sorted by position and cut
+"""The pool's ragged attention (recur_core.decoding.kv.GatherKV, key_chunks): rows sorted by position and cut
 into chunks give every row exactly the attention it would get alone, over its own slab up to its
 own position (float64 per-row reference, odd shapes)."""
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The Ground truth page's cached calls and figures: exit policies against known hop counts.
 
 Only for checkpoints that carry ground truth (training/hops.py; recur_core.analysis.ground_truth). The
-eval-set numbers are `recur_core.ground_truth.ground_truth_section` on the same trace and grids as
+eval-set numbers are `recur_core.analysis.ground_truth.ground_truth_section` on the same trace and grids as
 `python -m recur_core.analyze`, so the page and report.json agree.
 """
 from __future__ import annotations

@@ -15,7 +15,7 @@ KV-cache slab their attention reads, (their sequence, their loop, the layer), di
      prefill_chunk, one chunk of positions after another, so it adds at most that many rows);
   2. tokens sampled on the previous step enter: one batched prelude over them;
   3. every in-flight row runs one core loop, whatever its loop index, in one batched
-     `model.core_step`; row n reads and writes its own slab (recur_core.kv.GatherKV: keys gathered
+     `model.core_step`; row n reads and writes its own slab (recur_core.decoding.kv.GatherKV: keys gathered
      per row and masked at the row's position, rows in chunks sorted by position, kv.key_chunks);
   4. rows whose policy reads out (A1) at this loop go through one batched coda + head; each
      sequence's policy decides who halts (one call per policy for all its rows when it takes a

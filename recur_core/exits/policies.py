@@ -61,7 +61,7 @@ class Exits:
 
 
 class RouterProbe(Protocol):
-    """What LinearRouter needs from a probe (recur_core.probe.Probe implements it)."""
+    """What LinearRouter needs from a probe (recur_core.analysis.probe.Probe implements it)."""
 
     probe_id: str
 

@@ -140,7 +140,9 @@ class RecurLM(TemplateLM):
         self.eos = self.tok.token_to_id(EOS)
         self.add_bos = bool(add_bos) and self.eos is not None
         self.max_length = self.ckpt.model.cfg.max_seq_len
-        self.loops_by_task: dict[str, list[int]] = {}
+        self.loops_by_task: dict[str, list[int]] = {}  # exit loops of the scored (or generated) tokens
+        self.run_loops_by_task: dict[str, list[int]] = {}  # of every position run (shared ones once)
+        self._task = ""
         self._device = torch.device(device)
 
     # -- tokens --------------------------------------------------------------------------------------
@@ -175,30 +177,43 @@ class RecurLM(TemplateLM):
             bar.total = total
             bar.update(done - bar.n)
 
-        scores = score_requests(self.ckpt, requests, self.policy, kv_rule=self.kv_rule, seed=self.seed,
-                                max_loops=self.cap, batch_size=self.batch_size, mode=self.mode,
-                                check_every=self.check_every, pad_id=self.eos or 0, progress=progress)
+        scoring = score_requests(self.ckpt, requests, self.policy, kv_rule=self.kv_rule, seed=self.seed,
+                                 max_loops=self.cap, batch_size=self.batch_size, mode=self.mode,
+                                 check_every=self.check_every, pad_id=self.eos or 0, progress=progress)
         bar.close()
-        return scores
+        self.run_loops_by_task.setdefault(self._task, []).extend(scoring.run_loops)
+        return scoring.scores
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs):
         pairs = [(self._with_bos(list(context)), list(continuation)) for _, context, continuation in requests]
         return [LoopScored(s.logprob, s.greedy, s.loops) for s in self._score(pairs, disable_tqdm)]
 
-    def _record(self, instances, results) -> None:
-        for inst, res in zip(instances, results, strict=True):
-            self.loops_by_task.setdefault(inst.task_name or "", []).extend(res.loops)
+    def _by_task(self, requests, score) -> list:
+        """score(requests of one task) for each task's requests (runs are shared within a task only, so
+        each task's compute is its own); results in the order of requests."""
+        groups: dict[str, list[int]] = {}
+        for i, req in enumerate(requests):
+            groups.setdefault(req.task_name or "", []).append(i)
+        results = [None] * len(requests)
+        for task, idx in groups.items():
+            self._task = task
+            for i, res in zip(idx, score([requests[i] for i in idx]), strict=True):
+                results[i] = res
+        return results
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):
-        results = super().loglikelihood(requests, disable_tqdm=disable_tqdm)
-        self._record(requests, results)
-        for (context, continuation), res in zip((r.args for r in requests), results, strict=True):
-            self.cache_hook.add_partial("loglikelihood", (context, continuation), res)
+        results = self._by_task(requests, lambda reqs: super(RecurLM, self).loglikelihood(reqs, disable_tqdm))
+        for req, res in zip(requests, results, strict=True):
+            self.loops_by_task.setdefault(req.task_name or "", []).extend(res.loops)
+            self.cache_hook.add_partial("loglikelihood", req.args, res)
         return results
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
         """The whole string scored in disjoint windows of the model's context (lm-eval's rolling scheme),
         each window teacher-forced with per-token halting."""
+        return self._by_task(requests, lambda reqs: self._rolling(reqs, disable_tqdm))
+
+    def _rolling(self, requests, disable_tqdm: bool):
         pairs, owner = [], []
         for i, req in enumerate(requests):
             ids = self.tok_encode(req.args[0])
@@ -212,9 +227,8 @@ class RecurLM(TemplateLM):
         for i, s in zip(owner, scores, strict=True):
             totals[i] += s.logprob
             loops[i].extend(s.loops)
-        results = [LoopScored(t, False, lp) for t, lp in zip(totals, loops, strict=True)]
-        self._record(requests, results)
-        for req, total in zip(requests, totals, strict=True):
+        for req, total, lp in zip(requests, totals, loops, strict=True):
+            self.loops_by_task.setdefault(req.task_name or "", []).extend(lp)
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
         return totals
 
@@ -242,16 +256,21 @@ class RecurLM(TemplateLM):
             cut = min([text.index(s) for s in until if s and s in text], default=len(text))
             out.append(text[:cut])
             self.loops_by_task.setdefault(req.task_name or "", []).extend(gen.exit_loops)
+            self.run_loops_by_task.setdefault(req.task_name or "", []).extend(gen.prompt_exit_loops + gen.exit_loops[1:])
             self.cache_hook.add_partial("generate_until", req.args, text[:cut])
         return out
 
     # -- what the results report -----------------------------------------------------------------------
-    def mean_loops(self) -> dict[str, float]:
-        """Mean exit loop per scored (or generated) token, per task."""
-        return {task: (sum(v) / len(v) if v else math.nan) for task, v in self.loops_by_task.items()}
-
     def get_model_info(self) -> dict:
+        """results["config"]["recur"]: the policy, and per task the mean exit loop of the scored (or
+        generated) tokens (`mean_loops`) and of every position the model ran (`mean_loops_run`, context
+        included, each shared position once: the compute)."""
+        def means(loops: dict[str, list[int]]) -> dict[str, float]:
+            return {task: (sum(v) / len(v) if v else math.nan) for task, v in loops.items()}
+
         return {"recur": {"checkpoint": str(self.ckpt.path), "checkpoint_id": self.ckpt.checkpoint_id,
                           "policy": repr(self.policy), "kv_rule": self.kv_rule, "mode": self.mode,
-                          "seed": self.seed, "max_loops": self.cap, "mean_loops": self.mean_loops(),
-                          "scored_tokens": {t: len(v) for t, v in self.loops_by_task.items()}}}
+                          "seed": self.seed, "max_loops": self.cap, "mean_loops": means(self.loops_by_task),
+                          "scored_tokens": {t: len(v) for t, v in self.loops_by_task.items()},
+                          "mean_loops_run": means(self.run_loops_by_task),
+                          "run_tokens": {t: len(v) for t, v in self.run_loops_by_task.items()}}}

@@ -75,9 +75,18 @@ def group_runs(inputs: list[tuple[int, ...]]) -> tuple[list[tuple[int, ...]], li
     return runs, [run_of[seq] for seq in inputs]
 
 
+@dataclass
+class Scoring:
+    """What `score_requests` returns: a Score per request, and the exit loop of every position the
+    runs computed (each shared position once): the compute the requests cost."""
+
+    scores: list[Score]
+    run_loops: list[int]
+
+
 def score_requests(ckpt, requests: list[Request], policy: Policy, *, kv_rule: str = SETTINGS.kv_rule,
                    seed: int = SETTINGS.seed, max_loops: int | None = None, batch_size: int = 16,
-                   mode: str = "decode", check_every: int = 1, pad_id: int = 0, progress=None) -> list[Score]:
+                   mode: str = "decode", check_every: int = 1, pad_id: int = 0, progress=None) -> Scoring:
     """Score every request under `policy` (see the module docstring); progress(done_runs, runs) is
     called after each batch."""
     runs, run_of = group_runs([r.inputs for r in requests])
@@ -86,6 +95,7 @@ def score_requests(ckpt, requests: list[Request], policy: Policy, *, kv_rule: st
         by_run.setdefault(run, []).append(i)
     order = sorted(range(len(runs)), key=lambda r: -len(runs[r]))
     scores: list[Score | None] = [None] * len(requests)
+    run_loops: list[int] = []
     done = 0
     while done < len(order):
         longest = len(runs[order[done]])
@@ -99,12 +109,13 @@ def score_requests(ckpt, requests: list[Request], policy: Policy, *, kv_rule: st
                             mode=mode, keep_logits=True, check_every=check_every, noise_rows=[0] * len(batch))
         logp = torch.log_softmax(tf.logits, dim=-1)
         for row, run in enumerate(batch):
+            run_loops.extend(tf.exit_loop[row, :len(runs[run])].tolist())
             for i in by_run[run]:
                 scores[i] = _read_off(logp[row], tf.exit_loop[row], requests[i])
         done += len(batch)
         if progress is not None:
             progress(done, len(runs))
-    return scores
+    return Scoring(scores, run_loops)
 
 
 def _read_off(logp: torch.Tensor, exit_loop: torch.Tensor, request: Request) -> Score:

@@ -74,6 +74,7 @@ def test_simple_evaluate_offline_reports_acc_and_mean_loops(hops_ckpt, tiny_task
     assert recur["scored_tokens"]["tiny_hops_qa"] == 10 * 10  # 10 documents x 10 one-token choices
     assert 1 <= res["mean_loops,none"] <= recur["max_loops"]
     assert res["mean_loops,none"] == pytest.approx(recur["mean_loops"]["tiny_hops_qa"])
+    assert 1 <= recur["mean_loops_run"]["tiny_hops_qa"] <= recur["max_loops"]
 
 
 @pytest.mark.parametrize("policy,args", [("a1", dict(threshold=1e-3)), ("latent", dict(threshold=0.01)),
@@ -101,8 +102,12 @@ def test_loglikelihoods_equal_teacher_forced_scoring(hops_ckpt, policy, args):
         assert res[1] == bool((tf.logits[0, scored].argmax(-1) == torch.tensor(cont)).all())
         assert res.loops == tuple(tf.exit_loop[0, scored].tolist())
         exits_seen.update(res.loops)
+    info = lm.get_model_info()["recur"]
     if policy == "uniform":
-        assert exits_seen == {2}
+        assert exits_seen == {2} and info["mean_loops_run"]["t"] == 2
+    # the runs: one per distinct input that extends no other, each position counted once
+    inputs = {tuple([lm.eos] + sum(lm._encode_pair(*r.args), [])[:-1]) for r in reqs}
+    assert info["run_tokens"]["t"] == sum(len(x) for x in inputs if not any(o != x and o[:len(x)] == x for o in inputs))
     if policy == "latent":  # on this tiny model A1 halts nearly every token at one loop; the latent rule does not
         assert len(exits_seen) > 1, "the policy should halt tokens at different loops here"
 

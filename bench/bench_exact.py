@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from recur_core import load_checkpoint
-from recur_core.analysis.curves import allocation_families
+from recur_core.analysis.allocation import allocation_families
 from recur_core.analysis.harness import SweepWork, run_exact_sweep
 from recur_core.analysis.probe import load_or_train_probes
 

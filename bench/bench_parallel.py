@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from recur_core import load_checkpoint
-from recur_core.analysis.curves import allocation_families
+from recur_core.analysis.allocation import allocation_families
 from recur_core.analysis.harness import run_exact_sweep
 from recur_core.analysis.trace import trace
 from recur_core.settings import SETTINGS

@@ -11,7 +11,7 @@ st.caption("Each policy traced as (mean loops per token, loss). **A0** gives eve
            "token once KL(p_i ‖ p_{i−1}) < ε (first check at loop 2, the paper's convention: loop 1's KL compares "
            "with the readout of the noise state); **A2** stops it once a linear probe on the core state predicts no "
            "further change (τ), with four label kinds (argmax or KL ≥ label ε; at the next loop or any later one). "
-           "**Exact** (the masking harness, every ε / τ in one batched pass) gives the headline numbers, as in "
+           "**Exact** (the masking harness, on the points that decide the headline numbers) gives them, as in "
            "report.json; **fast** (each token scored at its exit loop of one uniform trace) is what the ε slider "
            "looks up instantly.")
 
@@ -19,7 +19,7 @@ ids = state.source_picker(m)
 if ids is False:
     st.stop()
 n_exact = 1 if ids is not None else compute.S.windows
-cached = compute.exact_cached(*m.key, ids, m.r_max, n_exact)
+cached = compute.exact_cached(*m.key, ids, m.r_max, m.r_bar, n_exact)
 mode = st.segmented_control("Evaluation", ["exact", "fast"], default="exact" if cached else "fast", key="eval_mode",
                             required=True,
                             format_func={"fast": "Fast (trace: score each token at its exit loop)",

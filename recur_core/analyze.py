@@ -1,12 +1,14 @@
 """`python -m recur_core.analyze CKPT`: the paper's measurements on a checkpoint, as report.json.
 
 Steps: train (or load from the cache) the A2 probes on the checkpoint's training-side windows (four
-label kinds; the KL labels' ε tied to A1's matched ε there), trace the first --windows validation
-windows once to --max-loops (with the probes' chances) for elasticity, convergence, token classes and
-the fast allocation curves, then run every ε / τ of the allocation sweep exactly in the masking
-harness (one batched pass, recur_core.analysis.harness.run_exact_sweep). The headline allocation numbers
-(`allocation`) are the exact ones; `allocation_fast` holds the fast path's and `fast_minus_exact`
-the gap per policy. --fast-only skips the harness. Keys of report.json: docs/REPORT_KEYS.md.
+label kinds; the KL labels' ε tied to A1's matched ε there, on answer accuracy where the windows have
+ground truth), trace the first --windows validation windows once to --max-loops (with the probes'
+chances) for elasticity, convergence, token classes and the fast allocation curves, then run the
+exact plan in the masking harness (recur_core.analysis.allocation: the points that decide every
+headline number, one batched pass per round). The headline numbers (`allocation`, and on a
+checkpoint with ground truth `ground_truth`) are exact; `allocation_fast` / `ground_truth_fast` hold
+the fast path's and `fast_minus_exact` the gap. --fast-only skips the harness. Keys of report.json:
+docs/REPORT_KEYS.md.
 """
 from __future__ import annotations
 
@@ -17,21 +19,21 @@ import sys
 import time
 from pathlib import Path
 
+from .analysis.allocation import allocation, operating_threshold
 from .analysis.cache import TraceCache
 from .analysis.curves import (
     MOVING_KL,
-    allocation,
     convergence,
     elasticity,
     fast_minus_exact,
     json_safe,
-    operating_threshold,
     token_classes,
     vocab_classes,
 )
-from .analysis.ground_truth import eos_id, ground_truth_section, load_ground_truth, print_ground_truth
+from .analysis.ground_truth import eos_id, ground_truth_section, load_ground_truth, print_ground_truth, probe_answers
+from .analysis.ground_truth import fast_minus_exact as gt_fast_minus_exact
 from .analysis.harness import SweepWork
-from .analysis.probe import LABEL_EPS_A1, load_or_train_probes
+from .analysis.probe import LABEL_EPS_A1, ProbeSet, load_or_train_probes
 from .analysis.stats import Bootstrap
 from .analysis.trace import trace
 from .exits.policies import ConvergenceExit
@@ -64,7 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--a1-first-check", type=int, choices=(1, 2), default=ConvergenceExit.FIRST_CHECK,
                    help="first loop at which A1 may exit: 2 (default, the paper's) or 1 (KL against the noise readout)")
     p.add_argument("--fast-only", action="store_true",
-                   help="skip the masking harness: allocation numbers from the trace (fast path) only")
+                   help="skip the masking harness: allocation and ground truth from the trace (fast path) only")
     p.add_argument("--cache-dir", default=None, help="trace/probe cache (default $RECUR_CACHE_DIR or ~/.cache/recur_core)")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     p.add_argument("--export-trace", action="store_true", help="also write trace.parquet (one row per token x loop)")
@@ -94,8 +96,9 @@ def main(argv=None) -> dict:
 
     t0 = time.perf_counter()
     probes = load_or_train_probes(ckpt, r_max, args.seed, label_eps=args.label_eps, r_bar=r_bar,
-                                  n_windows=args.probe_windows, tokens_per_window=args.probe_tokens, cache=cache,
-                                  progress=True) if r_max >= 2 else {}
+                                  n_windows=args.probe_windows, tokens_per_window=args.probe_tokens,
+                                  answers=probe_answers(args.checkpoint, args.probe_windows), cache=cache,
+                                  progress=True) if r_max >= 2 else ProbeSet({})
     timing["probes_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -132,7 +135,8 @@ def main(argv=None) -> dict:
         "elasticity": elasticity(tr, boot),
         "convergence": convergence(tr, boot),
         "allocation": {**headline["report"], "path": headline["path"],
-                       "probes": {k: {**p.metrics, "label_eps": p.label_eps} for k, p in probes.items()}},
+                       "probes": {k: {**p.metrics, "label_eps": p.label_eps} for k, p in probes.items()},
+                       "probes_refused": probes.refused},
         "allocation_fast": {**fast["report"], "path": "fast"},
         "token_classes": {"eps": class_eps, "path": "fast", **token_classes(
             tr, vocab_classes(ckpt.tokenizer(), ckpt.config.vocab_size),
@@ -140,8 +144,16 @@ def main(argv=None) -> dict:
     }
     gt = load_ground_truth(args.checkpoint)
     if gt is not None:  # a checkpoint whose answer tokens have known hop counts (training/hops.py)
-        report["ground_truth"] = ground_truth_section(tr, *gt, eos_id(ckpt.tokenizer()), r_max, r_bar, boot,
-                                                      probes, SETTINGS.eps_grid, SETTINGS.tau_grid)
+        t0 = time.perf_counter()
+        section = lambda exact: ground_truth_section(  # noqa: E731
+            tr, *gt, eos_id(ckpt.tokenizer()), r_max, r_bar, boot, probes, SETTINGS.eps_grid, SETTINGS.tau_grid,
+            exact=exact, cache=cache, progress=True)
+        fast_gt = section(None)
+        report["ground_truth"] = fast_gt if args.fast_only else section((ckpt, windows))
+        if not args.fast_only:
+            report["ground_truth_fast"] = {**fast_gt, "fast_minus_exact": gt_fast_minus_exact(fast_gt,
+                                                                                              report["ground_truth"])}
+        timing["ground_truth_s"] = time.perf_counter() - t0
     if exact is not None:
         report["fast_minus_exact"] = fast_minus_exact(fast["curves"], exact["curves"], boot)
         report["exact_work"] = work.as_dict()
@@ -208,7 +220,7 @@ def print_tables(report: dict, file) -> None:
         c = tc[name]
         p(f"  {name:12s} {_ci(c['mean_exit_depth'], c['ci_low'], c['ci_high'], 2)}   ({c['n_tokens']} tokens)")
     if "ground_truth" in report:
-        print_ground_truth(report["ground_truth"], p)
+        print_ground_truth(report["ground_truth"], p, report.get("ground_truth_fast"))
     if "fast_minus_exact" in report:
         print_gaps(report, p)
 

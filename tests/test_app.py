@@ -203,10 +203,10 @@ def test_curve_page_defaults_to_paired_differences_from_a0(app_env):
 
 
 def test_curve_slider_only_looks_the_sweep_up(app_env, monkeypatch):
-    from recur_core.analysis import curves as analysis
+    from recur_core.analysis import allocation as alloc
     calls = []
-    real = analysis.allocation
-    monkeypatch.setattr(analysis, "allocation", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = alloc.allocation
+    monkeypatch.setattr(alloc, "allocation", lambda *a, **k: calls.append(1) or real(*a, **k))
     at = goto(new_app(), "curve")
     swept = len(calls)  # 0 when an earlier test already filled the cache, else 1
     assert swept <= 1

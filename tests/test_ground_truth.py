@@ -7,7 +7,8 @@ import pytest
 from tiny import make_tiny_hops_checkpoint
 
 from recur_core.analysis.ground_truth import load_ground_truth, spearman
-from training.hops_card import learned_line
+from recur_core.model.checkpoint import read_safetensors
+from training.hops_card import goals, learned_line
 
 ANALYZE_ARGS = ["--windows", "12", "--max-loops", "6", "--n-boot", "40", "--probe-windows", "8",
                 "--probe-tokens", "16", "--no-cache", "--batch-size", "12"]
@@ -42,7 +43,15 @@ def test_analyze_adds_the_ground_truth_section(hops_ckpt, tmp_path):
     for h in gt["hop_counts"]:
         accs = gt["uniform"]["accuracy_by_hops"][str(h)]
         assert len(accs) == 6 and all(0 <= a <= 1 for a in accs)
-    assert set(gt["policies"]) == {"A1", "latent", "A2_argmax", "A2_kl", "A2_argmax_any", "A2_kl_any"}
+    assert gt["path"] == "exact" and report["ground_truth_fast"]["path"] == "fast"
+    kinds = {k for k in gt["policies"] if k.startswith("A2_")} | {f"A2_{k}" for k in report["allocation"]["probes_refused"]}
+    assert kinds == {"A2_argmax", "A2_kl", "A2_argmax_any", "A2_kl_any"}
+    assert {"A1", "latent", "huginn_kl", "huginn_entropy", "huginn_cosine", "huginn_argmax"} <= set(gt["policies"])
+    fast = report["ground_truth_fast"]
+    assert set(fast["policies"]) == set(gt["policies"]) == set(fast["fast_minus_exact"])
+    for name, gap in fast["fast_minus_exact"].items():
+        assert gap["mean_loops"] == pytest.approx(fast["policies"][name]["mean_loops"] - gt["policies"][name]["mean_loops"])
+    assert fast["uniform"] == gt["uniform"]  # uniform depth: the same on both paths
     for pol in gt["policies"].values():
         assert {"threshold", "answer_accuracy", "mean_loops", "exit_depth_by_hops", "spearman_exit_vs_hops",
                 "vs_a0_rbar_loops_ratio", "vs_best_uniform_loops_ratio", "accuracy_by_hops", "curve"} <= set(pol)
@@ -57,13 +66,48 @@ def test_analyze_adds_the_ground_truth_section(hops_ckpt, tmp_path):
     keys = [k for k in cli.documented_keys() if k.startswith("ground_truth")]
     assert len(keys) > 25
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cli, "PLACEHOLDERS", {"<policy>": ["A1", "latent", "A2_argmax", "A2_kl"],
+        mp.setattr(cli, "PLACEHOLDERS", {"<policy>": ["A1", "latent", "huginn_argmax"],
                                          "<h>": [str(h) for h in gt["hop_counts"]]})
         for key in keys:
             cli.check_path(report, key.split("."), "")
     best = gt["best_uniform_depth"]
     assert gt["uniform"]["answer_accuracy"][best - 1] >= gt["target_accuracy"]
     assert all(a < gt["target_accuracy"] for a in gt["uniform"]["answer_accuracy"][:best - 1])
+    # the target is on the trained hop counts only: extrapolation answers do not move it
+    trained = (answer_hops > 0) & (answer_hops <= max_train)
+    assert gt["n_trained_answers"] == int(trained.sum()) < gt["n_answers"]
+
+
+def test_exact_ground_truth_equals_a_naive_run_per_policy(hops_ckpt):
+    """Every threshold of every family, exact: answer accuracy and mean loops equal one full-width
+    masking-harness run of that policy alone (test_harness.naive_exact)."""
+    from test_harness import naive_exact
+
+    from recur_core import load_checkpoint
+    from recur_core.analysis.ground_truth import (
+        answer_hops,
+        eos_id,
+        ground_truth_section,
+        operating_point_families,
+        program_mask,
+    )
+    from recur_core.analysis.stats import Bootstrap
+    from recur_core.analysis.trace import trace
+    ckpt = load_checkpoint(hops_ckpt)
+    windows, (hops, max_train), loops = ckpt.windows("eval")[:6].numpy(), load_ground_truth(hops_ckpt), 5
+    tr = trace(ckpt, windows, loops, seed=3, cache=False)
+    eps_grid = (0.0, 1e-3, 0.05, float("inf"))
+    gt = ground_truth_section(tr, hops, max_train, eos_id(ckpt.tokenizer()), loops, 3, Bootstrap(6, 20), None,
+                              eps_grid, (), exact=(ckpt, windows))
+    assert gt["path"] == "exact"
+    ah, program = answer_hops(tr, hops), program_mask(tr, eos_id(ckpt.tokenizer()))
+    trained = (ah > 0) & (ah <= max_train)
+    for name, family in operating_point_families(loops, None, eps_grid, ()).items():
+        for policy, point in zip(family, gt["policies"][name]["curve"], strict=True):
+            _, depth, _, argmax = naive_exact(ckpt.model, windows, policy.private(), loops, seed=3)
+            assert point["threshold"] == policy.threshold
+            assert point["mean_loops"] == pytest.approx(float(depth[program].mean())), repr(policy)
+            assert point["answer_accuracy"] == pytest.approx(float((argmax == tr.targets)[trained].mean())), repr(policy)
 
 
 def test_checkpoints_without_ground_truth_have_no_section(tiny_ckpt, tmp_path):
@@ -87,6 +131,11 @@ def test_export_writes_the_hops_card(hops_ckpt, tmp_path):
     assert [g["met"] for g in out["goals"]] == [g["met"] for g in card["goals"]] and len(card["goals"]) == 4
     gt = card["ground_truth"]
     assert gt["max_train_hops"] == 3 and gt["n_programs"] == 128 and gt["uniform"]["loops"][-1] == 32
+    # the verdicts are judged on the exact section; the fast one stands beside it in the table
+    assert gt["path"] == "exact" and gt["fast"]["path"] == "fast"
+    assert [g["met"] for g in card["goals"]] == [ok for _, _, ok in goals(gt)]
+    assert "Exit policies against the hop counts (exact" in readme and "fast path: loops, acc., Spearman" in readme
+    assert load_ground_truth(dst) is not None and "probe_hops" in read_safetensors(dst / "ground_truth.safetensors")
     for h in gt["hop_counts"]:  # every row of the table is printed from card.json's numbers
         row = "| " + str(h) + (" (unseen)" if h > 3 else "") + f" | {gt['n_answers_by_hops'][str(h)]} | "
         assert row in readme

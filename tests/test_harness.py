@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from recur_core.analysis.curves import exact_curves, fast_curve, fast_minus_exact
+from recur_core.analysis.allocation import exact_plan
+from recur_core.analysis.curves import fast_curve, fast_minus_exact
 from recur_core.analysis.harness import run_exact
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
@@ -70,8 +71,9 @@ def test_frozen_tokens_stay_in_the_context(ckpt, windows, tr):
 def test_fast_minus_exact_per_policy(ckpt, windows, tr):
     boot = Bootstrap(4, 50)
     families = {"A0": [Uniform(2), Uniform(R_MAX)], "A1": [ConvergenceExit(1e-3, r_max=R_MAX), ConvergenceExit(0.0, r_max=R_MAX)]}
-    exact = exact_curves(ckpt, windows, families, R_MAX, 2, boot)
     fast = {name: fast_curve(tr, name, policies, boot) for name, policies in families.items()}
+    exact = exact_plan(ckpt, windows, families, fast, 2, R_MAX, 2, boot)
+    assert exact["A1"].thresholds == [1e-3, 0.0]  # two-point grids: every point is in the plan
     gap = fast_minus_exact(fast, exact, boot)
     for row in gap["A0"] + gap["A1"][1:]:  # uniform depth (and eps 0 = r_max): both paths agree
         assert row["gap_loss"]["value"] == pytest.approx(0.0, abs=1e-5)
@@ -114,7 +116,8 @@ def naive_exact(model, windows, policy, max_loops, seed):
         met = policy.rule_met(loop, signals) & ~frozen
         halt = met | ~frozen if loop == cap else met
         depth[halt], conv, frozen, state = loop, conv | met, frozen | halt, new
-    return readout_stats(model.coda(state), model.head_weight, targets).ce.numpy(), depth.numpy(), conv.numpy()
+    final = readout_stats(model.coda(state), model.head_weight, targets)
+    return final.ce.numpy(), depth.numpy(), conv.numpy(), final.argmax.numpy()
 
 
 def test_sweep_equals_one_run_per_policy(ckpt, windows):
@@ -130,10 +133,11 @@ def test_sweep_equals_one_run_per_policy(ckpt, windows):
     work = SweepWork()
     results = run_exact_sweep(ckpt, windows, policies, R_MAX, seed=2, batch_size=3, window_group=3, work=work)
     for policy, got in zip(policies, results):
-        ce, depth, conv = naive_exact(ckpt.model, windows, policy, R_MAX, seed=2)
+        ce, depth, conv, argmax = naive_exact(ckpt.model, windows, policy, R_MAX, seed=2)
         np.testing.assert_array_equal(got.exit_depth, depth, err_msg=repr(policy))
         np.testing.assert_array_equal(got.converged, conv, err_msg=repr(policy))
         np.testing.assert_allclose(got.ce, ce, rtol=1e-4, atol=1e-5, err_msg=repr(policy))
+        np.testing.assert_array_equal(got.argmax, argmax, err_msg=repr(policy))
     # the thresholds shared lanes: far less work than one run per policy
     assert 0 < work.lane_loops < work.naive_window_loops / 2
     assert work.token_loops <= work.lane_loops * windows.shape[1] - 1
@@ -154,3 +158,28 @@ def test_bench_exact_prints_the_floor(tiny_ckpt, tmp_path):
     assert result["floor_tflop_full"] == pytest.approx(result["floor_tflop"] * 128)
     assert result["matmul_peak_gflops"] > 0 and result["achieved_gflops"] > 0
     assert "floor:" in out.stdout and "speedup_vs_per_policy" not in result
+
+
+def test_exact_plan_points_equal_run_exact(ckpt, windows, tr):
+    """The exact allocation's points are harness runs at their thresholds, at least 8 per family, and
+    loops to match A0 at r_bar is decided between exact points that are grid neighbours."""
+    from recur_core.analysis.allocation import allocation, allocation_families
+    from recur_core.analysis.curves import EPS_GRID
+    boot = Bootstrap(4, 40)
+    res = allocation(tr, boot, R_MAX, 3, exact=(ckpt, windows))
+    assert res["path"] == "exact"
+    a1 = {p.threshold: p for p in allocation_families(R_MAX)["A1"]}
+    points = res["report"]["A1"]
+    assert len(points) >= 8 and res["report"]["exact_points"]["A1"] == [p["threshold"] for p in points]
+    for point in points:
+        got = run_exact(ckpt, windows, a1[point["threshold"]], R_MAX, seed=2)
+        scored = got.has_target & ~np.isnan(got.ce)
+        assert point["loss"] == pytest.approx(float(got.ce[scored].mean()), rel=1e-5)
+        assert point["mean_loops"] == pytest.approx(float(got.exit_depth[scored].mean()))
+    assert res["report"]["A0"][2]["loss"] == pytest.approx(float(np.nanmean(tr.ce[..., 2])), rel=1e-5)
+    curve, target = res["curves"]["A1"], res["curves"]["A0"].loss[0, 2]
+    order = np.argsort(curve.mean_loops[0], kind="stable")
+    reached = np.flatnonzero(curve.loss[0][order] <= target)
+    if len(reached) and reached[0] > 0:  # the bracket of the match is two grid neighbours
+        pair = [EPS_GRID.index(curve.thresholds[order[reached[0] - k]]) for k in (0, 1)]
+        assert abs(pair[0] - pair[1]) == 1

@@ -151,11 +151,46 @@ def test_kl_label_eps_is_tied_to_a1s_matched_eps(ckpt, tmp_path):
     data = harvest(ckpt, ckpt.windows("probe")[:4], max_loops=4, tokens_per_window=6)
     eps = a1_matched_eps(data.trace, 2, 4)
     target = fast_sums(data.trace, Uniform(2)).mean_loss
+    expected = 1e-3 if eps is None else eps
     if eps is not None:
         assert fast_sums(data.trace, ConvergenceExit(eps, r_max=4)).mean_loss <= target
-        assert probes["kl"].label_eps == probes["kl_any"].label_eps == eps
-        assert "matched" in probes["kl"].metrics["label_eps_rule"]
-    else:
-        assert probes["kl"].label_eps == 1e-3
+    for kind in ("kl", "kl_any"):  # a kind whose labels are then all of one class is refused, saying so
+        if kind in probes.refused:
+            assert f"label ε {expected:.3g} nats" in probes.refused[kind]
+        else:
+            assert probes[kind].label_eps == expected
+            assert ("matched" if eps is not None else "fallback") in probes[kind].metrics["label_eps_rule"]
     fixed = load_or_train_probes(ckpt, 4, n_windows=4, tokens_per_window=6, label_eps=0.05, cache=False)
     assert fixed["kl"].label_eps == 0.05
+
+
+def test_single_class_labels_are_refused_with_a_message(ckpt):
+    from recur_core.analysis.probe import SingleClassLabels
+    data = separable_harvest()
+    data.label_eps = 5.0  # above every KL of the harvest: every KL label is negative
+    with pytest.raises(SingleClassLabels, match=r"'kl': all \d+ training labels are negative \(label ε 5 nats "
+                                                r"is above every KL\)"):
+        train_probe(data, "kl")
+    train_probe(data, "argmax")  # two classes: fitted
+    with pytest.warns(UserWarning, match="a probe fit to one class is a constant"):
+        probes = load_or_train_probes(ckpt, 4, n_windows=4, tokens_per_window=6, label_eps=1e9, cache=False)
+    assert set(probes) == {"argmax", "argmax_any"} and set(probes.refused) == {"kl", "kl_any"}
+    assert "all" in probes.refused["kl"] and "negative" in probes.refused["kl"]
+
+
+def test_label_eps_matched_on_answer_accuracy_where_there_is_ground_truth(ckpt):
+    """With answer tokens given, A1's matched ε is the cheapest whose answer accuracy is within 1
+    point of A0's at r_bar, not the one whose all-token loss reaches A0's."""
+    from recur_core.analysis.curves import EPS_GRID
+    from recur_core.analysis.ground_truth import TOLERANCE, correct_at
+    from recur_core.analysis.probe import a1_matched_eps
+    from recur_core.exits.policies import ConvergenceExit, Uniform
+    tr = harvest(ckpt, ckpt.windows("probe")[:4], max_loops=4, tokens_per_window=6).trace
+    answers = np.zeros(tr.targets.shape, dtype=bool)
+    answers[:, ::3] = True
+    accuracy = lambda p: correct_at(tr, p.exit_depth(tr))[answers].mean()  # noqa: E731
+    target = accuracy(Uniform(2)) - TOLERANCE
+    eps = a1_matched_eps(tr, 2, 4, answers)
+    meets = [e for e in EPS_GRID if 0 < e < np.inf and accuracy(ConvergenceExit(e, r_max=4)) >= target]
+    cost = lambda e: (ConvergenceExit(e, r_max=4).exit_depth(tr).mean(), e)  # noqa: E731
+    assert eps == (min(meets, key=cost) if meets else None)

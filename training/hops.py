@@ -317,7 +317,7 @@ class HopsStream:
         self.position = int(state["position"])
 
 
-GROUND_TRUTH = "ground_truth.safetensors"  # {"hops": N x window_len}, aligned with the eval windows
+GROUND_TRUTH = "ground_truth.safetensors"  # {"hops", "probe_hops": N x window_len}, aligned with eval / probe windows
 
 
 def training_data(dataset: str, tok: Tokenizer, seed: int, window_len: int, n_windows: int = 128,
@@ -331,10 +331,25 @@ def training_data(dataset: str, tok: Tokenizer, seed: int, window_len: int, n_wi
     eval_ids, eval_hops = eval_windows(task, tok, seed, n_windows, window_len)
     select_ids, _ = eval_windows(task, tok, seed, n_select, window_len, offset=n_windows)
     late = 10 ** 12  # past any training run: the curriculum is complete there
-    probe = [program_ids(tok, training_program(task, seed, late + i), window_len)[0] for i in range(n_windows)]
-    ground_truth = {GROUND_TRUTH: {"hops": eval_hops, "max_train_hops": torch.tensor([task.max_hops])}}
-    return (eval_ids, select_ids, torch.tensor(probe, dtype=torch.int64), HopsStream(task, tok, seed, window_len),
-            ground_truth)
+    probe = [program_ids(tok, training_program(task, seed, late + i), window_len) for i in range(n_windows)]
+    probe_ids, probe_hops = (torch.tensor([r[k] for r in probe], dtype=torch.int64) for k in (0, 1))
+    ground_truth = {GROUND_TRUTH: {"hops": eval_hops, "probe_hops": probe_hops,
+                                   "max_train_hops": torch.tensor([task.max_hops])}}
+    return eval_ids, select_ids, probe_ids, HopsStream(task, tok, seed, window_len), ground_truth
+
+
+def window_hops(tok: Tokenizer, windows: torch.Tensor) -> torch.Tensor:
+    """(N, window_len) hop counts of saved program windows (EOS, program, EOS padding), recovered
+    from their text: the ground truth of windows saved without it."""
+    pad = tok.token_to_id(PAD)
+    rows = []
+    for w in windows.tolist():
+        body = w[1:w.index(pad, 1)] if pad in w[1:] else w[1:]
+        ids, hops = token_hops(tok, tok.decode(body))
+        if ids != w[:len(ids)]:
+            raise ValueError("a saved window does not re-tokenize to itself: not a hops program window")
+        rows.append(hops + [0] * (len(w) - len(hops)))
+    return torch.tensor(rows, dtype=torch.int64)
 
 
 def random_program(task: HopsTask, seed: int, max_hops: int) -> Program:

@@ -15,7 +15,13 @@ import torch
 from safetensors.torch import save_file
 
 from recur_core.analysis.curves import json_safe
-from recur_core.analysis.ground_truth import eos_id, ground_truth_section, load_ground_truth
+from recur_core.analysis.ground_truth import (
+    eos_id,
+    fast_minus_exact,
+    ground_truth_section,
+    load_ground_truth,
+    trained_answers,
+)
 from recur_core.analysis.probe import load_or_train_probes
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
@@ -30,21 +36,34 @@ TABLE_LOOPS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
 
 
 def measure(ckpt_dir: Path, n_boot: int = SETTINGS.n_boot, max_train: int | None = None) -> dict:
-    """The ground_truth section (as in report.json) on all 128 eval programs, to CARD_LOOPS loops
-    (max_train: the largest trained hop count, default the checkpoint's ground truth file's)."""
+    """The ground_truth section (as in report.json: exact, the masking harness) on all 128 eval
+    programs, to CARD_LOOPS loops, with the fast path's section under "fast" and the per-policy gap
+    under "fast_minus_exact" (max_train: the largest trained hop count, default the checkpoint's
+    ground truth file's)."""
+    from training.hops import window_hops
+
     ckpt = load_checkpoint(ckpt_dir)
     hops, saved_max_train = load_ground_truth(ckpt_dir)
     max_train = saved_max_train if max_train is None else max_train
     r_max, r_bar, seed = ckpt.recipe.r_max, round(ckpt.recipe.r_bar), SETTINGS.seed
-    probes = load_or_train_probes(ckpt, r_max, seed, cache=False, progress=True)
-    tr = trace(ckpt, ckpt.windows("eval").numpy(), max(CARD_LOOPS, r_max), seed=seed, probes=list(probes.values()),
-               cache=False, progress=True)
-    section = ground_truth_section(tr, hops, max_train, eos_id(ckpt.tokenizer()), max(CARD_LOOPS, r_max), r_bar,
-                                   Bootstrap(tr.n_windows, n_boot, seed), probes, SETTINGS.eps_grid, SETTINGS.tau_grid)
+    probe_windows = ckpt.windows("probe")[:SETTINGS.probe_windows]
+    probes = load_or_train_probes(ckpt, r_max, seed, answers=trained_answers(window_hops(ckpt.tokenizer(),
+                                  probe_windows).numpy(), max_train), cache=False, progress=True)
+    windows = ckpt.windows("eval").numpy()
+    tr = trace(ckpt, windows, max(CARD_LOOPS, r_max), seed=seed, probes=list(probes.values()), cache=False,
+               progress=True)
+    boot = Bootstrap(tr.n_windows, n_boot, seed)
+    section = lambda exact: ground_truth_section(  # noqa: E731
+        tr, hops, max_train, eos_id(ckpt.tokenizer()), max(CARD_LOOPS, r_max), r_bar, boot, probes,
+        SETTINGS.eps_grid, SETTINGS.tau_grid, exact=exact, progress=True)
+    exact, fast = section((ckpt, windows)), section(None)
     tok = ckpt.tokenizer()
     texts = [tok.decode([i for i in w.tolist() if i != tok.token_to_id("<|endoftext|>")]) for w in ckpt.windows("eval")]
-    section["chance_accuracy"] = float(np.mean([c for t in texts for c in elimination_chance(t)]))
-    return json_safe(section)
+    exact["chance_accuracy"] = float(np.mean([c for t in texts for c in elimination_chance(t)]))
+    exact["probes_refused"] = probes.refused
+    exact["fast"] = {k: v for k, v in fast.items() if k != "answers"}
+    exact["fast_minus_exact"] = fast_minus_exact(fast, exact)
+    return json_safe(exact)
 
 
 def goals(gt: dict) -> list[tuple[str, str, bool]]:
@@ -85,13 +104,17 @@ def card(name: str, meta: dict, gt: dict, command: str, machine: str) -> str:
         rows.append(f"| {h}{mark} | {gt['n_answers_by_hops'][str(h)]} | "
                     + " | ".join(f"{100 * acc[str(h)][r - 1]:.0f}" for r in loops) + " |")
     pol_rows = ["| policy | threshold | answer acc. | mean loops (all tokens) | vs A0@r̄ | vs best uniform "
-                f"({gt['best_uniform_depth']}) | Spearman(exit, hops) [95% CI] |", "|---|---|---|---|---|---|---|"]
+                f"({gt['best_uniform_depth']}) | Spearman(exit, hops) [95% CI] | fast path: loops, acc., Spearman |",
+                "|---|---|---|---|---|---|---|---|"]
     for pname, p in gt["policies"].items():
-        sp, ratio = p["spearman_exit_vs_hops"], p["vs_best_uniform_loops_ratio"]
+        sp, ratio, fast = p["spearman_exit_vs_hops"], p["vs_best_uniform_loops_ratio"], gt["fast"]["policies"][pname]
+        fsp = fast["spearman_exit_vs_hops"]["value"]
         spt = "n/a" if sp["value"] is None else f"{sp['value']:.3f} [{sp['ci_low']:.3f}, {sp['ci_high']:.3f}]"
         pol_rows.append(f"| {pname} | {float(p['threshold']):.3g} | {100 * p['answer_accuracy']:.1f}% | {p['mean_loops']:.2f} | "
                         f"{p['vs_a0_rbar_loops_ratio']:.2f}× | {'n/a' if ratio is None else format(ratio, '.2f') + '×'} "
-                        f"| {spt}{'' if p['matches_a0_rbar'] else ' (does not match A0@r̄)'} |")
+                        f"| {spt}{'' if p['matches_a0_rbar'] else ' (does not match A0@r̄)'} "
+                        f"| {fast['mean_loops']:.2f}, {100 * fast['answer_accuracy']:.1f}%, "
+                        f"{'n/a' if fsp is None else format(fsp, '.3f')} |")
     verdicts = goals(gt)
     goal_rows = ["| goal | measured | met |", "|---|---|---|"]
     goal_rows += [f"| {g} | {m} | {'yes' if ok else '**no**'} |" for g, m, ok in verdicts]
@@ -107,9 +130,10 @@ def card(name: str, meta: dict, gt: dict, command: str, machine: str) -> str:
                    "Ground truth page and the analysis run on a real checkpoint; see docs/BENCHMARKS.md.")
     else:
         status += " " + learned_line(gt)
-    extra = "\n".join(f"- {h} hops: {100 * e['accuracy_at_r_bar']:.0f}% at r̄, {100 * e['accuracy_at_r_max']:.0f}% at "
-                      f"{gt['r_max']} loops, best {100 * e['best_accuracy']:.0f}% at {e['best_loops']} loops"
-                      for h, e in gt["extrapolation"].items())
+    extra = "\n".join(f"- {h} hops ({e['n_answers']} answers): {_pct_ci(e['accuracy_at_r_bar'])} at r̄, "
+                      f"{_pct_ci(e['accuracy_at_r_max'])} at {gt['r_max']} loops, best {100 * e['best_accuracy']:.0f}% "
+                      f"at {e['best_loops']} loops" for h, e in gt["extrapolation"].items())
+    refused = "".join(f"\n- {why}" for why in gt.get("probes_refused", {}).values())
     return f"""# {name}: a looped LM trained on multi-hop variable-binding programs ({meta['n_params']:,} parameters)
 
 Programs bind variables in independent chains ({meta['task']['chains']} queried, {meta['task']['decoys']} decoys that are
@@ -140,15 +164,22 @@ numbers as the `ground_truth` section of `python -m recur_core.analyze`.
 
 {chr(10).join(rows)}
 
-## Exit policies against the hop counts (fast path, each at its operating point)
+## Exit policies against the hop counts (exact, each at its operating point)
 
-Operating point: the cheapest threshold whose answer accuracy is within {100 * gt['tolerance']:.0f} point of A0 at r̄
+Exact: the masking harness, where a halted token stays in the context with its exit state, as in real
+decoding (teacher-forced decoding under the "recompute" KV rule computes the same). The fast path's
+figures (each token read off the uniform trace at its exit loop, as if every other token had looped
+to full depth) stand in the last column; they overstate the saving.
+
+Operating point: the cheapest threshold whose answer accuracy on the trained hop counts
+1..{gt['max_train_hops']} is within {100 * gt['tolerance']:.0f} point of A0 at r̄
 (at least {100 * gt['target_accuracy']:.1f}%: A0@{gt['r_bar']} is at {100 * gt['uniform']['answer_accuracy'][gt['r_bar'] - 1]:.1f}%);
-best uniform: the smallest uniform depth reaching that accuracy
+best uniform: the smallest uniform depth reaching that accuracy on the same answers
 (**{gt['best_uniform_depth']}** loops). Mean loops are over every program token (answers are a few
 percent of them); Spearman is over answer tokens, with a 95% bootstrap CI over programs.
 
 {chr(10).join(pol_rows)}
+{refused}
 
 ## Extrapolation past the trained hop counts
 
@@ -162,6 +193,10 @@ percent of them); Spearman is over answer tokens, with a 95% bootstrap CI over p
 
 Weights, tokenizer and the generated programs are ours (no third-party data).
 """
+
+
+def _pct_ci(est: dict) -> str:
+    return f"{100 * est['value']:.0f}% [{100 * est['ci_low']:.0f}, {100 * est['ci_high']:.0f}]"
 
 
 def learned_line(gt: dict) -> str:
@@ -190,7 +225,7 @@ def trained_hops_of(src: Path, task, saved: int) -> int:
 def export_hops(src: Path, dst: Path, command: str, machine: str) -> dict:
     """Ship a multi-hop checkpoint: its files plus the ground truth, with the card measured here."""
     from recur_core.analysis.ground_truth import GROUND_TRUTH
-    from training.hops import HopsTask
+    from training.hops import HopsTask, window_hops
 
     ckpt = load_checkpoint(src)
     task = HopsTask.parse(ckpt.meta["train_config"]["dataset"])
@@ -205,7 +240,8 @@ def export_hops(src: Path, dst: Path, command: str, machine: str) -> dict:
     def write(tmp: Path):
         for name in SHIPPED_FILES:
             shutil.copyfile(src / name, tmp / name)
-        save_file({"hops": torch.from_numpy(hops), "max_train_hops": torch.tensor([max_train])}, str(tmp / GROUND_TRUTH))
+        save_file({"hops": torch.from_numpy(hops), "probe_hops": window_hops(ckpt.tokenizer(), ckpt.windows("probe")),
+                   "max_train_hops": torch.tensor([max_train])}, str(tmp / GROUND_TRUTH))
         (tmp / "README.md").write_text(card(dst.name, meta, gt, command, machine))
         (tmp / "card.json").write_text(json.dumps({"ground_truth": summary, "goals": verdicts}, indent=2) + "\n")
 

@@ -21,6 +21,7 @@ import pandas as pd
 import streamlit as st
 
 from recur_core import CheckpointError, load_checkpoint
+from recur_core.analysis import allocation as alloc
 from recur_core.analysis import curves as analysis
 from recur_core.analysis.cache import TraceCache
 from recur_core.analysis.probe import load_or_train_probes
@@ -265,7 +266,7 @@ def sweep_fast(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None
     tr = source_trace(path, ckpt_id, device, ids)
     prb = probes(path, ckpt_id, device)
     boot = Bootstrap(tr.n_windows, S.n_boot, S.seed)
-    res = analysis.allocation(tr, boot, r_max, r_bar, probes=prb)
+    res = alloc.allocation(tr, boot, r_max, r_bar, probes=prb)
     return {"report": res["report"], "curves": res["curves"], "diffs": differences(res["curves"], boot),
             "n_windows": tr.n_windows, "seq_len": tr.seq_len, "probe_metrics": {k: p.metrics for k, p in prb.items()}}
 
@@ -280,28 +281,29 @@ def _exact_inputs(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | N
     return ckpt, text_trace(path, ckpt_id, device, ids, True), np.asarray(ids, dtype=np.int64)
 
 
-def exact_cached(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, r_max: int, n_windows: int) -> bool:
-    """Whether the exact sweep is already in the disk cache (e.g. written by `python -m recur_core.analyze`)."""
+def exact_cached(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, r_max: int, r_bar: int,
+                 n_windows: int) -> bool:
+    """Whether the exact plan is already in the disk cache (e.g. written by `python -m recur_core.analyze`)."""
     ckpt, tr, inputs = _exact_inputs(path, ckpt_id, device, ids, n_windows)
-    families = analysis.allocation_families(min(r_max, tr.max_loops), probes=probes(path, ckpt_id, device))
-    return analysis.exact_is_cached(ckpt, inputs, families, tr.max_loops, tr.seed, TraceCache())
+    boot = Bootstrap(tr.n_windows, S.n_boot, S.seed)
+    return alloc.allocation_is_cached(tr, ckpt, inputs, boot, r_max, r_bar, probes=probes(path, ckpt_id, device),
+                                      cache=TraceCache())
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
 def sweep_exact(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, r_max: int, r_bar: int,
                 n_windows: int) -> dict:
-    """The report's families (SETTINGS' ε / τ grids) in the masking harness, every threshold in
-    one batched pass (analysis.allocation with exact=...; cached on disk, shared with the analyze CLI),
-    with the fast − exact gap per policy on the same windows (paired bootstrap)."""
+    """The report's families in the masking harness on the exact plan's points (alloc.allocation with
+    exact=...; cached on disk, shared with the analyze CLI), with the fast − exact gap per policy at
+    those points on the same windows (paired bootstrap)."""
     ckpt, tr, inputs = _exact_inputs(path, ckpt_id, device, ids, n_windows)
     prb = probes(path, ckpt_id, device)
     boot = Bootstrap(tr.n_windows, S.n_boot, S.seed)
-    fast = analysis.allocation(tr, boot, r_max, r_bar, probes=prb)
-    bar = Progress(f"Exact masking harness on {tr.n_windows} window(s): the whole ε / τ sweep in one pass")
+    fast = alloc.allocation(tr, boot, r_max, r_bar, probes=prb)
+    bar = Progress(f"Exact masking harness on {tr.n_windows} window(s): the plan's ε / τ points, one pass per round")
     try:
-        exact = analysis.allocation(tr, boot, r_max, r_bar, probes=prb, exact=(ckpt, inputs), cache=TraceCache(),
-                                    progress=bar)
-
+        exact = alloc.allocation(tr, boot, r_max, r_bar, probes=prb, exact=(ckpt, inputs), cache=TraceCache(),
+                                 progress=bar)
     finally:
         bar.close()
     return {"report": exact["report"], "curves": exact["curves"], "diffs": differences(exact["curves"], boot),

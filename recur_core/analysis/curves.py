@@ -18,21 +18,16 @@ Conventions:
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..exits.policies import ConvergenceExit, LinearRouter, Policy, Uniform
-from ..model.checkpoint import model_id
+from ..exits.policies import Policy, Uniform
 from ..settings import SETTINGS
-from .harness import ExactResult, SweepWork, run_exact_sweep
-from .matching import cheapest
 from .stats import Bootstrap
-from .trace import Trace, resolve_cache
+from .trace import Trace
 
 MOVING_KL = SETTINGS.moving_kl  # still moving at loop i while KL(p_i || p_{i-1}) > this
 EPS_GRID, TAU_GRID = SETTINGS.eps_grid, SETTINGS.tau_grid  # A1's ε and A2's τ sweeps
@@ -260,56 +255,6 @@ def convergence(tr: Trace, boot: Bootstrap, threshold: float = MOVING_KL) -> dic
     return out
 
 
-# -- allocation -------------------------------------------------------------------------------------
-def allocation_families(r_max: int, eps_grid=EPS_GRID, tau_grid=TAU_GRID, probes: dict | None = None,
-                    a1_min_loops: int = ConvergenceExit.FIRST_CHECK) -> dict[str, list[Policy]]:
-    """The policies of the allocation curves: A0 at r = 1..r_max, A1 over eps_grid (first check at
-    a1_min_loops), and A2 over tau_grid for each probe label kind."""
-    families = {"A0": [Uniform(r) for r in range(1, r_max + 1)],
-                "A1": [ConvergenceExit(eps, min(a1_min_loops, r_max), r_max) for eps in eps_grid]}
-    for kind, probe in (probes or {}).items():
-        families[f"A2_{kind}"] = [LinearRouter(probe, tau, 1, r_max) for tau in tau_grid]
-    return families
-
-
-def allocation_report(curves: dict[str, Curve], boot: Bootstrap, r_bar: int) -> dict:
-    """JSON-ready curve points, the matched-depth table and loops to match A0 at r_bar."""
-    a0, others = curves["A0"], [c for name, c in curves.items() if name != "A0"]
-    report = {name: c.points(boot) for name, c in curves.items()}
-    report["matched_depth"] = matched_depth_table(a0, others, boot)
-    for c in others:
-        report[f"{c.name.lower()}_loops_to_match_a0_rbar"] = loops_to_match(c, a0, r_bar, boot)
-    return report
-
-
-def allocation(tr: Trace, boot: Bootstrap, r_max: int, r_bar: int, *, eps_grid=EPS_GRID, tau_grid=TAU_GRID,
-               probes: dict | None = None, a1_min_loops: int = ConvergenceExit.FIRST_CHECK, exact=None,
-               cache=False, progress=None, work: SweepWork | None = None) -> dict:
-    """Allocation curves, the matched-depth table and loops to match A0 at r_bar.
-
-    Fast path (exact=None): every policy read off the trace; probes: {label kind: Probe} whose
-    chances the trace must hold (trace(..., probes=...)). Exact path: exact=(ckpt or model, ids) of
-    the traced windows; every policy of the sweep runs in the masking harness (`exact_curves`).
-    Returns {"curves": {name: Curve}, "report": JSON-ready dict, "path": "fast" | "exact"}.
-    """
-    families = allocation_families(min(r_max, tr.max_loops), eps_grid, tau_grid, probes, a1_min_loops)
-    if exact is None:
-        curves = {name: fast_curve(tr, name, policies, boot) for name, policies in families.items()}
-    else:
-        curves = exact_curves(*exact, families, tr.max_loops, tr.seed, boot, cache=cache, progress=progress,
-                              work=work)
-    return {"curves": curves, "report": allocation_report(curves, boot, r_bar),
-            "path": "fast" if exact is None else "exact"}
-
-
-def operating_threshold(curve: Curve, target_loss: float, default: float) -> float:
-    """The cheapest swept threshold whose (point-estimate) loss is at most target_loss (ties: the
-    smaller threshold); default if none is."""
-    best = cheapest(range(len(curve.thresholds)), lambda p: curve.loss[0, p] <= target_loss,
-                    lambda p: (curve.mean_loops[0, p], curve.thresholds[p]))
-    return default if best is None else curve.thresholds[best]
-
-
 # -- token classes ----------------------------------------------------------------------------------
 def classify_text(text: str) -> str:
     """Token class of a decoded token's text; surrounding whitespace is ignored except for
@@ -374,78 +319,20 @@ def token_exit_table(tr: Trace, classes_of_vocab: np.ndarray, policy: Policy) ->
             "mean_exit_depth": mean_depth[order], "frac_converged": frac_converged[order]}
 
 
-# -- exact path and the fast/exact gap ----------------------------------------------------------------
-EXACT_FORMAT_VERSION = 1
-
-
-def exact_curves(ckpt_or_model, ids, families: dict[str, list[Policy]], max_loops: int, seed: int,
-                 boot: Bootstrap, *, cache=False, progress=None, work: SweepWork | None = None) -> dict[str, Curve]:
-    """Every family's sweep in the masking harness, all thresholds in one batched pass
-    (harness.run_exact_sweep); results are kept in the trace cache when `cache` is given."""
-    flat = [p for policies in families.values() for p in policies]
-    results = exact_results(ckpt_or_model, ids, flat, max_loops, seed, cache=cache, progress=progress, work=work)
-    curves, at = {}, 0
-    for name, policies in families.items():
-        part, at = results[at:at + len(policies)], at + len(policies)
-        curves[name] = sweep(name, policies, [WindowSums.of(r.ce, r.exit_depth, r.converged, r.has_target)
-                                              for r in part], boot)
-    return curves
-
-
-def exact_results(ckpt_or_model, ids, policies: list[Policy], max_loops: int, seed: int, *, cache=False,
-                  progress=None, work: SweepWork | None = None) -> list[ExactResult]:
-    """run_exact_sweep, through the on-disk cache (key: checkpoint, ids, policies, loops, seed)."""
-    ckpt_id = model_id(ckpt_or_model)
-    store = resolve_cache(cache)
-    ids_np = np.asarray(ids.cpu() if hasattr(ids, "cpu") else ids, dtype=np.int64)
-    key = _exact_key(ckpt_id, ids_np, policies, max_loops, seed)
-    path = None if store is None else store.trace_path(ckpt_id, f"exact-{key[:32]}")
-    if store is not None:
-        hit = store.load(path, key)
-        if hit is not None and hit[0]["ce"].shape[0] == len(policies):
-            a = hit[0]
-            return [ExactResult(a["ce"][p], a["exit_depth"][p], a["converged"][p], a["targets"])
-                    for p in range(len(policies))]
-    results = run_exact_sweep(ckpt_or_model, ids_np, policies, max_loops, seed, progress=progress, work=work)
-    if store is not None:
-        arrays = {"ce": np.stack([r.ce for r in results]), "exit_depth": np.stack([r.exit_depth for r in results]),
-                  "converged": np.stack([r.converged for r in results]), "targets": results[0].targets}
-        store.save(path, key, arrays, {"kind": "exact sweep", "policies": [repr(p) for p in policies]})
-    return results
-
-
-def exact_is_cached(ckpt_or_model, ids, families: dict[str, list[Policy]], max_loops: int, seed: int,
-                    cache) -> bool:
-    """Whether exact_curves would be served from the cache (no harness run)."""
-    store = resolve_cache(cache)
-    if store is None:
-        return False
-    ckpt_id = model_id(ckpt_or_model)
-    ids_np = np.asarray(ids.cpu() if hasattr(ids, "cpu") else ids, dtype=np.int64)
-    key = _exact_key(ckpt_id, ids_np, [p for f in families.values() for p in f], max_loops, seed)
-    return store.trace_path(ckpt_id, f"exact-{key[:32]}").is_file()
-
-
-def _exact_key(ckpt_id: str, ids: np.ndarray, policies: list[Policy], max_loops: int, seed: int) -> str:
-    spec = {"checkpoint_id": ckpt_id, "policies": [repr(p) for p in policies], "max_loops": max_loops,
-            "seed": seed, "format_version": EXACT_FORMAT_VERSION}
-    h = hashlib.sha256(json.dumps(spec, sort_keys=True).encode())
-    h.update(np.ascontiguousarray(ids).tobytes())
-    return h.hexdigest()
-
-
+# -- the fast/exact gap ------------------------------------------------------------------------------
 def fast_minus_exact(fast: dict[str, Curve], exact: dict[str, Curve], boot: Bootstrap) -> dict:
-    """Per family and threshold: both paths' loss and mean loops and the paired gap fast − exact
-    (same windows, same bootstrap replicates)."""
+    """Per family, at each threshold the exact curve has: both paths' loss and mean loops and the
+    paired gap fast − exact (same windows, same bootstrap replicates)."""
     out = {}
     for name, e in exact.items():
         f = fast[name]
         rows = []
         for p, t in enumerate(e.thresholds):
-            est = {k: boot.summarise(v[:, p]).to_dict() for k, v in
-                   (("fast_loss", f.loss), ("exact_loss", e.loss), ("fast_mean_loops", f.mean_loops),
-                    ("exact_mean_loops", e.mean_loops), ("gap_loss", f.loss - e.loss),
-                    ("gap_mean_loops", f.mean_loops - e.mean_loops))}
+            q = f.thresholds.index(t)
+            est = {k: boot.summarise(v).to_dict() for k, v in
+                   (("fast_loss", f.loss[:, q]), ("exact_loss", e.loss[:, p]), ("fast_mean_loops", f.mean_loops[:, q]),
+                    ("exact_mean_loops", e.mean_loops[:, p]), ("gap_loss", f.loss[:, q] - e.loss[:, p]),
+                    ("gap_mean_loops", f.mean_loops[:, q] - e.mean_loops[:, p]))}
             rows.append({"threshold_name": e.threshold_name, "threshold": t, **est})
         out[name] = rows
     return out

@@ -1,13 +1,19 @@
 """Exit policies checked against ground truth: checkpoints whose answer tokens have a known depth.
 
 A checkpoint trained on multi-hop programs (training/hops.py) saves, beside its eval windows, the
-hop count of every token (`ground_truth.safetensors`: "hops", N x (T + 1), 0 = no ground truth).
+hop count of every token (`ground_truth.safetensors`: "hops", N x (T + 1), 0 = no ground truth;
+"probe_hops" the same for the probe windows; "max_train_hops").
 The token at window position t + 1 is the *target* of input position t, so a trace position's hop
-count is hops[:, 1:]. Everything here is fast path (a policy's answer is the argmax at its exit
-loop of the uniform trace; see recur_core.analysis.curves).
+count is hops[:, 1:].
+
+Two paths (`Outcome`): exact, the default of report.json, runs every threshold in the masking
+harness (frozen tokens stay in the context with their exit state, as in real decoding: it equals
+teacher-forced decoding under the "recompute" KV rule); fast reads each token's answer off the
+uniform trace at its exit loop, as if every other token had looped to full depth.
 
 Terms:
-  answer accuracy  share of answer tokens (hop count > 0) whose argmax is the right value.
+  answer accuracy  share of answer tokens whose argmax is the right value, on the trained hop
+                   counts 1 .. max_train_hops (longer chains are extrapolation, reported apart).
   mean_loops       mean exit depth over the program's tokens (every position whose input or target
                    is not padding), the FLOP proxy; answers alone are a few percent of them.
   operating point  per policy family, the cheapest swept threshold whose answer accuracy is within
@@ -16,19 +22,32 @@ Terms:
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..exits.policies import ConvergenceExit, LatentDiff, LinearRouter, Policy
+from ..exits.policies import (
+    ArgmaxStable,
+    ConvergenceExit,
+    CosineExit,
+    EntropyDiff,
+    LatentDiff,
+    LinearRouter,
+    Policy,
+    ReverseKLExit,
+)
 from ..model.checkpoint import read_safetensors
 from ..settings import SETTINGS
+from .exact import exact_results
+from .harness import ExactResult
 from .matching import cheapest
 from .stats import Bootstrap
 from .trace import Trace
 
 GROUND_TRUTH = "ground_truth.safetensors"
 TOLERANCE = 0.01  # "matches A0 at r_bar": answer accuracy within 1 point
+ARGMAX_RUNS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)  # argmax stability's n (loops unchanged in a row)
 
 
 def load_ground_truth(ckpt_path: str | Path) -> tuple[np.ndarray, int] | None:
@@ -39,6 +58,25 @@ def load_ground_truth(ckpt_path: str | Path) -> tuple[np.ndarray, int] | None:
         return None
     t = read_safetensors(path)
     return t["hops"].numpy(), int(t["max_train_hops"].item())
+
+
+def probe_answers(ckpt_path: str | Path, n_windows: int) -> np.ndarray | None:
+    """(n_windows, T) bool: the answer tokens with a trained hop count among the targets of the first
+    n_windows probe windows (what A2's KL labels are matched on), or None when the ground-truth file
+    has no "probe_hops" (then they are matched on the loss)."""
+    path = Path(ckpt_path) / GROUND_TRUTH
+    if not path.is_file():
+        return None
+    t = read_safetensors(path)
+    if "probe_hops" not in t:
+        return None
+    return trained_answers(t["probe_hops"].numpy()[:n_windows], int(t["max_train_hops"].item()))
+
+
+def trained_answers(hops: np.ndarray, max_train_hops: int) -> np.ndarray:
+    """(N, T) bool from window hop counts (N, T + 1): the targets that are answers at a trained hop count."""
+    target_hops = hops[:, 1:]
+    return (target_hops > 0) & (target_hops <= max_train_hops)
 
 
 def answer_hops(tr: Trace, hops: np.ndarray) -> np.ndarray:
@@ -52,15 +90,14 @@ def program_mask(tr: Trace, pad_id: int) -> np.ndarray:
 
 
 def correct_at(tr: Trace, depth: np.ndarray) -> np.ndarray:
-    """(N, T) bool: the argmax at each token's exit depth is its target."""
+    """(N, T) bool: the argmax of the uniform trace at each token's exit depth is its target."""
     pred = np.take_along_axis(tr.argmax, (depth - 1)[..., None], axis=-1)[..., 0]
     return pred == tr.targets
 
 
-def accuracy_by_hops(tr: Trace, ah: np.ndarray, depth: np.ndarray) -> dict[int, float]:
-    """Answer accuracy per hop count at the given exit depths."""
-    ok = correct_at(tr, depth)
-    return {int(h): float(ok[ah == h].mean()) for h in np.unique(ah[ah > 0])}
+def accuracy_by_hops(ah: np.ndarray, correct: np.ndarray) -> dict[int, float]:
+    """Answer accuracy per hop count."""
+    return {int(h): float(correct[ah == h].mean()) for h in np.unique(ah[ah > 0])}
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
@@ -96,78 +133,151 @@ def spearman_ci(depth: np.ndarray, ah: np.ndarray, boot: Bootstrap) -> dict:
 
 def operating_point_families(r_max: int, probes: dict | None, eps_grid, tau_grid) -> dict[str, list[Policy]]:
     """The policies ground truth finds operating points for: A1 over eps, A2 over tau per probe label
-    kind, and the latent rule over SETTINGS.delta_grid (A0 is the baseline, not a family here)."""
+    kind, the latent rule over SETTINGS.delta_grid, and Huginn's other criteria (reverse KL, entropy
+    difference and cosine over the ε grid, argmax stability over ARGMAX_RUNS). A0 is the baseline."""
     fam = {"A1": [ConvergenceExit(e, r_max=r_max) for e in eps_grid],
            "latent": [LatentDiff(d, r_max=r_max) for d in SETTINGS.delta_grid]}
     for kind, probe in (probes or {}).items():
         fam[f"A2_{kind}"] = [LinearRouter(probe, t, r_max=r_max) for t in tau_grid]
+    fam["huginn_kl"] = [ReverseKLExit(e, r_max=r_max) for e in eps_grid]
+    fam["huginn_entropy"] = [EntropyDiff(e, r_max=r_max) for e in eps_grid]
+    fam["huginn_cosine"] = [CosineExit(e, r_max=r_max) for e in eps_grid]
+    fam["huginn_argmax"] = [ArgmaxStable(n, r_max=r_max) for n in ARGMAX_RUNS if n < r_max]
     return fam
 
 
-def _point(tr: Trace, ah: np.ndarray, program: np.ndarray, policy: Policy) -> dict:
-    depth = policy.exit_depth(tr)
-    answers = ah > 0
-    return {"threshold": policy.threshold, "depth": depth,
-            "answer_accuracy": float(correct_at(tr, depth)[answers].mean()),
-            "mean_loops": float(depth[program].mean()), "answer_mean_loops": float(depth[answers].mean())}
+@dataclass
+class Outcome:
+    """What one policy did to every token: exit depth (N, T) and whether the prediction there is
+    the target (N, T). Fast: the argmax of the uniform trace at the exit loop. Exact: the final
+    readout of the masking harness (frozen tokens stay in the context, as in real decoding)."""
+
+    depth: np.ndarray
+    correct: np.ndarray
+
+    @classmethod
+    def fast(cls, tr: Trace, policy: Policy) -> Outcome:
+        depth = policy.exit_depth(tr)
+        return cls(depth, correct_at(tr, depth))
+
+    @classmethod
+    def exact(cls, result: ExactResult) -> Outcome:
+        return cls(result.exit_depth, result.argmax == result.targets)
+
+
+def policy_outcomes(tr: Trace, families: dict[str, list[Policy]], exact=None, cache=False,
+                    progress=None) -> dict[str, list[Outcome]]:
+    """Every policy's Outcome, fast (exact=None) or exact (exact=(ckpt or model, ids) of the
+    traced windows: every threshold of every family in one batched, cached harness pass)."""
+    if exact is None:
+        return {name: [Outcome.fast(tr, p) for p in family] for name, family in families.items()}
+    flat = [p for family in families.values() for p in family]
+    results = iter(exact_results(*exact, flat, tr.max_loops, tr.seed, cache=cache, progress=progress))
+    return {name: [Outcome.exact(next(results)) for _ in family] for name, family in families.items()}
+
+
+class _Answers:
+    """The answer tokens of the eval programs and their bootstrap over programs."""
+
+    def __init__(self, tr: Trace, hops: np.ndarray, max_train_hops: int, boot: Bootstrap):
+        self.hops = answer_hops(tr, hops)
+        self.trained = (self.hops > 0) & (self.hops <= max_train_hops)
+        self.boot = boot
+
+    def accuracy(self, correct: np.ndarray, mask: np.ndarray) -> dict:
+        """Accuracy over the masked answers, with its CI over programs and the answer count."""
+        est = self.boot.summarise(self.boot.ratio((correct & mask).sum(1).astype(np.float64),
+                                                  mask.sum(1).astype(np.float64)))
+        return {**est.to_dict(), "n_answers": int(mask.sum())}
 
 
 def ground_truth_section(tr: Trace, hops: np.ndarray, max_train_hops: int, pad_id: int, r_max: int,
                          r_bar: int, boot: Bootstrap, probes: dict | None = None, eps_grid=(), tau_grid=(),
-                         tolerance: float = TOLERANCE) -> dict:
-    """The `ground_truth` section of report.json (keys: docs/REPORT_KEYS.md)."""
-    ah = answer_hops(tr, hops)
-    program = program_mask(tr, pad_id)
+                         tolerance: float = TOLERANCE, exact=None, cache=False, progress=None) -> dict:
+    """The `ground_truth` section of report.json (keys: docs/REPORT_KEYS.md): exact with
+    exact=(ckpt or model, ids) of the traced windows, else fast. The target accuracy and the best
+    uniform depth are taken on the trained hop counts (1 .. max_train_hops); longer chains are
+    extrapolation, reported on their own with answer counts and CIs. Uniform depth comes from the
+    trace, which is what the harness computes for it (nothing freezes before the last loop)."""
+    ans = _Answers(tr, hops, max_train_hops, boot)
+    ah, program = ans.hops, program_mask(tr, pad_id)
     r_max = min(r_max, tr.max_loops)
     hop_values = [int(h) for h in np.unique(ah[ah > 0])]
-    shape = ah.shape
-    uniform_acc = {}  # depth -> {hop: accuracy}
-    overall = []
-    for r in range(1, r_max + 1):
-        depth = np.full(shape, r)
-        uniform_acc[r] = accuracy_by_hops(tr, ah, depth)
-        overall.append(float(correct_at(tr, depth)[ah > 0].mean()))
-    target = overall[r_bar - 1] - tolerance
-    best_uniform = next((r for r in range(1, r_max + 1) if overall[r - 1] >= target), None)
+    uniform = [Outcome(np.full(ah.shape, r), correct_at(tr, np.full(ah.shape, r))) for r in range(1, r_max + 1)]
+    uniform_acc = {r: accuracy_by_hops(ah, u.correct) for r, u in enumerate(uniform, 1)}
+    trained_acc = [float(u.correct[ans.trained].mean()) for u in uniform]
+    target = trained_acc[r_bar - 1] - tolerance
+    best_uniform = next((r for r in range(1, r_max + 1) if trained_acc[r - 1] >= target), None)
 
+    families = operating_point_families(r_max, probes, eps_grid, tau_grid)
     policies, answer_exits = {}, {}
-    for name, family in operating_point_families(r_max, probes, eps_grid, tau_grid).items():
-        points = [_point(tr, ah, program, p) for p in family]
-        op = cheapest(points, lambda p: p["answer_accuracy"] >= target, lambda p: p["mean_loops"])
-        matched = op is not None
-        op = op if matched else max(points, key=lambda p: p["answer_accuracy"])
-        depth = op["depth"]
+    for name, outcomes in policy_outcomes(tr, families, exact, cache, progress).items():
+        points = [_point(p, o, ans, program) for p, o in zip(families[name], outcomes, strict=True)]
+        at = cheapest(range(len(points)), lambda i: points[i]["answer_accuracy"] >= target,
+                      lambda i: points[i]["mean_loops"])
+        matched = at is not None
+        at = at if matched else max(range(len(points)), key=lambda i: points[i]["answer_accuracy"])
+        op, depth = points[at], outcomes[at].depth
         answer_exits[name] = depth[ah > 0].tolist()
         policies[name] = {
-            "threshold": op["threshold"], "matches_a0_rbar": matched,
-            "answer_accuracy": op["answer_accuracy"], "mean_loops": op["mean_loops"],
-            "answer_mean_loops": op["answer_mean_loops"],
-            "accuracy_by_hops": {str(h): v for h, v in accuracy_by_hops(tr, ah, depth).items()},
+            **{k: op[k] for k in ("threshold", "answer_accuracy", "answer_accuracy_all_hops", "mean_loops",
+                                  "answer_mean_loops")},
+            "threshold_name": families[name][at].threshold_name, "matches_a0_rbar": matched,
+            "answer_accuracy_ci": ans.accuracy(outcomes[at].correct, ans.trained),
+            "accuracy_by_hops": {str(h): v for h, v in accuracy_by_hops(ah, outcomes[at].correct).items()},
             "exit_depth_by_hops": {str(h): _summary(depth[ah == h]) for h in hop_values},
             "spearman_exit_vs_hops": spearman_ci(depth, ah, boot),
             "vs_a0_rbar_loops_ratio": op["mean_loops"] / r_bar,
             "vs_best_uniform_loops_ratio": (op["mean_loops"] / best_uniform) if best_uniform else None,
-            "curve": [{k: v for k, v in p.items() if k != "depth"} for p in points],
+            "extrapolation_accuracy": {str(h): ans.accuracy(outcomes[at].correct, ah == h)
+                                       for h in hop_values if h > max_train_hops},
+            "curve": points,
         }
-    extra = [h for h in hop_values if h > max_train_hops]
     return {
+        "path": "fast" if exact is None else "exact",
         "max_train_hops": max_train_hops, "hop_counts": hop_values, "r_bar": r_bar, "r_max": r_max,
-        "n_programs": int(shape[0]), "n_answers": int((ah > 0).sum()),
+        "n_programs": int(ah.shape[0]), "n_answers": int((ah > 0).sum()), "n_trained_answers": int(ans.trained.sum()),
         "n_answers_by_hops": {str(h): int((ah == h).sum()) for h in hop_values},
-        "uniform": {"loops": list(range(1, r_max + 1)), "answer_accuracy": overall,
+        "uniform": {"loops": list(range(1, r_max + 1)), "answer_accuracy": trained_acc,
+                    "answer_accuracy_all_hops": [float(u.correct[ah > 0].mean()) for u in uniform],
                     "accuracy_by_hops": {str(h): [uniform_acc[r].get(h) for r in range(1, r_max + 1)]
                                          for h in hop_values}},
-        "target_accuracy": target, "tolerance": tolerance, "best_uniform_depth": best_uniform,
+        "target_accuracy": target, "target_hops": f"1..{max_train_hops}", "tolerance": tolerance,
+        "best_uniform_depth": best_uniform,
         "policies": policies,
         "answers": {"hops": ah[ah > 0].tolist(), "program": np.nonzero(ah > 0)[0].tolist(),
-                    "correct_at_r_bar": correct_at(tr, np.full(shape, r_bar))[ah > 0].tolist(),
-                    "exit_depth": answer_exits},
-        "extrapolation": {str(h): {"accuracy_at_r_bar": uniform_acc[r_bar].get(h),
-                                   "accuracy_at_r_max": uniform_acc[r_max].get(h),
+                    "correct_at_r_bar": uniform[r_bar - 1].correct[ah > 0].tolist(), "exit_depth": answer_exits},
+        "extrapolation": {str(h): {"n_answers": int((ah == h).sum()),
+                                   "accuracy_at_r_bar": ans.accuracy(uniform[r_bar - 1].correct, ah == h),
+                                   "accuracy_at_r_max": ans.accuracy(uniform[r_max - 1].correct, ah == h),
                                    "best_accuracy": max(uniform_acc[r].get(h) for r in range(1, r_max + 1)),
                                    "best_loops": max(range(1, r_max + 1), key=lambda r: (uniform_acc[r].get(h), -r))}
-                          for h in extra},
+                          for h in hop_values if h > max_train_hops},
     }
+
+
+def _point(policy: Policy, outcome: Outcome, ans: _Answers, program: np.ndarray) -> dict:
+    """One threshold: answer accuracy on the trained hop counts (and on all), mean loops over the
+    program's tokens and over its answers."""
+    answers = ans.hops > 0
+    return {"threshold": policy.threshold, "answer_accuracy": float(outcome.correct[ans.trained].mean()),
+            "answer_accuracy_all_hops": float(outcome.correct[answers].mean()),
+            "mean_loops": float(outcome.depth[program].mean()),
+            "answer_mean_loops": float(outcome.depth[answers].mean())}
+
+
+def fast_minus_exact(fast: dict, exact: dict) -> dict:
+    """Per policy: how the fast path's operating point differs from the exact one (fast − exact)."""
+    return {name: {"mean_loops": fast["policies"][name]["mean_loops"] - pol["mean_loops"],
+                   "answer_accuracy": fast["policies"][name]["answer_accuracy"] - pol["answer_accuracy"],
+                   "threshold_fast": fast["policies"][name]["threshold"], "threshold_exact": pol["threshold"],
+                   "spearman": _minus(fast["policies"][name]["spearman_exit_vs_hops"]["value"],
+                                      pol["spearman_exit_vs_hops"]["value"])}
+            for name, pol in exact["policies"].items()}
+
+
+def _minus(a, b):
+    return None if a is None or b is None or np.isnan(a) or np.isnan(b) else a - b
 
 
 def _summary(v: np.ndarray) -> dict:
@@ -186,25 +296,40 @@ def eos_id(tokenizer) -> int:
     return i
 
 
-def print_ground_truth(gt: dict, p) -> None:
-    """The ground-truth tables of `python -m recur_core.analyze`."""
+def print_ground_truth(gt: dict, p, fast: dict | None = None) -> None:
+    """The ground-truth tables of `python -m recur_core.analyze` (fast: the fast path's section,
+    whose operating points are printed beside the exact ones)."""
     hs, loops = gt["hop_counts"], gt["uniform"]["loops"]
-    p(f"\nGround truth: answer accuracy by hop count (rows) x uniform loops; trained to {gt['max_train_hops']} hops, "
-      f"{gt['n_programs']} programs, {gt['n_answers']} answers")
+    p(f"\nGround truth ({gt['path']} path): answer accuracy by hop count (rows) x uniform loops; trained to "
+      f"{gt['max_train_hops']} hops, {gt['n_programs']} programs, {gt['n_answers']} answers "
+      f"({gt['n_trained_answers']} at trained hop counts)")
     shown = [r for r in loops if r in (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32) or r == gt["r_bar"]]
     p("  hops " + "".join(f"{r:>6d}" for r in shown))
     for h in hs:
         row = gt["uniform"]["accuracy_by_hops"][str(h)]
-        p(f"  {h:4d} " + "".join(f"{row[r - 1]:6.2f}" for r in shown))
-    p(f"  target accuracy (A0 at r_bar {gt['r_bar']} - {100 * gt['tolerance']:.0f} pt): {gt['target_accuracy']:.3f}; "
-      f"smallest uniform depth reaching it: {gt['best_uniform_depth']}")
-    p("  policy      threshold  answer acc  mean loops  vs A0@r_bar  vs best uniform  Spearman(exit, hops) [95% CI]")
+        extra = "   (extrapolation)" if h > gt["max_train_hops"] else ""
+        p(f"  {h:4d} " + "".join(f"{row[r - 1]:6.2f}" for r in shown) + extra)
+    p(f"  target accuracy on hop counts {gt['target_hops']} (A0 at r_bar {gt['r_bar']} - "
+      f"{100 * gt['tolerance']:.0f} pt): {gt['target_accuracy']:.3f}; smallest uniform depth reaching it: "
+      f"{gt['best_uniform_depth']}")
+    p("  policy          threshold  answer acc  mean loops  vs A0@r_bar  vs best uniform  Spearman(exit, hops) [95% CI]"
+      + ("   fast path: loops, acc" if fast else ""))
     for name, pol in gt["policies"].items():
         sp = pol["spearman_exit_vs_hops"]
         best = pol["vs_best_uniform_loops_ratio"]
-        p(f"  {name:10s} {_fmt(pol['threshold'], '.3g'):>10s}  {pol['answer_accuracy']:10.3f}  "
+        side = ""
+        if fast:
+            f = fast["policies"][name]
+            side = f"   {f['mean_loops']:6.2f}, {f['answer_accuracy']:.3f}"
+        p(f"  {name:14s} {_fmt(pol['threshold'], '.3g'):>10s}  {pol['answer_accuracy']:10.3f}  "
           f"{pol['mean_loops']:10.2f}  {pol['vs_a0_rbar_loops_ratio']:10.2f}x  {_fmt(best, '.2f', 'x'):>15s}  "
-          f"{_fmt(sp['value'], '.3f')} [{_fmt(sp['ci_low'], '.3f')}, {_fmt(sp['ci_high'], '.3f')}]")
+          f"{_fmt(sp['value'], '.3f')} [{_fmt(sp['ci_low'], '.3f')}, {_fmt(sp['ci_high'], '.3f')}]"
+          + ("" if pol["matches_a0_rbar"] else "  (never matches: its most accurate point)") + side)
+    for h, ex in gt["extrapolation"].items():
+        at_rbar = ex["accuracy_at_r_bar"]
+        p(f"  extrapolation, {h} hops: {ex['n_answers']} answers; accuracy at r_bar {at_rbar['value']:.3f} "
+          f"[{at_rbar['ci_low']:.3f}, {at_rbar['ci_high']:.3f}], best {ex['best_accuracy']:.3f} "
+          f"at {ex['best_loops']} loops")
 
 
 def _fmt(x, spec: str, suffix: str = "") -> str:

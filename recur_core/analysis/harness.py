@@ -44,16 +44,20 @@ from ..model.looped_lm import LoopedLM, take_rows
 from .parallel import map_batches
 from .trace import NO_TARGET, progress_bar, split_inputs
 
+ALONE_GROUP = 64  # windows per batch of a policy that remembers earlier loops (runs outside the lanes)
+
 
 @dataclass
 class ExactResult:
     """Per-token outcome: ce (N, T) of the final readout (NaN without target), exit_depth (N, T)
-    the loop after which each token froze, converged (N, T) False where only the cap stopped it."""
+    the loop after which each token froze, converged (N, T) False where only the cap stopped it,
+    argmax (N, T) the final readout's prediction (what decoding would emit)."""
 
     ce: np.ndarray
     exit_depth: np.ndarray
     converged: np.ndarray
     targets: np.ndarray
+    argmax: np.ndarray
 
     @property
     def has_target(self) -> np.ndarray:
@@ -107,47 +111,57 @@ def run_exact_sweep(ckpt_or_model: Checkpoint | LoopedLM, ids, policies: list[Po
     caps = [p.cap(max_loops) for p in policies]
     work = work if work is not None else SweepWork()
     work.naive_window_loops += N * sum(caps)
-    ce = np.full((len(policies), N, T), np.nan, dtype=np.float32)
-    depth = np.zeros((len(policies), N, T), dtype=np.int64)
-    converged = np.zeros((len(policies), N, T), dtype=bool)
+    outcome = _outcome_arrays(len(policies), N, T)  # (ce, exit_depth, converged, argmax)
     # a policy that remembers earlier loops (e.g. argmax stability) keeps its memory per batch row:
-    # it runs alone, on fixed full-width batches; every other policy shares the lanes
+    # it runs alone, on fixed full-width batches of up to ALONE_GROUP windows; every other policy
+    # shares the lanes of groups of window_group windows
     alone = [p for p, pol in enumerate(policies) if pol.remembers_loops]
     shared = [p for p in range(len(policies)) if p not in alone]
-    update, close = progress_bar(progress, N, f"exact harness ({len(policies)} policies)")
+    update, close = progress_bar(progress, N * (bool(shared) + len(alone)),
+                                 f"exact harness ({len(policies)} policies; window-runs)")
 
-    def run(rows: range) -> tuple[np.ndarray, np.ndarray, np.ndarray, SweepWork]:
-        """The window group `rows`: (ce, exit_depth, converged) of shape (policies, len(rows), T)."""
-        part = (np.full((len(policies), len(rows), T), np.nan, dtype=np.float32),
-                np.zeros((len(policies), len(rows), T), dtype=np.int64),
-                np.zeros((len(policies), len(rows), T), dtype=bool))
+    def run_lanes(rows: range) -> tuple[list[int], tuple[np.ndarray, ...], SweepWork]:
+        """The shared policies on the window group `rows`."""
+        part = _outcome_arrays(len(shared), len(rows), T)
         part_work = SweepWork()
-        noise = model.seeded_state(rows, seed, T)
-        group_inputs, group_targets = inputs[rows.start:rows.stop], targets[rows.start:rows.stop]
-        sweep = _Sweep(model, group_inputs, group_targets, noise, [policies[p] for p in shared],
+        sweep = _Sweep(model, inputs[rows.start:rows.stop], targets[rows.start:rows.stop],
+                       model.seeded_state(rows, seed, T), [policies[p] for p in shared],
                        [caps[p] for p in shared], batch_size, part_work)
         for i, w, *finals in sweep.run():
-            for array, value in zip(part, finals):
-                array[shared[i], w] = value
-        for p in alone:  # each group its own memory: groups run on parallel threads
-            out = _exact_batch(model, group_inputs, group_targets, noise, policies[p].private(), caps[p])
-            for array, value in zip(part, out):
-                array[p] = value.numpy()
-            part_work.lane_loops += len(rows) * caps[p]
-        return (*part, part_work)
+            for array, value in zip(part, finals, strict=True):
+                array[i, w] = value
+        return shared, part, part_work
 
-    def gather(rows: range, result) -> None:
-        *part, part_work = result
-        for array, value in zip((ce, depth, converged), part):
-            array[:, rows.start:rows.stop] = value
+    def run_alone(p: int, rows: range) -> tuple[list[int], tuple[np.ndarray, ...], SweepWork]:
+        """One remembering policy on the window group `rows` (its own memory: groups run in parallel)."""
+        out = _exact_batch(model, inputs[rows.start:rows.stop], targets[rows.start:rows.stop],
+                           model.seeded_state(rows, seed, T), policies[p].private(), caps[p])
+        return [p], tuple(value.numpy()[None] for value in out), SweepWork(lane_loops=len(rows) * caps[p])
+
+    def gather(item, result) -> None:
+        rows = item[-1]
+        at, part, part_work = result
+        for array, value in zip(outcome, part, strict=True):
+            array[at, rows.start:rows.stop] = value
         work.add(part_work)
         update(len(rows))
     try:
-        groups = [range(start, min(start + window_group, N)) for start in range(0, N, window_group)]
-        map_batches(run, groups, next(model.parameters()).device, on_done=gather)
+        groups = [range(start, min(start + window_group, N)) for start in range(0, N, window_group)] if shared else []
+        big = [range(start, min(start + ALONE_GROUP, N)) for start in range(0, N, ALONE_GROUP)]
+        items = [("lanes", rows) for rows in groups] + [("alone", p, rows) for p in alone for rows in big]
+        map_batches(lambda item: run_lanes(item[1]) if item[0] == "lanes" else run_alone(item[1], item[2]), items,
+                    next(model.parameters()).device, on_done=gather)
     finally:
         close()
-    return [ExactResult(ce[p], depth[p], converged[p], targets.numpy()) for p in range(len(policies))]
+    ce, depth, converged, argmax = outcome
+    return [ExactResult(ce[p], depth[p], converged[p], targets.numpy(), argmax[p]) for p in range(len(policies))]
+
+
+def _outcome_arrays(n_policies: int, n_windows: int, T: int) -> tuple[np.ndarray, ...]:
+    """Empty (ce, exit_depth, converged, argmax) arrays of shape (n_policies, n_windows, T)."""
+    shape = (n_policies, n_windows, T)
+    return (np.full(shape, np.nan, dtype=np.float32), np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=bool),
+            np.full(shape, -1, dtype=np.int64))
 
 
 @dataclass
@@ -193,7 +207,7 @@ class _Sweep:
 
     @torch.inference_mode()
     def run(self):
-        """Yields (policy index, window, ce (T,), exit_depth (T,), converged (T,)) per finished pair."""
+        """Yields (policy index, window, ce (T,), exit_depth (T,), converged (T,), argmax (T,)) per finished pair."""
         loop = 0
         while self.lanes:
             loop += 1
@@ -273,10 +287,11 @@ class _Sweep:
             part = finals[at:at + self.batch_size]
             windows = [w for _, w, _ in part]
             state = torch.stack([s for s, _, _ in part])
-            ce = readout_stats(self.model.coda(state), self.model.head_weight, self.targets[windows]).ce.cpu().numpy()
+            stats = readout_stats(self.model.coda(state), self.model.head_weight, self.targets[windows])
+            ce, argmax = stats.ce.cpu().numpy(), stats.argmax.cpu().numpy()
             for b, (_, w, done) in enumerate(part):
                 for p, exit_depth, conv in done:
-                    yield p, w, ce[b], exit_depth, conv
+                    yield p, w, ce[b], exit_depth, conv, argmax[b]
 
 
 @torch.inference_mode()
@@ -305,8 +320,8 @@ def _exact_batch(model: LoopedLM, inputs, targets, noise, policy: Policy, cap: i
         state = new
         if frozen.all():
             break
-    ce = readout_stats(model.coda(state), model.head_weight, targets).ce
-    return ce.cpu(), exit_depth.cpu(), converged.cpu()
+    stats = readout_stats(model.coda(state), model.head_weight, targets)
+    return stats.ce.cpu(), exit_depth.cpu(), converged.cpu(), stats.argmax.cpu()
 
 
 def _live_rows(frozen: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:

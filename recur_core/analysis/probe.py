@@ -10,7 +10,13 @@ horizons (the next loop, or any later loop up to r_max) times two notions of "ch
                 a later loop still moves the output by at least label_eps)
 so a label exists for loops 1 .. r_max - 1 (the harvest runs to r_max). label_eps, the KL labels'
 threshold, is by default tied to A1: the ε at which A1 (fast path, first check at loop 2) first
-reaches A0's loss at r_bar on the probe's own training windows (`a1_matched_eps`); a float fixes it.
+reaches A0's quality at r_bar on the probe's own training windows (`a1_matched_eps`); a float fixes it.
+Quality is what the checkpoint is judged by: the all-token loss, or, where the probe windows have
+ground truth (answer tokens of known depth), answer accuracy within 1 point. (On the hops task early
+exit *lowers* the all-token loss, most tokens being unpredictable statements, so loss matching picks
+an ε larger than any KL and every label is negative.) Labels of one class are refused
+(`SingleClassLabels`): such a "probe" is a constant, and `load_or_train_probes` leaves it out and
+says why (`ProbeSet.refused`).
 
 Labels and states are harvested from uniform runs of the checkpoint's training-side windows
 (`ckpt.windows("probe")`); a seeded sample of token positions per window keeps memory bounded (every
@@ -37,6 +43,7 @@ from ..exits.policies import ConvergenceExit, Uniform
 from ..model.checkpoint import Checkpoint, model_id, resolve_model
 from .cache import CacheCorrupt, TraceCache, read_arrays, write_arrays
 from .curves import EPS_GRID, fast_sums
+from .ground_truth import TOLERANCE, correct_at
 from .matching import cheapest
 from .parallel import map_batches
 from .trace import Trace, progress_bar, resolve_cache, split_inputs, trace_batch
@@ -227,11 +234,30 @@ def split_windows(window: np.ndarray, heldout_fraction: float, seed: int) -> np.
     return np.isin(window, held)
 
 
+class SingleClassLabels(ValueError):
+    """Every training label of a probe is the same: the fit would be a constant."""
+
+
+class ProbeSet(dict):
+    """{label kind: Probe} of the kinds that could be trained; `refused` {kind: why} for the others."""
+
+    def __init__(self, probes: dict, refused: dict[str, str] | None = None):
+        super().__init__(probes)
+        self.refused = dict(refused or {})
+
+
 def train_probe(data: Harvest, kind: str, *, l2: float = 1e-3, heldout_fraction: float = 0.25,
                 seed: int = 0) -> Probe:
-    """Fit on the training windows; metrics (accuracy, AUC, positive rate) on the held-out ones."""
+    """Fit on the training windows; metrics (accuracy, AUC, positive rate) on the held-out ones.
+    Raises SingleClassLabels when the training labels are all of one class."""
     labels = data.labels(kind)
     held = split_windows(data.window, heldout_fraction, seed)
+    if labels[~held].all() or not labels[~held].any():
+        value = "positive" if labels[~held].all() else "negative"
+        why = (f" (label ε {data.label_eps:.3g} nats is {'below' if value == 'positive' else 'above'} every KL)"
+               if kind.startswith("kl") else "")
+        raise SingleClassLabels(f"A2 probe '{kind}': all {int((~held).sum())} training labels are {value}{why}; "
+                                "a probe fit to one class is a constant, so it is not used")
     weight, bias, mean, std = fit_logistic(data.features[~held], labels[~held], l2)
     probe = Probe(weight, bias, mean, std, kind, data.label_eps)
     probe.metrics = {"train": _metrics(probe, data.features[~held], labels[~held]),
@@ -249,24 +275,35 @@ def _metrics(probe: Probe, features: np.ndarray, labels: np.ndarray) -> dict:
 
 
 # -- cached training for a checkpoint -----------------------------------------------------------
-def a1_matched_eps(tr: Trace, r_bar: int, r_max: int) -> float | None:
+def a1_matched_eps(tr: Trace, r_bar: int, r_max: int, answers: np.ndarray | None = None) -> float | None:
     """A1's ε at the matched point on a trace: the cheapest ε of analysis.EPS_GRID (fast path, A1's
-    default first check) whose loss is at most A0's at r_bar; None if no ε reaches it."""
-    target = fast_sums(tr, Uniform(r_bar)).mean_loss
-    sums = {eps: fast_sums(tr, ConvergenceExit(eps, r_max=r_max)) for eps in EPS_GRID if 0 < eps < float("inf")}
-    return cheapest(sums, lambda eps: sums[eps].mean_loss <= target, lambda eps: (sums[eps].mean_loops, eps))
+    default first check) whose loss is at most A0's at r_bar, or with `answers` ((N, T) bool, the
+    answer tokens that have ground truth) whose answer accuracy is within TOLERANCE of A0's at r_bar;
+    None if no ε reaches it."""
+    eps_grid = [eps for eps in EPS_GRID if 0 < eps < float("inf")]
+    if answers is None:
+        target = fast_sums(tr, Uniform(r_bar)).mean_loss
+        sums = {eps: fast_sums(tr, ConvergenceExit(eps, r_max=r_max)) for eps in eps_grid}
+        return cheapest(sums, lambda eps: sums[eps].mean_loss <= target, lambda eps: (sums[eps].mean_loops, eps))
+    accuracy = lambda policy: float(correct_at(tr, policy.exit_depth(tr))[answers].mean())  # noqa: E731
+    target = accuracy(Uniform(r_bar)) - TOLERANCE
+    points = {eps: ConvergenceExit(eps, r_max=r_max) for eps in eps_grid}
+    return cheapest(points, lambda eps: accuracy(points[eps]) >= target,
+                    lambda eps: (points[eps].exit_depth(tr).mean(), eps))
 
 
 def load_or_train_probes(ckpt: Checkpoint, max_loops: int, seed: int = 0, *, kinds=LABEL_KINDS,
                          label_eps: float | str = DEFAULT_LABEL_EPS, r_bar: int | None = None, n_windows: int = 32,
                          tokens_per_window: int = 64, l2: float = 1e-3, heldout_fraction: float = 0.25,
-                         cache=True, progress=None) -> dict[str, Probe]:
+                         answers: np.ndarray | None = None, cache=True, progress=None) -> ProbeSet:
     """Probes of each label kind for a checkpoint, from its first n_windows probe windows; loaded
     from <cache>/<ckpt id>/probes/ when saved with the same settings, else harvested and trained.
 
     label_eps: a float, or LABEL_EPS_A1 ("a1") for A1's matched ε on these windows at r_bar
-    (default: the recipe's r_bar, capped at max_loops); each probe records the ε it used
-    (`probe.label_eps`, and `metrics["label_eps_rule"]`).
+    (default: the recipe's r_bar, capped at max_loops), matched on answer accuracy where `answers`
+    ((n_windows, T) bool: the probe windows' answer tokens with ground truth) is given; each probe
+    records the ε it used (`probe.label_eps`, and `metrics["label_eps_rule"]`). Kinds whose labels
+    are all of one class are left out, with the reason in the result's `refused` (and a warning).
     """
     windows = ckpt.windows("probe")[:n_windows]
     if r_bar is None:
@@ -274,7 +311,8 @@ def load_or_train_probes(ckpt: Checkpoint, max_loops: int, seed: int = 0, *, kin
     r_bar = max(1, min(r_bar, max_loops))
     settings = {"max_loops": max_loops, "seed": seed, "label_eps": label_eps, "l2": l2, "r_bar": r_bar,
                 "tokens_per_window": tokens_per_window, "heldout_fraction": heldout_fraction,
-                "format_version": PROBE_FORMAT_VERSION}
+                "format_version": PROBE_FORMAT_VERSION,
+                "answers": None if answers is None else hashlib.sha256(np.packbits(answers).tobytes()).hexdigest()}
     store = resolve_cache(cache)
     probes, missing = {}, []
     for kind in kinds:
@@ -283,22 +321,31 @@ def load_or_train_probes(ckpt: Checkpoint, max_loops: int, seed: int = 0, *, kin
         probes[kind] = _load_probe(store, path, key)
         if probes[kind] is None:
             missing.append((kind, path, key))
+    refused = {}
     if missing:
         data = harvest(ckpt, windows, max_loops, seed, tokens_per_window=tokens_per_window, progress=progress)
         rule = f"fixed {label_eps}"
         if label_eps == LABEL_EPS_A1:
-            matched = a1_matched_eps(data.trace, r_bar, max_loops)
+            quality = "answer accuracy" if answers is not None else "loss"
+            matched = a1_matched_eps(data.trace, r_bar, max_loops, answers)
             data.label_eps = FALLBACK_LABEL_EPS if matched is None else matched
-            rule = (f"A1's matched ε at r_bar {r_bar} on the probe windows" if matched is not None else
-                    f"A1 never reaches A0's loss at r_bar {r_bar} on the probe windows: fallback {FALLBACK_LABEL_EPS}")
+            rule = (f"A1's matched ε at r_bar {r_bar} on the probe windows' {quality}" if matched is not None else
+                    f"A1 never reaches A0's {quality} at r_bar {r_bar} on the probe windows: "
+                    f"fallback {FALLBACK_LABEL_EPS}")
         else:
             data.label_eps = float(label_eps)
         for kind, path, key in missing:
-            probes[kind] = train_probe(data, kind, l2=l2, heldout_fraction=heldout_fraction, seed=seed)
+            try:
+                probes[kind] = train_probe(data, kind, l2=l2, heldout_fraction=heldout_fraction, seed=seed)
+            except SingleClassLabels as err:
+                warnings.warn(str(err), stacklevel=2)
+                refused[kind] = str(err)
+                del probes[kind]
+                continue
             probes[kind].metrics["label_eps_rule"] = rule
             if path is not None:
                 probes[kind].save(path, key)
-    return probes
+    return ProbeSet(probes, refused)
 
 
 def _probe_key(ckpt_id: str, windows: np.ndarray, settings: dict) -> str:

@@ -1,0 +1,170 @@
+"""Depth allocation (the paper's Table 4): A0 / A1 / A2 curves, fast or exact, and which thresholds
+of a sweep the exact path runs.
+
+Fast path: every threshold of every family is read off the uniform trace (instant; the app's
+sliders). Exact path: the masking harness, where frozen tokens stay in the context with their exit
+state, as in real decoding. Running every threshold exact costs minutes per checkpoint on a CPU, so
+the exact path runs a *plan* of points, chosen so that every headline number is exact:
+  * spread    at least SPREAD_POINTS thresholds per family spread over its grid, plus, for each A0
+              depth d, the threshold whose fast mean loops is nearest d;
+  * refined   then, in rounds (one batched harness pass per round), bisection on the grid between
+              the two exact points that bracket (a) A0's loss at r_bar and its CI ends (loops to
+              match) and (b) each A0 depth d in mean loops (the matched-depth table), until the
+              bracketing points are grid neighbours.
+So "loops to match A0 at r_bar" and the matched-depth table interpolate only between exact points
+that are neighbours on the grid, the same resolution the fast path has. A0 runs in the harness at
+every depth (uniform depth freezes nothing early, so it rides the shared root lane). The fast curves
+stay dense; report.json says which points are exact (`exact_points`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..exits.policies import ConvergenceExit, LinearRouter, Policy, Uniform
+from .curves import (
+    EPS_GRID,
+    TAU_GRID,
+    Curve,
+    WindowSums,
+    a0_loss_at,
+    fast_curve,
+    loops_to_match,
+    matched_depth_table,
+    sweep,
+)
+from .exact import exact_results
+from .harness import ExactResult, SweepWork
+from .matching import cheapest
+from .stats import Bootstrap
+from .trace import Trace
+
+SPREAD_POINTS = 8  # exact points per family spread over its grid, before refinement
+MAX_ROUNDS = 8  # refinement rounds (a 35-point grid needs at most 6 to reach neighbours)
+
+
+def allocation_families(r_max: int, eps_grid=EPS_GRID, tau_grid=TAU_GRID, probes: dict | None = None,
+                        a1_min_loops: int = ConvergenceExit.FIRST_CHECK) -> dict[str, list[Policy]]:
+    """The policies of the allocation curves: A0 at r = 1..r_max, A1 over eps_grid (first check at
+    a1_min_loops), and A2 over tau_grid for each probe label kind."""
+    families = {"A0": [Uniform(r) for r in range(1, r_max + 1)],
+                "A1": [ConvergenceExit(eps, min(a1_min_loops, r_max), r_max) for eps in eps_grid]}
+    for kind, probe in (probes or {}).items():
+        families[f"A2_{kind}"] = [LinearRouter(probe, tau, 1, r_max) for tau in tau_grid]
+    return families
+
+
+def allocation_report(curves: dict[str, Curve], boot: Bootstrap, r_bar: int) -> dict:
+    """JSON-ready curve points, the matched-depth table and loops to match A0 at r_bar."""
+    a0, others = curves["A0"], [c for name, c in curves.items() if name != "A0"]
+    report = {name: c.points(boot) for name, c in curves.items()}
+    report["matched_depth"] = matched_depth_table(a0, others, boot)
+    for c in others:
+        report[f"{c.name.lower()}_loops_to_match_a0_rbar"] = loops_to_match(c, a0, r_bar, boot)
+    return report
+
+
+def allocation(tr: Trace, boot: Bootstrap, r_max: int, r_bar: int, *, eps_grid=EPS_GRID, tau_grid=TAU_GRID,
+               probes: dict | None = None, a1_min_loops: int = ConvergenceExit.FIRST_CHECK, exact=None,
+               cache=False, progress=None, work: SweepWork | None = None) -> dict:
+    """Allocation curves, the matched-depth table and loops to match A0 at r_bar.
+
+    Fast path (exact=None): every policy read off the trace; probes: {label kind: Probe} whose
+    chances the trace must hold (trace(..., probes=...)). Exact path: exact=(ckpt or model, ids) of
+    the traced windows; the plan's points run in the masking harness (`exact_plan`).
+    Returns {"curves": {name: Curve}, "report": JSON-ready dict, "path": "fast" | "exact"}; the exact
+    report also has "exact_points" {family: thresholds run exact}.
+    """
+    families = allocation_families(min(r_max, tr.max_loops), eps_grid, tau_grid, probes, a1_min_loops)
+    fast = {name: fast_curve(tr, name, policies, boot) for name, policies in families.items()}
+    if exact is None:
+        return {"curves": fast, "report": allocation_report(fast, boot, r_bar), "path": "fast"}
+    curves = exact_plan(*exact, families, fast, r_bar, tr.max_loops, tr.seed, boot, cache=cache,
+                        progress=progress, work=work)
+    report = allocation_report(curves, boot, r_bar)
+    report["exact_points"] = {name: list(c.thresholds) for name, c in curves.items()}
+    return {"curves": curves, "report": report, "path": "exact"}
+
+
+def allocation_is_cached(tr: Trace, ckpt, ids, boot: Bootstrap, r_max: int, r_bar: int, *, probes: dict | None = None,
+                         cache=True) -> bool:
+    """Whether allocation(..., exact=(ckpt, ids)) would be served from the cache (no harness run)."""
+    families = allocation_families(min(r_max, tr.max_loops), probes=probes)
+    fast = {name: fast_curve(tr, name, policies, boot) for name, policies in families.items()}
+    return exact_plan(ckpt, ids, families, fast, r_bar, tr.max_loops, tr.seed, boot, cache=cache,
+                      cache_only=True) is not None
+
+
+def operating_threshold(curve: Curve, target_loss: float, default: float) -> float:
+    """The cheapest swept threshold whose (point-estimate) loss is at most target_loss (ties: the
+    smaller threshold); default if none is."""
+    best = cheapest(range(len(curve.thresholds)), lambda p: curve.loss[0, p] <= target_loss,
+                    lambda p: (curve.mean_loops[0, p], curve.thresholds[p]))
+    return default if best is None else curve.thresholds[best]
+
+
+# -- the exact plan -----------------------------------------------------------------------------------
+def exact_plan(ckpt_or_model, ids, families: dict[str, list[Policy]], fast: dict[str, Curve], r_bar: int,
+               max_loops: int, seed: int, boot: Bootstrap, *, cache=False, progress=None,
+               work: SweepWork | None = None, cache_only: bool = False,
+               rounds: int = MAX_ROUNDS) -> dict[str, Curve] | None:
+    """Exact curves on the plan's points (module doc): one batched harness pass per round.
+    cache_only: None if any round is not cached."""
+    done: dict[str, dict[int, ExactResult]] = {name: {} for name in families}
+    pending = {name: (set(range(len(policies))) if name == "A0" else _seed_points(fast[name], fast["A0"]))
+               for name, policies in families.items()}
+    curves: dict[str, Curve] = {}
+    for _ in range(rounds):
+        batch = [(name, i) for name in families for i in sorted(pending[name])]
+        if not batch:
+            break
+        results = exact_results(ckpt_or_model, ids, [families[n][i] for n, i in batch], max_loops, seed,
+                                cache=cache, progress=progress, work=work, cache_only=cache_only)
+        if results is None:
+            return None
+        for (name, i), result in zip(batch, results, strict=True):
+            done[name][i] = result
+        curves = {name: _exact_curve(name, families[name], done[name], boot) for name in families}
+        pending = {name: (set() if name == "A0" else _refine(curves[name], done[name], curves["A0"], r_bar, boot))
+                   for name in families}
+    return curves
+
+
+def _exact_curve(name: str, policies: list[Policy], done: dict[int, ExactResult], boot: Bootstrap) -> Curve:
+    at = sorted(done)
+    return sweep(name, [policies[i] for i in at],
+                 [WindowSums.of(r.ce, r.exit_depth, r.converged, r.has_target) for r in (done[i] for i in at)], boot)
+
+
+def _seed_points(curve: Curve, a0: Curve) -> set[int]:
+    """Grid indices of the first round: SPREAD_POINTS evenly over the grid, both ends, and for each
+    A0 depth the index whose fast mean loops is nearest it."""
+    n = len(curve.thresholds)
+    points = {int(round(x)) for x in np.linspace(0, n - 1, min(SPREAD_POINTS, n))}
+    loops = curve.mean_loops[0]
+    points |= {int(np.argmin(np.abs(loops - d))) for d in a0.thresholds}
+    return points
+
+
+def _refine(curve: Curve, done: dict[int, ExactResult], a0: Curve, r_bar: int, boot: Bootstrap) -> set[int]:
+    """Grid indices that halve each bracket not yet between grid neighbours: around A0's loss at
+    r_bar (and its CI ends) in loss, and around each A0 depth in mean loops."""
+    at = np.array(sorted(done))  # grid index of each point of `curve`, in curve order
+    loops, loss = curve.mean_loops[0], curve.loss[0]
+    order = np.argsort(loops, kind="stable")
+    new = set()
+    target = boot.summarise(a0_loss_at(a0, r_bar))
+    for level in (target.value, target.ci_low, target.ci_high):
+        reached = np.flatnonzero(loss[order] <= level)
+        if len(reached) and reached[0] > 0:
+            new |= _midpoint(at[order[reached[0] - 1]], at[order[reached[0]]])
+    for d in a0.thresholds:
+        above = np.flatnonzero(loops[order] >= d)
+        if len(above) and above[0] > 0:
+            new |= _midpoint(at[order[above[0] - 1]], at[order[above[0]]])
+    return new - set(done)
+
+
+def _midpoint(i: int, j: int) -> set[int]:
+    """The grid index halfway between i and j, if they are not neighbours."""
+    lo, hi = sorted((int(i), int(j)))
+    return {(lo + hi) // 2} if hi - lo > 1 else set()

@@ -282,7 +282,7 @@ def time_specs(ckpt, prompts, specs, new_tokens, repeats, cap, seed):
 
 
 def median_ratio(num, den):
-    return statistics.median(a / b for a, b in zip(num, den))
+    return statistics.median(a / b for a, b in zip(num, den, strict=True))
 
 
 @dataclass

@@ -101,8 +101,9 @@ def main(argv=None) -> dict:
         t0 = time.perf_counter()
         single = [run_exact_sweep(ckpt, windows, [pol], loops, 0, work=single_work)[0] for pol in policies]
         single_s = time.perf_counter() - t0
-        moved = np.mean([(a.exit_depth != b.exit_depth).mean() for a, b in zip(swept, single)])
-        loss_diff = max(abs(float(np.nanmean(a.ce)) - float(np.nanmean(b.ce))) for a, b in zip(swept, single))
+        moved = np.mean([(a.exit_depth != b.exit_depth).mean() for a, b in zip(swept, single, strict=True)])
+        loss_diff = max(abs(float(np.nanmean(a.ce)) - float(np.nanmean(b.ce)))
+                        for a, b in zip(swept, single, strict=True))
         print(f"  one run per policy  {single_s:8.1f} s   {single_work.lane_loops:6d} window-loops "
               f"(each run stops once all its tokens are frozen; {work.naive_window_loops} to every cap)")
         print(f"  agreement: {moved:.2%} of exits moved, largest loss difference {loss_diff:.1e} nats")

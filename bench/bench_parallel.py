@@ -77,7 +77,8 @@ def main(argv=None) -> dict:
                                    args.repeats)
     agree = dict(trace_max_abs_kl=float(np.nanmax(np.abs(tr_s.kl_prev - tr_p.kl_prev))),
                  trace_max_abs_ce=float(np.nanmax(np.abs(tr_s.ce - tr_p.ce))),
-                 exit_depth_differs=float(np.mean([(a.exit_depth != b.exit_depth).mean() for a, b in zip(ex_s, ex_p)])))
+                 exit_depth_differs=float(np.mean([(a.exit_depth != b.exit_depth).mean()
+                                                   for a, b in zip(ex_s, ex_p, strict=True)])))
     print(f"agreement: trace |ΔKL| ≤ {agree['trace_max_abs_kl']:.2e}, |Δce| ≤ {agree['trace_max_abs_ce']:.2e}; "
           f"exit depths differ for {100 * agree['exit_depth_differs']:.3f}% of tokens")
     out = dict(checkpoint=args.checkpoint, windows=args.windows, threads=args.threads, repeats=args.repeats,

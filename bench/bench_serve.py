@@ -354,7 +354,8 @@ def sequence_slowdowns(pools: dict, runs_by_pool: dict, name: str) -> None:
 
 def paired_ratio(trials: dict, name: str, base: str) -> float:
     """Median over repetitions of name's tokens/s over base's in the same repetition."""
-    return float(np.median([a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(trials[name], trials[base])]))
+    return float(np.median([a["tokens_per_s"] / b["tokens_per_s"]
+                            for a, b in zip(trials[name], trials[base], strict=True)]))
 
 
 def served_names(cal: Calibration, kinds: list[str]) -> list[str]:

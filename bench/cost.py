@@ -35,7 +35,7 @@ def generation_cost(cost: CostModel, gen, policy: Policy, check_every: int = 1) 
     prompt_len = len(gen.prompt_ids)
     min_loops = policy.min_loops
     total = 0.0
-    for k, (loops, readouts) in enumerate(zip(gen.decode_exit_loops, gen.step_readouts)):
+    for k, (loops, readouts) in enumerate(zip(gen.decode_exit_loops, gen.step_readouts, strict=True)):
         consults = 0 if isinstance(policy, Uniform) else max(loops - min_loops, -1) // check_every + 1
         kl = consults if policy.needs_readout else 0
         total += cost.step(prompt_len + k + 1, loops, readouts, consults, kl)
@@ -50,7 +50,7 @@ def served_cost(cost: CostModel, completions, policy: Policy) -> float:
     for c in completions:
         total += generation_cost(cost, c, policy)
         total += sum(cost.step(t + 1, loops, readouts, 0, 0)
-                     for t, (loops, readouts) in enumerate(zip(c.prompt_row_loops, c.prompt_row_readouts)))
+                     for t, (loops, readouts) in enumerate(zip(c.prompt_row_loops, c.prompt_row_readouts, strict=True)))
     return total
 
 

@@ -95,7 +95,7 @@ def smallest_uniform_depth(uniform: dict[int, Accuracy], accuracy: float, cap: i
 
 def median_speedup(tps: dict, role: str, base: str) -> float:
     """Median over repeats of role's tokens/s over base's in the same repeat."""
-    return statistics.median(x / y for x, y in zip(tps[role], tps[base]))
+    return statistics.median(x / y for x, y in zip(tps[role], tps[base], strict=True))
 
 
 def report_timing(labels: dict[str, str], tps: dict, flops: dict) -> None:

@@ -176,7 +176,7 @@ def section_1_3(ckpt, cal, held, a2, args, cap, r_bar, sections) -> dict:
     frac = early / np.maximum(np.arange(gap.shape[1])[None, :], 1)
     qs = np.quantile(frac[:, 8:], [0.25, 0.5, 0.75])
     out["by_context"] = []
-    for lo, hi in zip([-1, *qs], [*qs, 2]):
+    for lo, hi in zip([-1, *qs], [*qs, 2], strict=True):
         m = (frac > lo) & (frac <= hi)
         m[:, :8] = False
         if m.any():
@@ -211,7 +211,7 @@ def section_keys(ckpt, cal, a2, args, cap, r_bar) -> list:
             m = (e_lat == e) & (e_rec == e)  # tokens that exit at e under both rules
             if not m.any():
                 continue
-            sel = lambda k: k[:, :, i - 1].permute(1, 3, 0, 2, 4)[m]  # noqa: E731  (tokens, n_core, Hkv, hd)
+            sel = lambda k, i=i, m=m: k[:, :, i - 1].permute(1, 3, 0, 2, 4)[m]  # noqa: E731  (tokens, n_core, Hkv, hd)
             d_lat, c_lat = rel(sel(k_lat), sel(k_uni))
             d_rec, c_rec = rel(sel(k_rec), sel(k_uni))
             log(f"  exit {e}, read at loop {i:2d}: latest vs uniform rel. dist {d_lat:.3f} (cos {c_lat:.3f}); "

@@ -23,7 +23,7 @@ download.table(pd.DataFrame(rows), "token_classes")
 
 st.subheader("Tokens of each class")
 present = [c for c in TOKEN_CLASSES if (tokens["class"] == c).any()]
-for tab, name in zip(st.tabs([f"{c} ({int((tokens['class'] == c).sum())})" for c in present]), present):
+for tab, name in zip(st.tabs([f"{c} ({int((tokens['class'] == c).sum())})" for c in present]), present, strict=True):
     with tab:
         part = tokens[tokens["class"] == name].reset_index(drop=True)
         download.table(part, f"tokens_{name}", height=min(320, 35 * (len(part) + 1) + 3),

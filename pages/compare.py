@@ -36,7 +36,7 @@ with cols[2]:
         st.info(f"A2 needs r_max ≥ 2 to train its probe (this checkpoint has r_max = {m.r_max})." if m.has_windows
                 else "A2's probe is trained on the checkpoint's training-side windows, and this folder ships none.")
 
-for col, (family, label, policy) in zip(cols, policies):
+for col, (_family, label, policy) in zip(cols, policies, strict=False):  # 3 columns, 2 policies without A2
     with col:
         out = compute.outcome(tr, policy)
         a, b = st.columns(2)

@@ -100,15 +100,15 @@ if pool_mode and st.button("Run the pool", type="primary"):
     if not prompts or any(n is None for n in lengths):
         st.stop()
     requests = [Request(ids, n, policy, kv_rule=kv_rule, seed=int(seed) + i, **sampling)
-                for i, (ids, n) in enumerate(zip(encoded, lengths))]
+                for i, (ids, n) in enumerate(zip(encoded, lengths, strict=True))]
     uniform = [Request(ids, n, Uniform(m.r_bar), kv_rule=kv_rule, seed=int(seed) + i, **sampling)
-               for i, (ids, n) in enumerate(zip(encoded, lengths))]
+               for i, (ids, n) in enumerate(zip(encoded, lengths, strict=True))]
     with st.spinner(f"Decoding {len(prompts)} prompts in a pool of {slots}, then uniform depth r̄ = {m.r_bar} …"), \
             decoding.one_thread():
         run = serve(ckpt, requests, slots, max_loops=m.r_max, keep_logits=False)
         base = serve(ckpt, uniform, slots, max_loops=m.r_max, keep_logits=False)
     st.html(decoding.legend(policy.cap(m.r_max)))
-    for text, c in zip(prompts, run):
+    for text, c in zip(prompts, run, strict=True):
         st.markdown(f"**{text}**")
         st.html(decoding.strip(token_pieces(tok, c.prompt_ids, c.ids), c.exit_loops, policy.cap(m.r_max),
                                repr(policy)))

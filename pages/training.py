@@ -44,7 +44,8 @@ with right:
         if not final.empty:
             last = final[final["step"] == final["step"].max()]
             st.caption(f"Final eval on all {int(last['windows'].iloc[0])} saved windows (step {int(last['step'].iloc[0])}): "
-                       + ", ".join(f"{d} loops {v:.3f}" for d, v in zip(last["depth"], last["loss"])) + " nats.")
+                       + ", ".join(f"{d} loops {v:.3f}" for d, v in zip(last["depth"], last["loss"], strict=True))
+                       + " nats.")
     else:
         st.info("No eval events in the log yet.")
 with st.expander("Log tables"):

@@ -202,7 +202,7 @@ def print_tables(report: dict, file) -> None:
       f"{s['max_loops']} loops, r_bar {s['r_bar']}, r_max {s['r_max']}; 95% bootstrap CIs over windows)")
     el = report["elasticity"]
     p("\nTable 2. Elasticity: loss (nats/token) at uniform depth r")
-    for r, v, lo, hi in zip(el["loops"], el["loss"], el["loss_ci_low"], el["loss_ci_high"]):
+    for r, v, lo, hi in zip(el["loops"], el["loss"], el["loss_ci_low"], el["loss_ci_high"], strict=True):
         p(f"  r = {r:2d}   {_ci(v, lo, hi)}")
     cv = report["convergence"]
     p(f"\nTable 3. Convergence: mean KL(p_i || p_(i-1)), tokens moving (KL > {cv['moving_threshold']:g}), "

@@ -177,7 +177,7 @@ def test_curve_page_policies_and_slider(app_env):
     after = highlighted(curve_figure(at))
     assert after != before
     a1 = next(t for t in curve_figure(at)["data"] if t.get("name", "").startswith("A1 convergence"))
-    assert any(math.isclose(after[0], x) and math.isclose(after[1], y) for x, y in zip(a1["x"], a1["y"]))
+    assert any(math.isclose(after[0], x) and math.isclose(after[1], y) for x, y in zip(a1["x"], a1["y"], strict=True))
     assert len(at.dataframe) >= 1  # matched-depth table
     assert any(b.label == "⬇ CSV" for b in at.download_button)
     at.toggle(key="bands").set_value(False).run()
@@ -197,7 +197,7 @@ def test_curve_page_defaults_to_paired_differences_from_a0(app_env):
     x0, y0 = plotly_values(a0["x"]), plotly_values(a0["y"])
     a1 = absolute["A1 convergence exit (KL < ε)"]
     diff = curves["A1 convergence exit (KL < ε)"]
-    for x, y, d in zip(plotly_values(a1["x"]), plotly_values(a1["y"]), plotly_values(diff["y"])):
+    for x, y, d in zip(plotly_values(a1["x"]), plotly_values(a1["y"]), plotly_values(diff["y"]), strict=True):
         if x0[0] <= x <= x0[-1]:  # each point minus A0 interpolated at the same mean loops
             assert d == pytest.approx(y - np.interp(x, x0, y0), abs=1e-9)
 

@@ -103,7 +103,7 @@ def browser():
         from playwright.sync_api import sync_playwright
     except ImportError:
         if os.environ.get("CI"):
-            pytest.fail("the playwright package is missing (it is in requirements.txt)")
+            pytest.fail("the playwright package is missing (it is in the dev extra: pip install -e .[dev])")
         pytest.skip("the playwright package is not installed")
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
@@ -252,11 +252,11 @@ def test_two_tabs_at_once(server, browser):
         tab.goto(base + "/")
         tab.wait_for_selector("h1:has-text('Token exit depths')", timeout=RUN_TIMEOUT_MS)
         wait_idle(tab)
-    for tab, text in zip(tabs, texts):
+    for tab, text in zip(tabs, texts, strict=True):
         tab.locator("textarea[aria-label='Text']").fill(text)
     for tab in tabs:  # submit both before waiting for either
         tab.locator("textarea[aria-label='Text']").press("Control+Enter")
-    for tab, text in zip(tabs, texts):
+    for tab, text in zip(tabs, texts, strict=True):
         n = len(expected_ids(ckpt, text))
         tab.wait_for_selector(strip_selector(ckpt, text), timeout=RUN_TIMEOUT_MS)
         wait_idle(tab)

@@ -21,8 +21,10 @@ def hops_server(tmp_path_factory):
         yield base
 
 
-def test_ground_truth_page_in_chromium(hops_server, browser, shots):
-    page = browser.new_page(viewport={"width": 1440, "height": 2200})
+def test_ground_truth_page_in_chromium(hops_server, request):
+    # the imported fixtures are looked up by name: as parameters they would shadow the imports
+    chromium, screenshots = request.getfixturevalue("browser"), request.getfixturevalue("shots")
+    page = chromium.new_page(viewport={"width": 1440, "height": 2200})
     page.goto(hops_server + "/ground_truth")
     page.wait_for_selector("h1:has-text('Ground truth')", timeout=RUN_TIMEOUT_MS)
     page.wait_for_selector("[data-testid='token-strip']", timeout=RUN_TIMEOUT_MS)
@@ -33,7 +35,7 @@ def test_ground_truth_page_in_chromium(hops_server, browser, shots):
         "els => els.map(e => e.getAttribute('title'))")]
     assert any("predicts an answer" in t and "hops deep" in t for t in titles)
     before = page.locator("[data-testid='token-strip']").get_attribute("data-ids")
-    snap(page, shots / "ground_truth.png")
+    snap(page, screenshots / "ground_truth.png")
     page.get_by_role("button", name="New random program").click()
     page.wait_for_selector(f"[data-testid='token-strip']:not([data-ids='{before}'])", timeout=RUN_TIMEOUT_MS)
     wait_idle(page)

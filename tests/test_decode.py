@@ -276,7 +276,7 @@ def test_generate_matches_teacher_forced_decoding(ckpt, windows):
 
 def test_halting_skips_compute_and_counts_readouts(ckpt, windows):
     a1 = generate(ckpt, windows[2, :8], 10, ConvergenceExit(1e-2, min_loops=2), max_loops=8, greedy=True)
-    for loops, readouts in zip(a1.decode_exit_loops, a1.step_readouts):
+    for loops, readouts in zip(a1.decode_exit_loops, a1.step_readouts, strict=True):
         assert 2 <= loops <= 8 and readouts == loops  # loops 1 .. exit (min_loops 2 reads out from loop 1)
     lat = generate(ckpt, windows[2, :8], 10, LatentDiff(1.0), max_loops=8, greedy=True)
     assert lat.step_readouts == [1] * 9  # one readout of the exit state per token

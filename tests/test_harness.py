@@ -132,7 +132,7 @@ def test_sweep_equals_one_run_per_policy(ckpt, windows):
                 + [ArgmaxStable(2, r_max=R_MAX), EntropyDiff(1e-2, r_max=R_MAX)])  # these remember loops: run alone
     work = SweepWork()
     results = run_exact_sweep(ckpt, windows, policies, R_MAX, seed=2, batch_size=3, window_group=3, work=work)
-    for policy, got in zip(policies, results):
+    for policy, got in zip(policies, results, strict=True):
         ce, depth, conv, argmax = naive_exact(ckpt.model, windows, policy, R_MAX, seed=2)
         np.testing.assert_array_equal(got.exit_depth, depth, err_msg=repr(policy))
         np.testing.assert_array_equal(got.converged, conv, err_msg=repr(policy))

@@ -114,7 +114,7 @@ def test_token_hops_put_each_answer_count_on_its_token():
     ids, hops = token_hops(build_tokenizer(), "k=7;b=k;x=b;x?7;k?7;")
     assert len(ids) == len(hops) == 1 + 7  # EOS, 3 statements, 2 queries and their 2 answers
     tokens = [build_tokenizer().id_to_token(i) for i in ids]
-    assert [(t, h) for t, h in zip(tokens, hops) if h] == [("7;", 3), ("7;", 1)]
+    assert [(t, h) for t, h in zip(tokens, hops, strict=True) if h] == [("7;", 3), ("7;", 1)]
     assert tokens[hops.index(3) - 1] == "x?"  # the answer is predicted at its query token
     with pytest.raises(ValueError, match="does not fit"):
         program_ids(build_tokenizer(), make_program(random.Random(0), [6, 6], 0), window_len=8)

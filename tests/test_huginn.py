@@ -55,7 +55,7 @@ def test_logits_equal_the_reference(huginn, init):
     state = torch.zeros(2, 24, 64) if init == "zero" else REF["input_states"]
     for r, logits in loop_logits(huginn.model, ids, state, loops).items():
         torch.testing.assert_close(logits, REF[f"logits_{init}_state_r{r}"], atol=ATOL, rtol=RTOL,
-                                   msg=lambda m: f"r = {r}: {m}")
+                                   msg=lambda m, r=r: f"r = {r}: {m}")
 
 
 def test_config_translation(huginn):

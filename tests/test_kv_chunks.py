@@ -36,7 +36,7 @@ def test_chunks_cover_every_row_once_in_position_order_within_the_budget(monkeyp
         assert plan.inverse.numpy()[order].tolist() == list(range(37))
     assert sum(plan.sizes) == 37
     at = 0
-    for size, chunk_slabs, n_keys, mask in zip(plan.sizes, plan.slabs, plan.n_keys, plan.masks):
+    for size, chunk_slabs, n_keys, mask in zip(plan.sizes, plan.slabs, plan.n_keys, plan.masks, strict=True):
         rows = order[at:at + size]
         assert chunk_slabs.tolist() == slabs[rows].tolist()
         assert n_keys == pos[rows].max() + 1

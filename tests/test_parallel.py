@@ -68,7 +68,7 @@ def test_parallel_trace_and_sweep_equal_one_thread(ckpt, two_threads):
     for name in ("kl_prev", "ce", "entropy", "state_change"):
         np.testing.assert_allclose(getattr(parallel, name), getattr(alone, name), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(parallel.argmax, alone.argmax)
-    for a, b in zip(swept, swept_alone):
+    for a, b in zip(swept, swept_alone, strict=True):
         np.testing.assert_array_equal(a.exit_depth, b.exit_depth)
         np.testing.assert_allclose(a.ce, b.ce, rtol=1e-5)
 

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -94,20 +95,20 @@ def test_pool_equals_batch1_generate_per_sequence(ckpt, windows, monkeypatch, ch
     reqs.append(late)
     done.update(pool.run())
     assert pool.mixed_steps > 0  # some core steps batched tokens at different loops
-    for rid, req in zip(ids, reqs):
+    for rid, req in zip(ids, reqs, strict=True):
         assert_same(done[rid], alone(ckpt, req))
     exits = {x for rid in ids for x in done[rid].decode_exit_loops}
     assert len(exits) > 2  # the exits really were mixed
     for rid in ids:  # no sequence waits a step: each new token takes exactly its exit loop's steps
         c = done[rid]
-        assert [b - a for a, b in zip(c.token_steps, c.token_steps[1:])] == c.decode_exit_loops
+        assert [b - a for a, b in pairwise(c.token_steps)] == c.decode_exit_loops
 
 
 @pytest.mark.parametrize("kv_rule", KV_RULES)
 def test_uniform_depth_in_the_pool_equals_the_full_forward(ckpt, windows, kv_rule):
     reqs = [Request(windows[i, :3 + 5 * i].tolist(), 6 + i, Uniform(4), kv_rule=kv_rule, seed=i, greedy=True)
             for i in range(4)]
-    for req, c in zip(reqs, serve(ckpt, reqs, slots=2, max_loops=CAP)):
+    for req, c in zip(reqs, serve(ckpt, reqs, slots=2, max_loops=CAP), strict=True):
         assert set(c.exit_loops) == {4}
         seq = c.prompt_ids + c.ids[:-1]
         ref = full_depth_logits(ckpt, seq, 4, seed=req.seed)[len(c.prompt_ids) - 1:]
@@ -129,7 +130,7 @@ def test_a_joining_prompt_loops_inside_the_shared_core_step(ckpt, windows):
     a, b = done[first], done[late]
     assert [t for t in a.token_s if b.admitted_s < t < b.token_s[0]]  # a emitted while b's prompt looped
     assert pool.calls["core"] == pool.steps
-    for c, req in zip((a, b), reqs):
+    for c, req in zip((a, b), reqs, strict=True):
         assert_same(c, alone(ckpt, req))
 
 
@@ -149,7 +150,7 @@ def test_one_policy_call_decides_tokens_at_different_loops(ckpt, windows, policy
     done = pool.run()
     assert len(calls) == pool.steps  # one call per step
     assert any(len(set(loops.flatten().tolist())) > 1 for loops in calls)  # tokens at different loops
-    for rid, req in zip(ids, reqs):
+    for rid, req in zip(ids, reqs, strict=True):
         assert_same(done[rid], alone(ckpt, req))
 
 
@@ -165,7 +166,7 @@ def test_halted_prompt_positions_leave_the_core_step_under_latest(ckpt, windows,
     ids = [pool.submit(r) for r in reqs]
     done = pool.run()
     assert any(len(set(done[rid].prompt_exit_loops)) > 1 for rid in ids)
-    for rid, req in zip(ids, reqs):
+    for rid, req in zip(ids, reqs, strict=True):
         c, chunk = done[rid], req.prefill_chunk or len(req.prompt)
         deepest = [max(c.prompt_exit_loops[a:a + chunk]) for a in range(0, len(req.prompt), chunk)]
         riders = [deepest[t // chunk] for t in range(len(req.prompt))]
@@ -179,7 +180,7 @@ def test_sequences_sharing_a_remembering_policy_keep_their_own_memory(ckpt, wind
     in the pool their tokens sit at different loops, and each still decodes as it does alone."""
     for policy in (EntropyDiff(1e-2, r_max=CAP), ArgmaxStable(2, r_max=CAP)):
         reqs = [Request(windows[i, :3 + 4 * i].tolist(), 6 + 2 * i, policy, seed=i, greedy=True) for i in range(3)]
-        for req, c in zip(reqs, serve(ckpt, reqs, slots=3, max_loops=CAP)):
+        for req, c in zip(reqs, serve(ckpt, reqs, slots=3, max_loops=CAP), strict=True):
             assert_same(c, alone(ckpt, req))
 
 
@@ -204,7 +205,7 @@ def test_bad_requests_get_clear_errors_and_leave_the_others_alone(ckpt, windows)
         pool.submit(Request([1, 2], 2, prefill_chunk=0))
     ids.append(pool.submit(good[2]))
     done = pool.run()
-    for rid, req in zip(ids, good):
+    for rid, req in zip(ids, good, strict=True):
         assert_same(done[rid], alone(ckpt, req))
     # serve(): a refused request gets its error, the rest run
     out = serve(ckpt, [good[0], Request("", 3), good[1]], slots=2, max_loops=CAP, tokenizer=ckpt.tokenizer())
@@ -317,7 +318,7 @@ def test_pool_on_cuda_equals_batch1_generate_on_cuda(tiny_ckpt, ckpt, windows):
     pool = Pool(cuda, slots=3, max_loops=CAP)
     ids = [pool.submit(r) for r in reqs]
     done = pool.run()
-    for rid, req in zip(ids, reqs):
+    for rid, req in zip(ids, reqs, strict=True):
         c, gen = done[rid], alone(cuda, req)
         assert (c.ids, c.exit_loops, c.prompt_exit_loops) == (gen.ids, gen.exit_loops, gen.prompt_exit_loops)
         torch.testing.assert_close(c.logits.cpu(), gen.logits.cpu(), atol=TOL, rtol=0)
@@ -331,7 +332,7 @@ def test_pool_on_a_huginn_format_model():
     huginn = load_checkpoint(ROOT / "tests" / "fixtures" / "huginn_tiny")
     reqs = [Request(list(range(3 + 2 * i, 9 + 3 * i)), 5, policy, seed=i, greedy=True)
             for i, policy in enumerate([Uniform(3), EntropyDiff(1e-2, r_max=8), LatentDiff(0.05, r_max=8)])]
-    for req, c in zip(reqs, serve(huginn, reqs, slots=2, max_loops=8)):
+    for req, c in zip(reqs, serve(huginn, reqs, slots=2, max_loops=8), strict=True):
         gen = generate(huginn, req.prompt, req.max_new_tokens, req.policy, seed=req.seed, greedy=True, max_loops=8)
         assert c.ids == gen.ids and c.exit_loops == gen.exit_loops
         torch.testing.assert_close(c.logits, gen.logits, atol=1e-4, rtol=0)

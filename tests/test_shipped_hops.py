@@ -52,6 +52,6 @@ def test_card_accuracies_are_remeasured(shipped):
 def test_readme_goal_verdicts_follow_from_the_card(shipped):
     _, card = shipped
     readme = (PATH / "README.md").read_text()
-    for (goal, measured, met), stated in zip(goals(card["ground_truth"]), card["goals"]):
+    for (goal, measured, met), stated in zip(goals(card["ground_truth"]), card["goals"], strict=True):
         assert stated["met"] == met and stated["goal"] == goal
         assert f"| {goal} | {measured} | {'yes' if met else '**no**'} |" in readme

@@ -18,6 +18,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Iterator
 
@@ -238,7 +239,7 @@ def token_counts(tokenizer, docs: list[str]) -> list[int]:
 
 
 def take_windows(windows: Iterator[list[int]], n: int) -> torch.Tensor:
-    rows = [w for _, w in zip(range(n), windows)]
+    rows = list(islice(windows, n))
     if not rows:
         raise DataError("no complete window: the data is shorter than one window")
     return torch.tensor(rows, dtype=torch.int64)

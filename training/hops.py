@@ -168,7 +168,7 @@ def make_program(rng: random.Random, query_hops: list[int], max_tail: int, decoy
         else:
             raise ValueError(f"hop counts {query_hops} with {len(decoy_hops)} decoys need more than "
                              f"{len(VARIABLES)} variables")
-    lengths = [h + t for h, t in zip(query_hops, tails)] + decoy_hops
+    lengths = [h + t for h, t in zip(query_hops, tails, strict=True)] + decoy_hops
     names = rng.sample(VARIABLES, sum(lengths))
     values = rng.sample(VALUES, len(lengths))
     chains, at = [], 0

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from contextlib import nullcontext
+from itertools import islice
 from pathlib import Path
 
 import torch
@@ -260,7 +261,7 @@ class Trainer:
     def _validation_rows(self, window_len: int, n: int) -> torch.Tensor:
         """The first n windows (fewer if that is all there is) of the validation stream."""
         stream = pack_windows(self.data.val_docs(), self.tokenizer, window_len, eos_id(self.tokenizer))
-        return torch.tensor([w for _, w in zip(range(n), stream)], dtype=torch.int64)
+        return torch.tensor(list(islice(stream, n)), dtype=torch.int64)
 
     def _enlarge_holdout(self, need_tokens: int) -> None:
         """Hold out more training documents, in hash order, to fill need_tokens of validation windows
@@ -268,7 +269,7 @@ class Trainer:
         that no held-out text shapes the model's training."""
         docs = list(self.data.all_train_docs())
         tokens = token_counts(self.tokenizer, docs)
-        below = enlarged_holdout_below([(holdout_rank(d), n) for d, n in zip(docs, tokens)], need_tokens)
+        below = enlarged_holdout_below([(holdout_rank(d), n) for d, n in zip(docs, tokens, strict=True)], need_tokens)
         self.data = dataclasses.replace(self.data, holdout_below=below)
         if self.cfg.tokenizer.startswith("bpe:"):
             self.tokenizer = self._tokenizer()

@@ -146,7 +146,7 @@ def depth_loss(curves: dict[str, list[dict]], highlight: dict | None, reference:
         fig.add_trace(go.Scatter(
             x=x, y=[p["loss"] for p in pts], mode="lines+markers", name=FAMILY_NAMES.get(name, name),
             legendgroup=name, line=dict(color=color, width=2), marker=dict(size=5),
-            customdata=np.array([[t, p["ci_low"], p["ci_high"]] for t, p in zip(thr, pts)], dtype=object),
+            customdata=np.array([[t, p["ci_low"], p["ci_high"]] for t, p in zip(thr, pts, strict=True)], dtype=object),
             hovertemplate=("%{customdata[0]}<br>mean loops %{x:.2f}<br>loss %{y:.4f} "
                            "[%{customdata[1]:.4f}, %{customdata[2]:.4f}]<extra>" + name + "</extra>")))
     if reference is not None:
@@ -183,7 +183,7 @@ def difference_curves(diffs: dict[str, dict], highlight: dict | None, title: str
                                  line=dict(color=FAMILY_COLORS["A0"], width=2), hoverinfo="skip"))
     for name, d in diffs.items():
         order = np.argsort(d["mean_loops"], kind="stable")
-        pick = lambda key: np.asarray(d[key], dtype=float)[order]
+        pick = lambda key, d=d, order=order: np.asarray(d[key], dtype=float)[order]
         x, y, lo, hi = pick("mean_loops"), pick("diff"), pick("ci_low"), pick("ci_high")
         color = FAMILY_COLORS.get(name, "#666")
         fig.add_trace(band(x, lo, hi, color, name, group=name))

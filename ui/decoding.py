@@ -59,7 +59,7 @@ def legend(cap: int) -> str:
 def strip(pieces, depths, cap: int, policy: str) -> str:
     """New tokens coloured by the exit loop of the step that produced them."""
     tokens = [TokenView(p, d, True, tooltip(i, p, d, True, cap, policy=policy))
-              for i, (p, d) in enumerate(zip(pieces, depths))]
+              for i, (p, d) in enumerate(zip(pieces, depths, strict=True))]
     return strip_html(tokens, cap, policy=policy)
 
 

@@ -59,7 +59,7 @@ def logit_lens(model: compute.SelectedCheckpoint, tr: Trace, pos: int, exit_dept
                        "": ["◀ exit" if i + 1 == exit_depth else "" for i in range(tr.max_loops)],
                        "KL [nats]": tr.kl_prev[0, pos], "loss [nats]": tr.ce[0, pos]})
     for j in range(ids.shape[1]):
-        df[f"top-{j + 1}"] = [f"{plain_visible(w)}  {p:.2f}" for w, p in zip(words[:, j], probs[:, j])]
+        df[f"top-{j + 1}"] = [f"{plain_visible(w)}  {p:.2f}" for w, p in zip(words[:, j], probs[:, j], strict=True)]
     return df
 
 
@@ -119,7 +119,7 @@ def gap_table(gaps: dict[str, list[dict]]) -> pd.DataFrame:
 def diff_point_at(diff: dict, eps: float) -> dict:
     """The difference-view point of the swept ε nearest eps (as point_at)."""
     pts = [{"threshold_name": diff["threshold_name"], "threshold": t, "mean_loops": x, "diff": d}
-           for t, x, d in zip(diff["thresholds"], diff["mean_loops"], diff["diff"])]
+           for t, x, d in zip(diff["thresholds"], diff["mean_loops"], diff["diff"], strict=True)]
     return point_at(pts, eps)
 
 

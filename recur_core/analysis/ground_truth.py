@@ -213,8 +213,8 @@ def ground_truth_section(tr: Trace, hops: np.ndarray, max_train_hops: int, pad_i
     policies, answer_exits = {}, {}
     for name, outcomes in policy_outcomes(tr, families, exact, cache, progress).items():
         points = [_point(p, o, ans, program) for p, o in zip(families[name], outcomes, strict=True)]
-        at = cheapest(range(len(points)), lambda i: points[i]["answer_accuracy"] >= target,
-                      lambda i: points[i]["mean_loops"])
+        at = cheapest(range(len(points)), lambda i, points=points: points[i]["answer_accuracy"] >= target,
+                      lambda i, points=points: points[i]["mean_loops"])
         matched = at is not None
         at = at if matched else max(range(len(points)), key=lambda i: points[i]["answer_accuracy"])
         op, depth = points[at], outcomes[at].depth

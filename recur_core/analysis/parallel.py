@@ -50,7 +50,7 @@ def map_batches(fn: Callable[[T], R], items: Iterable[T], device: torch.device |
     pool = ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,))
     try:
         futures = [pool.submit(_in_modes, modes, fn, item) for item in items]
-        return [_done(on_done, item, f.result()) for item, f in zip(items, futures)]
+        return [_done(on_done, item, f.result()) for item, f in zip(items, futures, strict=True)]
     finally:  # on an error or an interrupt, batches not yet started are dropped
         pool.shutdown(wait=True, cancel_futures=True)
         torch.set_num_threads(threads)  # the workers' setting must not leak into the caller

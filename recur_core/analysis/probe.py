@@ -151,13 +151,13 @@ def harvest(ckpt_or_model, windows, max_loops: int, seed: int = 0, *, tokens_per
                               model.seeded_state(rows, seed, T), positions[rows.start:rows.stop], max_loops, rows)
     try:
         batches = [range(start, min(start + batch_size, N)) for start in range(0, N, batch_size)]
-        parts, traced = zip(*map_batches(run, batches, device, on_done=lambda rows, _: update(len(rows))))
+        parts, traced = zip(*map_batches(run, batches, device, on_done=lambda rows, _: update(len(rows))), strict=True)
     finally:
         close()
     arrays = {name: torch.cat([o[name] for o in traced]).numpy() for name in traced[0]}
     tr = Trace(ids=inputs.numpy(), targets=targets.numpy(), **arrays, max_loops=max_loops, seed=seed,
                checkpoint_id=ckpt_id)
-    return Harvest(*(np.concatenate(a) for a in zip(*parts)), label_eps=label_eps, trace=tr)
+    return Harvest(*(np.concatenate(a) for a in zip(*parts, strict=True)), label_eps=label_eps, trace=tr)
 
 
 def _sample_positions(n_windows: int, seq_len: int, per_window: int, seed: int) -> torch.Tensor:

@@ -96,12 +96,13 @@ def key_chunks(slabs: np.ndarray, pos: np.ndarray, bytes_per_key: int, device) -
     p = pos[order]
     starts = range(0, n_rows, per_chunk)
     sizes = [min(per_chunk, n_rows - a) for a in starts]
-    n_keys = [int(p[a + m - 1]) + 1 for a, m in zip(starts, sizes)]
+    n_keys = [int(p[a + m - 1]) + 1 for a, m in zip(starts, sizes, strict=True)]
     mask = _causal_mask(p, hi)
-    masks = [None if p[a] == n - 1 else tensor(mask[a:a + m, ..., :n]) for a, m, n in zip(starts, sizes, n_keys)]
+    masks = [None if p[a] == n - 1 else tensor(mask[a:a + m, ..., :n])
+             for a, m, n in zip(starts, sizes, n_keys, strict=True)]
     slabs = slabs[order]
     return KeyChunks(tensor(order), tensor(np.argsort(order)), sizes,
-                     tuple(tensor(slabs[a:a + m]) for a, m in zip(starts, sizes)), n_keys, masks)
+                     tuple(tensor(slabs[a:a + m]) for a, m in zip(starts, sizes, strict=True)), n_keys, masks)
 
 
 def _causal_mask(pos: np.ndarray, hi: int) -> np.ndarray:
@@ -132,7 +133,7 @@ class GatherKV:
         if plan.order is not None:
             q = q.index_select(0, plan.order)
         out = [sdpa(q_c, self.k[:, :, :n].index_select(0, slabs), self.v[:, :, :n].index_select(0, slabs), mask)
-               for q_c, slabs, n, mask in zip(q.split(plan.sizes), plan.slabs, plan.n_keys, plan.masks)]
+               for q_c, slabs, n, mask in zip(q.split(plan.sizes), plan.slabs, plan.n_keys, plan.masks, strict=True)]
         out = out[0] if len(out) == 1 else torch.cat(out)
         return out if plan.inverse is None else out.index_select(0, plan.inverse)
 
@@ -234,7 +235,7 @@ class KVRule:
         pass
 
     def before_loops(self, model, cache: LoopKVCache, rows, loops, uptos) -> None:
-        for b, loop, upto in zip(rows.tolist(), loops.tolist(), uptos.tolist()):
+        for b, loop, upto in zip(rows.tolist(), loops.tolist(), uptos.tolist(), strict=True):
             self.before_loop(model, cache.row(b), loop, upto)
 
     def finish(self, cache: LoopKVCache, start: int, exits: Tensor, loops_run: int) -> None:

@@ -37,7 +37,7 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from itertools import groupby
+from itertools import groupby, pairwise
 
 import numpy as np
 import torch
@@ -107,7 +107,7 @@ class Completion:
     def latencies_s(self) -> list[float]:
         """Per new token: seconds since the previous one (the first: since admission, the prefill)."""
         stamps = [self.admitted_s] + self.token_s
-        return [b - a for a, b in zip(stamps, stamps[1:])]
+        return [b - a for a, b in pairwise(stamps)]
 
     @property
     def decode_exit_loops(self) -> list[int]:
@@ -266,8 +266,8 @@ class Pool:
         if reading:
             self._read(reading, kl=True)
         halts = self._halts(seqs, new, old)
-        done_prefill = [s for s, stop in zip(seqs, halts) if s.prefilling and self._prefill_halts(s, stop)]
-        exiting = [s for s, stop in zip(seqs, halts) if not s.prefilling and bool(stop[0])]
+        done_prefill = [s for s, stop in zip(seqs, halts, strict=True) if s.prefilling and self._prefill_halts(s, stop)]
+        exiting = [s for s, stop in zip(seqs, halts, strict=True) if not s.prefilling and bool(stop[0])]
         unread = done_prefill + [s for s in exiting if s.logits is None]
         if unread:
             self._read(unread, kl=False)
@@ -462,7 +462,7 @@ class Pool:
             s.state = cache.exit_state[0, s.pos:end, None].clone()
             return True
         going = ~stop
-        s.live, s.positions = s.live[going], [p for p, g in zip(s.positions, going.tolist()) if g]
+        s.live, s.positions = s.live[going], [p for p, g in zip(s.positions, going.tolist(), strict=True) if g]
         at = going.to(s.state.device)
         s.state, s.inject = s.state[at], s.inject[at]  # no readout policy sheds: no logp_prev to cut
         return False
@@ -500,7 +500,8 @@ class Pool:
             rule.finish_tokens(self.cache, torch.tensor([s.slot for s in mine]), torch.tensor([s.pos for s in mine]),
                                torch.tensor([s.loop for s in mine]))
         greedy = [i for i, s in enumerate(seqs) if s.greedy]  # one argmax for all of them
-        argmax = dict(zip(greedy, torch.cat([seqs[i].logits[0] for i in greedy]).argmax(-1).tolist())) if greedy else {}
+        argmax = (dict(zip(greedy, torch.cat([seqs[i].logits[0] for i in greedy]).argmax(-1).tolist(), strict=True))
+                  if greedy else {})
         finished = []
         for i, s in enumerate(seqs):
             if s.emit(s.logits[0, 0], s.loop, self.steps, argmax.get(i)):

@@ -255,7 +255,7 @@ def readout_stats_chunked(h: Tensor, W: Tensor, targets: Tensor | None = None,
             top_ids.append(ids + v0)
         moments.append(_chunk_moments(logits, e_buf[:size].view(-1, c), n, v0,
                                       None if scratch is None else scratch[:size]))
-    parts = ReadoutPartials(*(torch.stack(field) for field in zip(*moments)))
+    parts = ReadoutPartials(*(torch.stack(field) for field in zip(*moments, strict=True)))
     target_logit = None if targets is None else _target_logit(h, W, targets)
     stats = combine_partials(parts, target_logit, targets)
     if topk:

@@ -203,7 +203,7 @@ _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float
 def stored_dtype(files: dict[str, list[str]], path: Path) -> torch.dtype:
     """The dtype the embedding is stored in (config.json's torch_dtype can be wrong)."""
     names = {code: dtype for dtype, code in _SAFETENSORS_DTYPES.items()}
-    for file, tensors in files.items():
+    for file in files:
         with _open(path / file) as f:
             if "transformer.wte.weight" in f.keys():
                 code = f.get_slice("transformer.wte.weight").get_dtype()

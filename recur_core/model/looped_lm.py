@@ -255,7 +255,7 @@ class LoopedLM(nn.Module):
         x = self.embed(ids)
         if self.cfg.embed_scale != 1.0:
             x = x * self.cfg.embed_scale
-        for block, cache in zip(self.prelude_blocks, kv or [None] * len(self.prelude_blocks)):
+        for block, cache in zip(self.prelude_blocks, kv or [None] * len(self.prelude_blocks), strict=True):
             x = block(x, cos, sin, cache)
         return x if self.prelude_norm is None else self.prelude_norm(x)
 
@@ -311,7 +311,7 @@ class LoopedLM(nn.Module):
         else:
             x = F.linear(state, self.adapter.weight[:, :self.cfg.d_model]) + inject
         last = len(self.core_blocks) - 1
-        for i, (block, cache) in enumerate(zip(self.core_blocks, kv or [None] * len(self.core_blocks))):
+        for i, (block, cache) in enumerate(zip(self.core_blocks, kv or [None] * len(self.core_blocks), strict=True)):
             x = block(x, cos, sin, cache, *((rows, valid) if i == last else (None, None)))
         if rows is not None:
             valid = torch.ones_like(rows, dtype=torch.bool) if valid is None else valid
@@ -332,7 +332,7 @@ class LoopedLM(nn.Module):
         cos, sin = self.rope(state.shape[1], positions)
         x = self.final_norm(state) if self.cfg.coda_input_norm else state
         last = len(self.coda_blocks) - 1
-        for i, (block, cache) in enumerate(zip(self.coda_blocks, kv or [None] * len(self.coda_blocks))):
+        for i, (block, cache) in enumerate(zip(self.coda_blocks, kv or [None] * len(self.coda_blocks), strict=True)):
             x = block(x, cos, sin, cache, *((rows, valid) if i == last else (None, None)))
         if not self.coda_blocks:
             x = take_rows(x, rows)

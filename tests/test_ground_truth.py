@@ -202,3 +202,15 @@ def test_bench_serve_on_a_hops_checkpoint_matches_on_answer_accuracy(hops_ckpt, 
     assert best["tf_score"] >= result["target"]
     max_len = load_checkpoint(hops_ckpt).config.max_seq_len
     assert result["prompt_len"] + result["new_tokens"] - 1 == max_len
+
+
+def test_exact_ground_truth_predicts_teacher_forced_decoding(hops_ckpt):
+    """bench.exact_vs_decoding: decoding token by token under the "recompute" KV rule at each
+    exact operating point gives the exact ground truth's exits, mean loops and answer accuracy."""
+    from bench.exact_vs_decoding import main
+    result = main([str(hops_ckpt), "--windows", "8", "--max-loops", "5"])
+    for row in result["policies"].values():
+        assert row["recompute_exits_equal_exact"] == 1.0
+        assert row["recompute"]["mean_loops"] == pytest.approx(row["exact"]["mean_loops"])
+        assert row["recompute"]["answer_accuracy"] == pytest.approx(row["exact"]["answer_accuracy"])
+        assert set(row["latest_minus_exact"]) == {"mean_loops", "answer_accuracy"}

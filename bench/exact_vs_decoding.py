@@ -6,7 +6,10 @@ cheapest threshold whose answer accuracy on the trained hop counts is within 1 p
 The same eval programs are then decoded token by token (`teacher_forced`, mode "decode", windows
 in lockstep: what `generate` computes for each) at that threshold:
   * under the "recompute" KV rule, which freezes a halted token's keys at its exit state exactly as
-    the harness does: its mean loops and answer accuracy must equal the exact ground truth's;
+    the harness does: for a state-based rule (the latent rule) its exits, mean loops and answer
+    accuracy equal the exact ground truth's; for a readout rule (A1) they differ, because decoding
+    reads token t's per-loop KL with earlier tokens' coda at their exit states, the harness at their
+    current loop (docs/DECODING.md), and the gap is reported;
   * under "latest" (Huginn's rule: a halted token's keys at deeper loops are its latest ones), whose
     difference is reported.
 Mean loops are over program tokens (padding excluded), as in report.json. Prints a table and a final

@@ -212,4 +212,4 @@ def test_bench_analyze_times_a_cold_run_and_counts_the_exact_points(tiny_ckpt):
     assert result["path"] == "exact" and result["timing"]["total_s"] > 0
     n_exact, n_grid = result["exact_points"]["A1"]
     assert 8 <= n_exact <= n_grid == len(SETTINGS.eps_grid)
-    assert result["exact_points"]["A0"] == [4, 4]  # every depth
+    assert result["exact_points"]["A0"] == (4, 4)  # every depth

@@ -5,23 +5,26 @@ BIN := $(VENV)/bin
 CKPT ?= checkpoints/demo
 PORT ?= 8501
 
-.PHONY: app test install
+.PHONY: app test lint install
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
-# torch first, pinned to the CPU build available offline here; then the rest
-$(VENV)/.installed: requirements.txt | $(BIN)/python
+# torch first, pinned to the CPU build available offline here (an unpinned torch pulls a multi-GB CUDA
+# build); then this package, editable, with every extra the tests need (pyproject.toml: the one list)
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -r requirements.txt
+	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
 install: $(VENV)/.installed
 
 app: install
-	RECUR_CHECKPOINT=$(CKPT) $(BIN)/python -m streamlit run app.py --server.port $(PORT) --server.headless true \
-		--browser.gatherUsageStats false
+	$(BIN)/recur-app $(CKPT) --port $(PORT)
+
+lint: install
+	$(BIN)/ruff check .
 
 test: install
 	$(BIN)/python -m pytest -q tests

@@ -273,5 +273,10 @@ def print_allocation(al: dict, p) -> None:
             p(f"    {pt['threshold_name']} = {thr:>7s}   loops {pt['mean_loops']:6.2f}   loss {_ci(pt['loss'], pt['ci_low'], pt['ci_high'])}")
 
 
+def cli() -> None:
+    """The `recur-analyze` console script: main() without its return value (which would be the exit status)."""
+    main()
+
+
 if __name__ == "__main__":
     main()

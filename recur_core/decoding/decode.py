@@ -434,13 +434,16 @@ def generate(ckpt_or_model, prompt, max_new_tokens: int, policy: Policy | None =
 def teacher_forced(ckpt_or_model, windows, policy: Policy, kv_rule: str = SETTINGS.kv_rule, *, seed: int = 0,
                    max_loops: int | None = None, batch_size: int = 16, mode: str = "decode",
                    keep_logits: bool = False, first_window: int = 0,
-                   check_every: int = 1) -> TeacherForced:
+                   check_every: int = 1, noise_rows=None) -> TeacherForced:
     """Decode windows (N, T + 1) with the true next tokens and score every position.
 
     mode "decode": token by token, exactly what `generate` computes for each window (rows in
     lockstep, see docs/DECODING.md). mode "prefill": all positions in parallel (`Decoder.prefill`);
     with kv_rule "recompute" that is the masking harness.
-    Window n's noise is model.seeded_state([first_window + n], seed), as in recur_core.analysis.trace.
+    Window n's noise is model.seeded_state([first_window + n], seed), as in recur_core.analysis.trace;
+    noise_rows (one row index per window) overrides that, e.g. [0] * N scores every window with the
+    noise `generate` gives a sequence alone (what lm-eval's scoring does, so a score never depends on
+    the batch it was run in).
     Returns per-token ce (nats) and exit loops (N, T), and the kept logits when keep_logits.
     """
     if mode not in ("decode", "prefill"):
@@ -450,12 +453,15 @@ def teacher_forced(ckpt_or_model, windows, policy: Policy, kv_rule: str = SETTIN
     cap = default_max_loops(policy, ckpt, max_loops)
     device = model.embed.weight.device
     N, T = windows.shape[0], windows.shape[1] - 1
+    rows_of = list(range(first_window, first_window + N)) if noise_rows is None else [int(r) for r in noise_rows]
+    if len(rows_of) != N:
+        raise ValueError(f"noise_rows has {len(rows_of)} entries for {N} windows")
     ces, exits, logits_out, readouts = [], [], [], 0
     for start in range(0, N, batch_size):
         rows = range(start, min(start + batch_size, N))
         ids = windows[start:rows.stop].to(device)
         dec = Decoder(model, policy, batch=len(rows), max_loops=cap, kv_rule=kv_rule,
-                      noise=model.seeded_state([first_window + n for n in rows], seed), check_every=check_every)
+                      noise=model.seeded_state([rows_of[n] for n in rows], seed), check_every=check_every)
         if mode == "prefill":
             logits, ex = dec.prefill(ids[:, :-1])
         else:

@@ -203,3 +203,13 @@ def test_elasticity_difference_is_paired_and_needs_the_same_windows(ckpt):
     with pytest.raises(ValueError, match="same windows"):
         elasticity_difference(trace(ckpt, ckpt.windows("eval")[1:7], 3, seed=0, cache=False), tr, boot)
 
+
+
+def test_bench_analyze_times_a_cold_run_and_counts_the_exact_points(tiny_ckpt):
+    from bench.bench_analyze import main
+    from recur_core.settings import SETTINGS
+    result = main([str(tiny_ckpt), "--windows", "4", "--max-loops", "4"])
+    assert result["path"] == "exact" and result["timing"]["total_s"] > 0
+    n_exact, n_grid = result["exact_points"]["A1"]
+    assert 8 <= n_exact <= n_grid == len(SETTINGS.eps_grid)
+    assert result["exact_points"]["A0"] == (4, 4)  # every depth

@@ -67,7 +67,8 @@ def test_analyze_adds_the_ground_truth_section(hops_ckpt, tmp_path):
     assert len(keys) > 25
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cli, "PLACEHOLDERS", {"<policy>": ["A1", "latent", "huginn_argmax"],
-                                         "<h>": [str(h) for h in gt["hop_counts"]]})
+                                         "<h>": [str(h) for h in gt["hop_counts"]],
+                                         "<unseen>": [str(h) for h in gt["hop_counts"] if h > max_train]})
         for key in keys:
             cli.check_path(report, key.split("."), "")
     best = gt["best_uniform_depth"]
@@ -202,3 +203,18 @@ def test_bench_serve_on_a_hops_checkpoint_matches_on_answer_accuracy(hops_ckpt, 
     assert best["tf_score"] >= result["target"]
     max_len = load_checkpoint(hops_ckpt).config.max_seq_len
     assert result["prompt_len"] + result["new_tokens"] - 1 == max_len
+
+
+def test_exact_ground_truth_predicts_teacher_forced_decoding(hops_ckpt):
+    """bench.exact_vs_decoding: decoding token by token under the "recompute" KV rule at the latent
+    rule's exact operating point gives the exact ground truth's exits, mean loops and answer
+    accuracy (a state-based rule); A1's row reports its gap."""
+    from bench.exact_vs_decoding import main
+    result = main([str(hops_ckpt), "--windows", "8", "--max-loops", "5"])
+    row = result["policies"]["latent"]
+    assert row["recompute_exits_equal_exact"] == 1.0
+    assert row["recompute"]["mean_loops"] == pytest.approx(row["exact"]["mean_loops"])
+    assert row["recompute"]["answer_accuracy"] == pytest.approx(row["exact"]["answer_accuracy"])
+    for row in result["policies"].values():
+        assert set(row["latest_minus_exact"]) == {"mean_loops", "answer_accuracy"}
+        assert 0 <= row["recompute_exits_equal_exact"] <= 1

@@ -167,9 +167,12 @@ numbers as the `ground_truth` section of `python -m recur_core.analyze`.
 ## Exit policies against the hop counts (exact, each at its operating point)
 
 Exact: the masking harness, where a halted token stays in the context with its exit state, as in real
-decoding (teacher-forced decoding under the "recompute" KV rule computes the same). The fast path's
-figures (each token read off the uniform trace at its exit loop, as if every other token had looped
-to full depth) stand in the last column; they overstate the saving.
+decoding. For state-based rules (the latent rule, cosine, A2) teacher-forced decoding under the
+"recompute" KV rule computes exactly the same; for readout rules (A1, Huginn's KL / entropy / argmax)
+decoding's per-loop readout sees earlier tokens at their exit states, the harness at their current
+loop, and `python -m bench.exact_vs_decoding` measures the difference. The fast path's figures (each
+token read off the uniform trace at its exit loop, as if every other token had looped to full depth)
+stand in the last column; they overstate the saving.
 
 Operating point: the cheapest threshold whose answer accuracy on the trained hop counts
 1..{gt['max_train_hops']} is within {100 * gt['tolerance']:.0f} point of A0 at r̄

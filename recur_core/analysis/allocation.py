@@ -9,10 +9,12 @@ the exact path runs a *plan* of points, chosen so that every headline number is 
               depth d, the threshold whose fast mean loops is nearest d;
   * refined   then, in rounds (one batched harness pass per round), bisection on the grid between
               the two exact points that bracket (a) A0's loss at r_bar and its CI ends (loops to
-              match) and (b) each A0 depth d in mean loops (the matched-depth table), until the
-              bracketing points are grid neighbours.
-So "loops to match A0 at r_bar" and the matched-depth table interpolate only between exact points
-that are neighbours on the grid, the same resolution the fast path has. A0 runs in the harness at
+              match), until they are grid neighbours, and (b) each A0 depth d in mean loops (the
+              matched-depth table), until they are at most TABLE_STEPS grid steps apart.
+So "loops to match A0 at r_bar" interpolates only between exact points that are neighbours on the
+grid, the resolution the fast path has, and each matched-depth row between exact points at most two
+grid steps apart (half a decade of A1's ε): the table's rows are many, and A1's points each cost a
+readout per loop, so this keeps a 128-window report within minutes on a CPU. A0 runs in the harness at
 every depth (uniform depth freezes nothing early, so it rides the shared root lane). The fast curves
 stay dense; report.json says which points are exact (`exact_points`).
 """
@@ -40,6 +42,7 @@ from .trace import Trace
 
 SPREAD_POINTS = 8  # exact points per family spread over its grid, before refinement
 MAX_ROUNDS = 8  # refinement rounds (a 35-point grid needs at most 6 to reach neighbours)
+TABLE_STEPS = 2  # the matched-depth table's brackets: at most this many grid steps apart
 
 
 def allocation_families(r_max: int, eps_grid=EPS_GRID, tau_grid=TAU_GRID, probes: dict | None = None,
@@ -147,7 +150,8 @@ def _seed_points(curve: Curve, a0: Curve) -> set[int]:
 
 def _refine(curve: Curve, done: dict[int, ExactResult], a0: Curve, r_bar: int, boot: Bootstrap) -> set[int]:
     """Grid indices that halve each bracket not yet between grid neighbours: around A0's loss at
-    r_bar (and its CI ends) in loss, and around each A0 depth in mean loops."""
+    r_bar (and its CI ends) in loss (to neighbours), and around each A0 depth in mean loops (to
+    TABLE_STEPS)."""
     at = np.array(sorted(done))  # grid index of each point of `curve`, in curve order
     loops, loss = curve.mean_loops[0], curve.loss[0]
     order = np.argsort(loops, kind="stable")
@@ -156,15 +160,15 @@ def _refine(curve: Curve, done: dict[int, ExactResult], a0: Curve, r_bar: int, b
     for level in (target.value, target.ci_low, target.ci_high):
         reached = np.flatnonzero(loss[order] <= level)
         if len(reached) and reached[0] > 0:
-            new |= _midpoint(at[order[reached[0] - 1]], at[order[reached[0]]])
+            new |= _midpoint(at[order[reached[0] - 1]], at[order[reached[0]]], 1)
     for d in a0.thresholds:
         above = np.flatnonzero(loops[order] >= d)
         if len(above) and above[0] > 0:
-            new |= _midpoint(at[order[above[0] - 1]], at[order[above[0]]])
+            new |= _midpoint(at[order[above[0] - 1]], at[order[above[0]]], TABLE_STEPS)
     return new - set(done)
 
 
-def _midpoint(i: int, j: int) -> set[int]:
-    """The grid index halfway between i and j, if they are not neighbours."""
+def _midpoint(i: int, j: int, steps: int) -> set[int]:
+    """The grid index halfway between i and j, if they are more than `steps` grid steps apart."""
     lo, hi = sorted((int(i), int(j)))
-    return {(lo + hi) // 2} if hi - lo > 1 else set()
+    return {(lo + hi) // 2} if hi - lo > steps else set()

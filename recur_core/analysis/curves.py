@@ -1,4 +1,4 @@
-"""The paper's measurements, from traces: elasticity, convergence, depth allocation, token classes.
+"""The paper's measurements, from traces: elasticity, convergence, curve algebra, token classes.
 
 Everything here works on a uniform-depth `Trace` (recur_core.analysis.trace) and returns plain numbers,
 numpy arrays, lists and dicts ready for JSON (`report.json`, the app). Uncertainty comes from one
@@ -11,10 +11,8 @@ Conventions:
   fast path   a policy's tokens are scored at their exit loop of the uniform run (instant; the
               app's sliders).
   exact path  the masking harness (recur_core.analysis.harness): frozen tokens stay in the context. The
-              headline allocation numbers (report.json's `allocation`) are exact: every ε / τ of
-              the sweep in one batched harness pass (`exact_curves`); `fast_minus_exact` is the gap.
-  A1's first check is at loop 2 (ConvergenceExit.FIRST_CHECK, the paper's convention); a1_min_loops=1
-  lets A1 exit at loop 1, where its KL compares with the readout of the noise state.
+              headline allocation numbers (report.json's `allocation`) are exact, on the points
+              recur_core.analysis.allocation's exact plan runs; `fast_minus_exact` is the gap.
 """
 from __future__ import annotations
 

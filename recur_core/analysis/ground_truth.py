@@ -7,9 +7,11 @@ The token at window position t + 1 is the *target* of input position t, so a tra
 count is hops[:, 1:].
 
 Two paths (`Outcome`): exact, the default of report.json, runs every threshold in the masking
-harness (frozen tokens stay in the context with their exit state, as in real decoding: it equals
-teacher-forced decoding under the "recompute" KV rule); fast reads each token's answer off the
-uniform trace at its exit loop, as if every other token had looped to full depth.
+harness (frozen tokens stay in the context with their exit state, as in real decoding; for
+state-based rules it equals teacher-forced decoding under the "recompute" KV rule, while a readout
+rule such as A1 reads its KL with earlier tokens at their current loop where decoding has them at
+their exit states: bench.exact_vs_decoding measures that gap); fast reads each token's answer off
+the uniform trace at its exit loop, as if every other token had looped to full depth.
 
 Terms:
   answer accuracy  share of answer tokens whose argmax is the right value, on the trained hop
@@ -22,6 +24,7 @@ Terms:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +51,9 @@ from .trace import Trace
 GROUND_TRUTH = "ground_truth.safetensors"
 TOLERANCE = 0.01  # "matches A0 at r_bar": answer accuracy within 1 point
 ARGMAX_RUNS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)  # argmax stability's n (loops unchanged in a row)
+# Huginn's KL / entropy / cosine thresholds: every half decade from 1e-7 to 10, with 0 and inf (a
+# coarser grid than A1's: these are comparisons, and the entropy rule runs outside the shared lanes)
+HUGINN_GRID = (0.0, *(10.0 ** (k / 2) for k in range(-14, 3)), math.inf)
 
 
 def load_ground_truth(ckpt_path: str | Path) -> tuple[np.ndarray, int] | None:
@@ -134,14 +140,14 @@ def spearman_ci(depth: np.ndarray, ah: np.ndarray, boot: Bootstrap) -> dict:
 def operating_point_families(r_max: int, probes: dict | None, eps_grid, tau_grid) -> dict[str, list[Policy]]:
     """The policies ground truth finds operating points for: A1 over eps, A2 over tau per probe label
     kind, the latent rule over SETTINGS.delta_grid, and Huginn's other criteria (reverse KL, entropy
-    difference and cosine over the ε grid, argmax stability over ARGMAX_RUNS). A0 is the baseline."""
+    difference and cosine over HUGINN_GRID, argmax stability over ARGMAX_RUNS). A0 is the baseline."""
     fam = {"A1": [ConvergenceExit(e, r_max=r_max) for e in eps_grid],
            "latent": [LatentDiff(d, r_max=r_max) for d in SETTINGS.delta_grid]}
     for kind, probe in (probes or {}).items():
         fam[f"A2_{kind}"] = [LinearRouter(probe, t, r_max=r_max) for t in tau_grid]
-    fam["huginn_kl"] = [ReverseKLExit(e, r_max=r_max) for e in eps_grid]
-    fam["huginn_entropy"] = [EntropyDiff(e, r_max=r_max) for e in eps_grid]
-    fam["huginn_cosine"] = [CosineExit(e, r_max=r_max) for e in eps_grid]
+    fam["huginn_kl"] = [ReverseKLExit(e, r_max=r_max) for e in HUGINN_GRID]
+    fam["huginn_entropy"] = [EntropyDiff(e, r_max=r_max) for e in HUGINN_GRID]
+    fam["huginn_cosine"] = [CosineExit(e, r_max=r_max) for e in HUGINN_GRID]
     fam["huginn_argmax"] = [ArgmaxStable(n, r_max=r_max) for n in ARGMAX_RUNS if n < r_max]
     return fam
 
@@ -193,12 +199,14 @@ class _Answers:
 
 def ground_truth_section(tr: Trace, hops: np.ndarray, max_train_hops: int, pad_id: int, r_max: int,
                          r_bar: int, boot: Bootstrap, probes: dict | None = None, eps_grid=(), tau_grid=(),
-                         tolerance: float = TOLERANCE, exact=None, cache=False, progress=None) -> dict:
+                         tolerance: float = TOLERANCE, exact=None, cache=False, progress=None,
+                         families: dict[str, list[Policy]] | None = None) -> dict:
     """The `ground_truth` section of report.json (keys: docs/REPORT_KEYS.md): exact with
     exact=(ckpt or model, ids) of the traced windows, else fast. The target accuracy and the best
     uniform depth are taken on the trained hop counts (1 .. max_train_hops); longer chains are
     extrapolation, reported on their own with answer counts and CIs. Uniform depth comes from the
-    trace, which is what the harness computes for it (nothing freezes before the last loop)."""
+    trace, which is what the harness computes for it (nothing freezes before the last loop).
+    families: the policies to find operating points for (default operating_point_families)."""
     ans = _Answers(tr, hops, max_train_hops, boot)
     ah, program = ans.hops, program_mask(tr, pad_id)
     r_max = min(r_max, tr.max_loops)
@@ -209,7 +217,7 @@ def ground_truth_section(tr: Trace, hops: np.ndarray, max_train_hops: int, pad_i
     target = trained_acc[r_bar - 1] - tolerance
     best_uniform = next((r for r in range(1, r_max + 1) if trained_acc[r - 1] >= target), None)
 
-    families = operating_point_families(r_max, probes, eps_grid, tau_grid)
+    families = families or operating_point_families(r_max, probes, eps_grid, tau_grid)
     policies, answer_exits = {}, {}
     for name, outcomes in policy_outcomes(tr, families, exact, cache, progress).items():
         points = [_point(p, o, ans, program) for p, o in zip(families[name], outcomes, strict=True)]

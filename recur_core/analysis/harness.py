@@ -8,7 +8,7 @@ final states) and scored. No compute is saved; this measures what the policy's o
 
 This differs from the fast path (a token scored at its exit loop in the uniform run) in two ways:
 later tokens see frozen rather than still-updated context, and the coda reads the final states of
-the whole window. `analysis.exact_curve` / `analysis.fast_minus_exact` report both and the gap.
+the whole window. `allocation.allocation(..., exact=...)` / `curves.fast_minus_exact` report both and the gap.
 
 `run_exact_sweep` evaluates a whole threshold sweep (every policy of every family) at once. A
 *lane* is one window's run under one freeze history; all policies start in the window's root lane

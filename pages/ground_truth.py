@@ -18,6 +18,9 @@ st.caption("Programs bind variables in chains (`k=7;b=k;x=b;` … `x?7;`). The a
            "is within 1 point of uniform depth r̄.")
 
 gt = ground_truth.section(*m.key, m.r_max, m.r_bar)
+st.caption("Fast path: each answer read off the uniform trace at its exit loop, as if every other token had "
+           "looped to full depth; it overstates the saving. `python -m recur_core.analyze` reports the exact "
+           "figures (masking harness) in report.json's `ground_truth`.")
 a1 = gt["policies"]["A1"]
 sp = a1["spearman_exit_vs_hops"]
 best = gt["best_uniform_depth"]

@@ -30,8 +30,14 @@ from .analysis.curves import (
     token_classes,
     vocab_classes,
 )
-from .analysis.ground_truth import eos_id, ground_truth_section, load_ground_truth, print_ground_truth, probe_answers
-from .analysis.ground_truth import fast_minus_exact as gt_fast_minus_exact
+from .analysis.ground_truth import (
+    eos_id,
+    ground_truth_section,
+    load_ground_truth,
+    operating_point_gaps,
+    print_ground_truth,
+    probe_answers,
+)
 from .analysis.harness import SweepWork
 from .analysis.probe import LABEL_EPS_A1, ProbeSet, load_or_train_probes
 from .analysis.stats import Bootstrap
@@ -151,7 +157,7 @@ def main(argv=None) -> dict:
         fast_gt = section(None)
         report["ground_truth"] = fast_gt if args.fast_only else section((ckpt, windows))
         if not args.fast_only:
-            report["ground_truth_fast"] = {**fast_gt, "fast_minus_exact": gt_fast_minus_exact(fast_gt,
+            report["ground_truth_fast"] = {**fast_gt, "fast_minus_exact": operating_point_gaps(fast_gt,
                                                                                               report["ground_truth"])}
         timing["ground_truth_s"] = time.perf_counter() - t0
     if exact is not None:

@@ -17,9 +17,9 @@ from safetensors.torch import save_file
 from recur_core.analysis.curves import json_safe
 from recur_core.analysis.ground_truth import (
     eos_id,
-    fast_minus_exact,
     ground_truth_section,
     load_ground_truth,
+    operating_point_gaps,
     trained_answers,
 )
 from recur_core.analysis.probe import load_or_train_probes
@@ -62,7 +62,7 @@ def measure(ckpt_dir: Path, n_boot: int = SETTINGS.n_boot, max_train: int | None
     exact["chance_accuracy"] = float(np.mean([c for t in texts for c in elimination_chance(t)]))
     exact["probes_refused"] = probes.refused
     exact["fast"] = {k: v for k, v in fast.items() if k != "answers"}
-    exact["fast_minus_exact"] = fast_minus_exact(fast, exact)
+    exact["fast_minus_exact"] = operating_point_gaps(fast, exact)
     return json_safe(exact)
 
 

@@ -274,7 +274,7 @@ def _point(policy: Policy, outcome: Outcome, ans: _Answers, program: np.ndarray)
             "answer_mean_loops": float(outcome.depth[answers].mean())}
 
 
-def fast_minus_exact(fast: dict, exact: dict) -> dict:
+def operating_point_gaps(fast: dict, exact: dict) -> dict:
     """Per policy: how the fast path's operating point differs from the exact one (fast − exact)."""
     return {name: {"mean_loops": fast["policies"][name]["mean_loops"] - pol["mean_loops"],
                    "answer_accuracy": fast["policies"][name]["answer_accuracy"] - pol["answer_accuracy"],

@@ -88,8 +88,8 @@ class AccuracyCalibrator:
         if key not in self.memo:
             t = time.perf_counter()
             tf = teacher_forced(self.ckpt, self.windows, policy, SETTINGS.kv_rule, seed=self.seed, max_loops=self.cap,
-                                batch_size=self.batch, keep_logits=True)
-            correct = tf.logits.argmax(-1) == self.windows[:, 1:]
+                                batch_size=self.batch)
+            correct = tf.argmax == self.windows[:, 1:]
             acc = Accuracy(accuracy=float(correct[self.answers].float().mean()),
                            mean_loops=float(tf.exit_loop[self.program].float().mean()))
             self.memo[key] = acc

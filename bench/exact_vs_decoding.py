@@ -1,15 +1,16 @@
 """`python -m bench.exact_vs_decoding [CKPT]`: does the exact ground truth predict real decoding?
 
 On a checkpoint with ground truth (default checkpoints/hops), the exact ground truth
-(recur_core.analysis.ground_truth, the masking harness) gives each family's operating point: the
-cheapest threshold whose answer accuracy on the trained hop counts is within 1 point of A0 at r̄.
-The same eval programs are then decoded token by token (`teacher_forced`, mode "decode", windows
-in lockstep: what `generate` computes for each) at that threshold:
+(recur_core.analysis.ground_truth) gives each family's operating point: the cheapest threshold whose
+answer accuracy on the trained hop counts is within 1 point of A0 at r̄. The latent rule's comes from
+the masking harness; A1's, a readout rule's, from a walk in teacher-forced decoding that starts at the
+harness's point. The same eval programs are then decoded token by token here (`teacher_forced`, mode
+"decode", windows in lockstep: what `generate` computes for each) at that threshold:
   * under the "recompute" KV rule, which freezes a halted token's keys at its exit state exactly as
-    the harness does: for a state-based rule (the latent rule) its exits, mean loops and answer
-    accuracy equal the exact ground truth's; for a readout rule (A1) they differ, because decoding
-    reads token t's per-loop KL with earlier tokens' coda at their exit states, the harness at their
-    current loop (docs/DECODING.md), and the gap is reported;
+    the harness does: mean loops and answer accuracy must equal the exact ground truth's for both.
+    Also printed: the share of tokens whose harness exit equals decoding's (100% for the latent rule;
+    less for A1, because decoding reads token t's per-loop KL with earlier tokens' coda at their exit
+    states and the harness at their current loop, docs/DECODING.md), and A1's harness operating point;
   * under "latest" (Huginn's rule: a halted token's keys at deeper loops are its latest ones), whose
     difference is reported.
 Mean loops are over program tokens (padding excluded), as in report.json. Prints a table and a final
@@ -38,8 +39,8 @@ from recur_core.settings import SETTINGS
 
 def decoded(ckpt, windows, policy, kv_rule: str, max_loops: int, ah, program, max_train: int) -> dict:
     """Mean loops (program tokens) and answer accuracy (trained hop counts) of teacher-forced decoding."""
-    out = teacher_forced(ckpt, windows, policy, kv_rule, seed=SETTINGS.seed, max_loops=max_loops, keep_logits=True)
-    exits, argmax = out.exit_loop.numpy(), out.logits.argmax(-1).numpy()
+    out = teacher_forced(ckpt, windows, policy, kv_rule, seed=SETTINGS.seed, max_loops=max_loops)
+    exits, argmax = out.exit_loop.numpy(), out.argmax.numpy()
     trained = (ah > 0) & (ah <= max_train)
     return {"mean_loops": float(exits[program].mean()),
             "answer_accuracy": float((argmax == windows[:, 1:])[trained].mean()), "exit_loop": exits}
@@ -65,7 +66,8 @@ def main(argv=None) -> dict:
     rows = {}
     print(f"{args.checkpoint}: {len(windows)} programs, loop budget {r_max}, target accuracy "
           f"{gt['target_accuracy']:.3f} on hop counts {gt['target_hops']}")
-    print("  policy   threshold   exact loops, acc   recompute loops, acc (exits equal)   latest loops, acc")
+    print("  policy   threshold   exact loops, acc   recompute loops, acc (harness exits equal)   latest loops, acc"
+          "   harness point: threshold, loops, acc")
     for name, family in families.items():
         op = gt["policies"][name]
         policy = next(q for q in family if q.threshold == op["threshold"])
@@ -74,12 +76,15 @@ def main(argv=None) -> dict:
                     for rule in ("recompute", "latest"))
         same = float((rec.pop("exit_loop") == exact_exits)[program].mean())
         lat.pop("exit_loop")
+        harness = op.get("harness_point", {k: op[k] for k in ("threshold", "mean_loops", "answer_accuracy")})
         rows[name] = {"threshold": op["threshold"], "exact": {k: op[k] for k in ("mean_loops", "answer_accuracy")},
-                      "recompute": rec, "latest": lat, "recompute_exits_equal_exact": same,
+                      "evaluated_by": op["evaluated_by"], "harness_point": harness,
+                      "recompute": rec, "latest": lat, "recompute_exits_equal_harness": same,
                       "latest_minus_exact": {k: lat[k] - op[k] for k in ("mean_loops", "answer_accuracy")}}
         print(f"  {name:7s} {op['threshold']:10.3g}   {op['mean_loops']:6.3f}, {op['answer_accuracy']:.3f}      "
               f"{rec['mean_loops']:6.3f}, {rec['answer_accuracy']:.3f} ({100 * same:.2f}% of tokens)     "
-              f"{lat['mean_loops']:6.3f}, {lat['answer_accuracy']:.3f}")
+              f"{lat['mean_loops']:6.3f}, {lat['answer_accuracy']:.3f}      {harness['threshold']:.3g}, "
+              f"{harness['mean_loops']:.3f}, {harness['answer_accuracy']:.3f}")
     result = {"checkpoint": args.checkpoint, "windows": len(windows), "max_loops": r_max, "policies": rows}
     print(json.dumps(result))
     return result

@@ -67,6 +67,7 @@ def test_analyze_adds_the_ground_truth_section(hops_ckpt, tmp_path):
     assert len(keys) > 25
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cli, "PLACEHOLDERS", {"<policy>": ["A1", "latent", "huginn_argmax"],
+                                         "<readout>": ["A1", "huginn_kl", "huginn_argmax"],
                                          "<h>": [str(h) for h in gt["hop_counts"]],
                                          "<unseen>": [str(h) for h in gt["hop_counts"] if h > max_train]})
         for key in keys:
@@ -79,36 +80,74 @@ def test_analyze_adds_the_ground_truth_section(hops_ckpt, tmp_path):
     assert gt["n_trained_answers"] == int(trained.sum()) < gt["n_answers"]
 
 
-def test_exact_ground_truth_equals_a_naive_run_per_policy(hops_ckpt):
-    """Every threshold of every family, exact: answer accuracy and mean loops equal one full-width
-    masking-harness run of that policy alone (test_harness.naive_exact)."""
-    from test_harness import naive_exact
+EXACT_EPS, EXACT_LOOPS, EXACT_SEED = (0.0, 1e-3, 0.05, float("inf")), 5, 3
 
+
+@pytest.fixture(scope="module")
+def exact_gt(hops_ckpt):
+    """(ckpt, windows, trace, exact ground_truth section) of 6 programs, 5 loops."""
     from recur_core import load_checkpoint
-    from recur_core.analysis.ground_truth import (
-        answer_hops,
-        eos_id,
-        ground_truth_section,
-        operating_point_families,
-        program_mask,
-    )
+    from recur_core.analysis.ground_truth import eos_id, ground_truth_section
     from recur_core.analysis.stats import Bootstrap
     from recur_core.analysis.trace import trace
     ckpt = load_checkpoint(hops_ckpt)
-    windows, (hops, max_train), loops = ckpt.windows("eval")[:6].numpy(), load_ground_truth(hops_ckpt), 5
-    tr = trace(ckpt, windows, loops, seed=3, cache=False)
-    eps_grid = (0.0, 1e-3, 0.05, float("inf"))
-    gt = ground_truth_section(tr, hops, max_train, eos_id(ckpt.tokenizer()), loops, 3, Bootstrap(6, 20), None,
-                              eps_grid, (), exact=(ckpt, windows))
+    windows, (hops, max_train) = ckpt.windows("eval")[:6].numpy(), load_ground_truth(hops_ckpt)
+    tr = trace(ckpt, windows, EXACT_LOOPS, seed=EXACT_SEED, cache=False)
+    gt = ground_truth_section(tr, hops, max_train, eos_id(ckpt.tokenizer()), EXACT_LOOPS, 3, Bootstrap(6, 20), None,
+                              EXACT_EPS, (), exact=(ckpt, windows))
+    return ckpt, windows, tr, gt
+
+
+def _masks(ckpt, tr, hops_ckpt):
+    from recur_core.analysis.ground_truth import answer_hops, eos_id, program_mask
+    hops, max_train = load_ground_truth(hops_ckpt)
+    ah = answer_hops(tr, hops)
+    return (ah > 0) & (ah <= max_train), program_mask(tr, eos_id(ckpt.tokenizer()))
+
+
+def test_exact_ground_truth_curves_equal_a_naive_run_per_policy(exact_gt, hops_ckpt):
+    """Every threshold of every family's curve: answer accuracy and mean loops equal one full-width
+    masking-harness run of that policy alone (test_harness.naive_exact)."""
+    from test_harness import naive_exact
+
+    from recur_core.analysis.ground_truth import operating_point_families
+    ckpt, windows, tr, gt = exact_gt
     assert gt["path"] == "exact"
-    ah, program = answer_hops(tr, hops), program_mask(tr, eos_id(ckpt.tokenizer()))
-    trained = (ah > 0) & (ah <= max_train)
-    for name, family in operating_point_families(loops, None, eps_grid, ()).items():
+    trained, program = _masks(ckpt, tr, hops_ckpt)
+    for name, family in operating_point_families(EXACT_LOOPS, None, EXACT_EPS, ()).items():
         for policy, point in zip(family, gt["policies"][name]["curve"], strict=True):
-            _, depth, _, argmax = naive_exact(ckpt.model, windows, policy.private(), loops, seed=3)
+            _, depth, _, argmax = naive_exact(ckpt.model, windows, policy.private(), EXACT_LOOPS, seed=EXACT_SEED)
             assert point["threshold"] == policy.threshold
             assert point["mean_loops"] == pytest.approx(float(depth[program].mean())), repr(policy)
             assert point["answer_accuracy"] == pytest.approx(float((argmax == tr.targets)[trained].mean())), repr(policy)
+
+
+def test_exact_operating_points_are_what_decoding_gets(exact_gt, hops_ckpt):
+    """Readout rules' operating points come from teacher-forced decoding ("recompute"); state rules'
+    from the harness, whose exits equal decoding's for them."""
+    from recur_core.analysis.ground_truth import operating_point_families
+    from recur_core.decoding.decode import teacher_forced
+    ckpt, windows, tr, gt = exact_gt
+    trained, program = _masks(ckpt, tr, hops_ckpt)
+    decode = lambda policy: teacher_forced(ckpt, windows, policy.private(), "recompute", seed=EXACT_SEED,  # noqa: E731
+                                           max_loops=EXACT_LOOPS)
+    for name, family in operating_point_families(EXACT_LOOPS, None, EXACT_EPS, ()).items():
+        pol = gt["policies"][name]
+        policy = next(p for p in family if p.threshold == pol["threshold"])
+        out = decode(policy)
+        assert pol["evaluated_by"] == ("decoding" if policy.needs_readout else "harness"), name
+        assert pol["mean_loops"] == pytest.approx(float(out.exit_loop.numpy()[program].mean())), name
+        correct = out.argmax.numpy() == tr.targets
+        assert pol["answer_accuracy"] == pytest.approx(float(correct[trained].mean())), name
+        if not policy.needs_readout:
+            continue
+        decoded = pol["decoding_points"]
+        assert pol["harness_point"]["threshold"] in [p["threshold"] for p in pol["curve"]]
+        assert any(p["threshold"] == pol["threshold"] for p in decoded)
+        if pol["matches_a0_rbar"]:  # no decoded point that meets the target is cheaper
+            assert pol["answer_accuracy"] >= gt["target_accuracy"]
+            assert all(p["mean_loops"] >= pol["mean_loops"] for p in decoded
+                       if p["answer_accuracy"] >= gt["target_accuracy"])
 
 
 def test_checkpoints_without_ground_truth_have_no_section(tiny_ckpt, tmp_path):
@@ -206,15 +245,39 @@ def test_bench_serve_on_a_hops_checkpoint_matches_on_answer_accuracy(hops_ckpt, 
 
 
 def test_exact_ground_truth_predicts_teacher_forced_decoding(hops_ckpt):
-    """bench.exact_vs_decoding: decoding token by token under the "recompute" KV rule at the latent
-    rule's exact operating point gives the exact ground truth's exits, mean loops and answer
-    accuracy (a state-based rule); A1's row reports its gap."""
+    """bench.exact_vs_decoding: decoding token by token under the "recompute" KV rule at each family's
+    exact operating point gives the exact ground truth's mean loops and answer accuracy; the latent
+    rule's harness exits equal decoding's token for token (a state-based rule)."""
     from bench.exact_vs_decoding import main
     result = main([str(hops_ckpt), "--windows", "8", "--max-loops", "5"])
-    row = result["policies"]["latent"]
-    assert row["recompute_exits_equal_exact"] == 1.0
-    assert row["recompute"]["mean_loops"] == pytest.approx(row["exact"]["mean_loops"])
-    assert row["recompute"]["answer_accuracy"] == pytest.approx(row["exact"]["answer_accuracy"])
+    assert result["policies"]["latent"]["recompute_exits_equal_harness"] == 1.0
+    assert result["policies"]["A1"]["evaluated_by"] == "decoding"
     for row in result["policies"].values():
+        assert row["recompute"]["mean_loops"] == pytest.approx(row["exact"]["mean_loops"])
+        assert row["recompute"]["answer_accuracy"] == pytest.approx(row["exact"]["answer_accuracy"])
         assert set(row["latest_minus_exact"]) == {"mean_loops", "answer_accuracy"}
-        assert 0 <= row["recompute_exits_equal_exact"] <= 1
+        assert 0 <= row["recompute_exits_equal_harness"] <= 1
+
+
+@pytest.mark.parametrize("last_meeting", [-1, 0, 3, 7, 10])
+def test_decoding_walk_finds_the_cheapest_threshold_that_meets_the_target(last_meeting):
+    """Galloping then bisection from every start: the walk returns the last position (in the order of
+    falling mean loops) whose accuracy meets the target, or the most accurate one when none does."""
+    from recur_core.analysis.ground_truth import Outcome, _DecodingWalk
+    n, target = 11, 0.9
+    accuracy = [0.99 - 0.001 * i if i <= last_meeting else 0.5 - 0.01 * i for i in range(n)]
+
+    class Fake(_DecodingWalk):
+        def __init__(self):
+            self.order, self.done, self.target = list(range(n)), {}, target
+
+        def evaluate(self, i):
+            self.done.setdefault(i, (Outcome(np.zeros(1), np.zeros(1, bool)), {"answer_accuracy": accuracy[i]}))
+            return self.done[i]
+
+    for start in range(n):
+        walk = Fake()
+        at, matched, _ = walk.operating_point(start)
+        assert matched == (last_meeting >= 0)
+        assert at == (last_meeting if matched else min(walk.done)), start
+        assert len(walk.done) <= 2 + 2 * int(np.ceil(np.log2(n)))

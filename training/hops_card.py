@@ -36,7 +36,7 @@ TABLE_LOOPS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
 
 
 def measure(ckpt_dir: Path, n_boot: int = SETTINGS.n_boot, max_train: int | None = None) -> dict:
-    """The ground_truth section (as in report.json: exact, the masking harness) on all 128 eval
+    """The ground_truth section (as in report.json: exact, what decoding gets) on all 128 eval
     programs, to CARD_LOOPS loops, with the fast path's section under "fast" and the per-policy gap
     under "fast_minus_exact" (max_train: the largest trained hop count, default the checkpoint's
     ground truth file's)."""
@@ -166,13 +166,14 @@ numbers as the `ground_truth` section of `python -m recur_core.analyze`.
 
 ## Exit policies against the hop counts (exact, each at its operating point)
 
-Exact: the masking harness, where a halted token stays in the context with its exit state, as in real
-decoding. For state-based rules (the latent rule, cosine, A2) teacher-forced decoding under the
-"recompute" KV rule computes exactly the same; for readout rules (A1, Huginn's KL / entropy / argmax)
-decoding's per-loop readout sees earlier tokens at their exit states, the harness at their current
-loop, and `python -m bench.exact_vs_decoding` measures the difference. The fast path's figures (each
-token read off the uniform trace at its exit loop, as if every other token had looped to full depth)
-stand in the last column; they overstate the saving.
+Exact: what real decoding gets, a halted token staying in the context with its exit state. For
+state-based rules (the latent rule, cosine, A2) the masking harness computes exactly what teacher-forced
+decoding under the "recompute" KV rule does. Readout rules (A1, Huginn's KL / entropy / argmax) are
+decoded: decoding's per-loop readout sees earlier tokens at their exit states, the harness at their
+current loop, so their operating point is found by decoding the programs themselves, starting from the
+harness's (`python -m bench.exact_vs_decoding` checks both against decoding). The fast path's figures
+(each token read off the uniform trace at its exit loop, as if every other token had looped to full
+depth) stand in the last column; they overstate the saving.
 
 Operating point: the cheapest threshold whose answer accuracy on the trained hop counts
 1..{gt['max_train_hops']} is within {100 * gt['tolerance']:.0f} point of A0 at r̄

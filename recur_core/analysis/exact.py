@@ -1,7 +1,14 @@
-"""The exact path's results, cached: the masking harness (recur_core.analysis.harness) run on a list
-of policies, stored in the trace cache under a key of the checkpoint, the windows, the policies,
-the loop budget and the seed. Re-running a report or reopening the app replays the same harness
-runs from disk."""
+"""The exact path's results, cached under a key of the checkpoint, the windows, the policies, the loop
+budget and the seed; re-running a report or reopening the app replays them from disk.
+
+  exact_results    the masking harness (recur_core.analysis.harness): every token's state loop by loop
+                   in lockstep, many policies in one batched pass.
+  decoded_results  teacher-forced decoding under the "recompute" KV rule (recur_core.decoding.decode),
+                   one policy at a time: what real decoding gets. For a rule that reads only the state
+                   it equals the harness; for a readout rule (A1, Huginn's KL / entropy / argmax) it
+                   differs, because decoding reads token t's per-loop output with the earlier tokens'
+                   coda at their exit states, the harness at their current loop (docs/DECODING.md).
+"""
 from __future__ import annotations
 
 import hashlib
@@ -9,13 +16,15 @@ import json
 
 import numpy as np
 
+from ..decoding.decode import teacher_forced
 from ..exits.policies import Policy
 from ..model.checkpoint import model_id
 from .harness import ExactResult, SweepWork, run_exact_sweep
-from .trace import resolve_cache
+from .trace import progress_bar, resolve_cache, split_inputs
 
 EXACT_FORMAT_VERSION = 2  # 2: the final readout's argmax is stored (ground truth scores answers exactly)
 _FIELDS = ("ce", "exit_depth", "converged", "argmax")
+DECODE_BATCH = 32  # windows decoded in lockstep (on 2 CPU cores 32 programs of hops took 0.55x the time of 128)
 
 
 def exact_results(ckpt_or_model, ids, policies: list[Policy], max_loops: int, seed: int, *, cache=False,
@@ -43,9 +52,40 @@ def exact_results(ckpt_or_model, ids, policies: list[Policy], max_loops: int, se
     return results
 
 
-def _exact_key(ckpt_id: str, ids: np.ndarray, policies: list[Policy], max_loops: int, seed: int) -> str:
+def decoded_results(ckpt_or_model, ids, policy: Policy, max_loops: int, seed: int, *,
+                    cache=False, progress=None) -> tuple[np.ndarray, np.ndarray]:
+    """(exit_loop (N, T), argmax (N, T)) of `policy` in teacher-forced decoding of windows (N, T + 1),
+    token by token under the "recompute" KV rule, window n with the trace's noise row n.
+    progress: as trace's (True: a bar; a callable(done, total); None)."""
+    ckpt_id = model_id(ckpt_or_model)
+    store = resolve_cache(cache)
+    ids_np = np.asarray(ids.cpu() if hasattr(ids, "cpu") else ids, dtype=np.int64)
+    key = _exact_key(ckpt_id, ids_np, [policy], max_loops, seed, order="decoding")
+    path = None if store is None else store.trace_path(ckpt_id, f"decoded-{key[:32]}")
+    shape = (ids_np.shape[0], ids_np.shape[1] - 1)
+    hit = None if store is None else store.load(path, key, {f: shape for f in ("exit_loop", "argmax", "targets")})
+    if hit is not None:
+        return hit[0]["exit_loop"], hit[0]["argmax"]
+    update, close = progress_bar(progress, shape[0], f"decoding {policy!r} (windows)")
+    seen = [0]
+
+    def advance(done: int, _total: int) -> None:
+        update(done - seen[0])
+        seen[0] = done
+    out = teacher_forced(ckpt_or_model, ids_np, policy, "recompute", seed=seed, max_loops=max_loops,
+                         batch_size=DECODE_BATCH, progress=advance)
+    close()
+    exit_loop, argmax = out.exit_loop.numpy().astype(np.int64), out.argmax.numpy()
+    if store is not None:
+        store.save(path, key, {"exit_loop": exit_loop, "argmax": argmax, "targets": split_inputs(ids_np)[1].numpy()},
+                   {"kind": "teacher-forced decoding (recompute)", "policies": [repr(policy)]})
+    return exit_loop, argmax
+
+
+def _exact_key(ckpt_id: str, ids: np.ndarray, policies: list[Policy], max_loops: int, seed: int,
+               order: str = "lockstep") -> str:
     spec = {"checkpoint_id": ckpt_id, "policies": [repr(p) for p in policies], "max_loops": max_loops,
-            "seed": seed, "format_version": EXACT_FORMAT_VERSION}
+            "seed": seed, "format_version": EXACT_FORMAT_VERSION, **({} if order == "lockstep" else {"order": order})}
     h = hashlib.sha256(json.dumps(spec, sort_keys=True).encode())
     h.update(np.ascontiguousarray(ids).tobytes())
     return h.hexdigest()

@@ -42,7 +42,7 @@ from ..exits.policies import (
 )
 from ..model.checkpoint import read_safetensors
 from ..settings import SETTINGS
-from .exact import exact_results
+from .exact import decoded_results, exact_results
 from .harness import ExactResult
 from .matching import cheapest
 from .stats import Bootstrap
@@ -220,26 +220,34 @@ def ground_truth_section(tr: Trace, hops: np.ndarray, max_train_hops: int, pad_i
     families = families or operating_point_families(r_max, probes, eps_grid, tau_grid)
     policies, answer_exits = {}, {}
     for name, outcomes in policy_outcomes(tr, families, exact, cache, progress).items():
-        points = [_point(p, o, ans, program) for p, o in zip(families[name], outcomes, strict=True)]
+        family = families[name]
+        points = [_point(p, o, ans, program) for p, o in zip(family, outcomes, strict=True)]
         at = cheapest(range(len(points)), lambda i, points=points: points[i]["answer_accuracy"] >= target,
                       lambda i, points=points: points[i]["mean_loops"])
         matched = at is not None
         at = at if matched else max(range(len(points)), key=lambda i: points[i]["answer_accuracy"])
-        op, depth = points[at], outcomes[at].depth
+        outcome, order = outcomes[at], _evaluated_by(family, exact)
+        extra = {}
+        if order == "decoding":  # the harness's point is where decoding's walk starts
+            walk = _DecodingWalk(exact, family, points, tr, ans, program, target, cache, progress)
+            extra = {"harness_point": {k: points[at][k] for k in ("threshold", "mean_loops", "answer_accuracy")}}
+            at, matched, outcome = walk.operating_point(at)
+            extra["decoding_points"] = walk.points()
+        op, depth = _point(family[at], outcome, ans, program), outcome.depth
         answer_exits[name] = depth[ah > 0].tolist()
         policies[name] = {
             **{k: op[k] for k in ("threshold", "answer_accuracy", "answer_accuracy_all_hops", "mean_loops",
                                   "answer_mean_loops")},
-            "threshold_name": families[name][at].threshold_name, "matches_a0_rbar": matched,
-            "answer_accuracy_ci": ans.accuracy(outcomes[at].correct, ans.trained),
-            "accuracy_by_hops": {str(h): v for h, v in accuracy_by_hops(ah, outcomes[at].correct).items()},
+            "threshold_name": family[at].threshold_name, "matches_a0_rbar": matched, "evaluated_by": order,
+            "answer_accuracy_ci": ans.accuracy(outcome.correct, ans.trained),
+            "accuracy_by_hops": {str(h): v for h, v in accuracy_by_hops(ah, outcome.correct).items()},
             "exit_depth_by_hops": {str(h): _summary(depth[ah == h]) for h in hop_values},
             "spearman_exit_vs_hops": spearman_ci(depth, ah, boot),
             "vs_a0_rbar_loops_ratio": op["mean_loops"] / r_bar,
             "vs_best_uniform_loops_ratio": (op["mean_loops"] / best_uniform) if best_uniform else None,
-            "extrapolation_accuracy": {str(h): ans.accuracy(outcomes[at].correct, ah == h)
+            "extrapolation_accuracy": {str(h): ans.accuracy(outcome.correct, ah == h)
                                        for h in hop_values if h > max_train_hops},
-            "curve": points,
+            "curve": points, **extra,
         }
     return {
         "path": "fast" if exact is None else "exact",
@@ -262,6 +270,70 @@ def ground_truth_section(tr: Trace, hops: np.ndarray, max_train_hops: int, pad_i
                                    "best_loops": max(range(1, r_max + 1), key=lambda r: (uniform_acc[r].get(h), -r))}
                           for h in hop_values if h > max_train_hops},
     }
+
+
+def _evaluated_by(family: list[Policy], exact) -> str:
+    """How a family's operating point is evaluated: "fast" (the uniform trace), "harness" (the masking
+    harness, which equals decoding for a rule that reads only the state) or "decoding" (a readout rule)."""
+    if exact is None:
+        return "fast"
+    return "decoding" if any(p.needs_readout for p in family) else "harness"
+
+
+class _DecodingWalk:
+    """A readout rule's operating point in real decoding (exact.decoded_results: teacher-forced,
+    "recompute"). Thresholds are ordered by the harness's mean loops, from most to fewest (the
+    direction in which accuracy falls); from the harness's operating point the walk moves towards
+    cheaper thresholds while decoding still meets the target, or towards dearer ones until it does,
+    in doubling steps, then bisects. Each step decodes every program once (about 20 s for 128 hops
+    programs on 2 CPU cores)."""
+
+    def __init__(self, exact, family: list[Policy], harness_points: list[dict], tr: Trace, ans: _Answers,
+                 program: np.ndarray, target: float, cache, progress=None):
+        self.exact, self.family, self.tr, self.ans, self.program = exact, family, tr, ans, program
+        self.target, self.cache, self.progress = target, cache, progress
+        self.order = sorted(range(len(family)), key=lambda i: -harness_points[i]["mean_loops"])
+        self.done: dict[int, tuple[Outcome, dict]] = {}
+
+    def evaluate(self, i: int) -> tuple[Outcome, dict]:
+        if i not in self.done:
+            exit_loop, argmax = decoded_results(*self.exact, self.family[i], self.tr.max_loops, self.tr.seed,
+                                                cache=self.cache, progress=self.progress)
+            outcome = Outcome(exit_loop, argmax == self.tr.targets)
+            self.done[i] = outcome, _point(self.family[i], outcome, self.ans, self.program)
+        return self.done[i]
+
+    def meets(self, i: int) -> bool:
+        return self.evaluate(i)[1]["answer_accuracy"] >= self.target
+
+    def operating_point(self, start: int) -> tuple[int, bool, Outcome]:
+        """(index, matched, outcome): the cheapest threshold meeting the target, or, when none does,
+        the most accurate one decoded. Galloping from the harness's point, then bisection: the last
+        position in `order` that meets the target lies in (good, bad)."""
+        pos = self.order.index(start)
+        if self.meets(start):
+            good, bad, step = pos, None, 1
+            while bad is None:
+                nxt = min(good + step, len(self.order) - 1)
+                if nxt == good:
+                    break
+                good, bad, step = (nxt, None, 2 * step) if self.meets(self.order[nxt]) else (good, nxt, step)
+        else:
+            good, bad, step = None, pos, 1
+            while good is None and bad > 0:
+                nxt = max(bad - step, 0)
+                good, bad, step = (nxt, bad, step) if self.meets(self.order[nxt]) else (None, nxt, 2 * step)
+        if good is None:  # nothing meets the target: the most accurate threshold decoded
+            at = max(self.done, key=lambda i: self.done[i][1]["answer_accuracy"])
+            return at, False, self.done[at][0]
+        while bad is not None and bad - good > 1:
+            mid = (good + bad) // 2
+            good, bad = (mid, bad) if self.meets(self.order[mid]) else (good, mid)
+        return self.order[good], True, self.done[self.order[good]][0]
+
+    def points(self) -> list[dict]:
+        """The thresholds decoded, in the family's order."""
+        return [self.done[i][1] for i in sorted(self.done)]
 
 
 def _point(policy: Policy, outcome: Outcome, ans: _Answers, program: np.ndarray) -> dict:
@@ -320,8 +392,11 @@ def print_ground_truth(gt: dict, p, fast: dict | None = None) -> None:
     p(f"  target accuracy on hop counts {gt['target_hops']} (A0 at r_bar {gt['r_bar']} - "
       f"{100 * gt['tolerance']:.0f} pt): {gt['target_accuracy']:.3f}; smallest uniform depth reaching it: "
       f"{gt['best_uniform_depth']}")
-    p("  policy          threshold  answer acc  mean loops  vs A0@r_bar  vs best uniform  Spearman(exit, hops) [95% CI]"
-      + ("   fast path: loops, acc" if fast else ""))
+    if gt["path"] == "exact":
+        p("  exact: state rules from the masking harness (equal to decoding for them); readout rules decoded "
+          "(teacher-forced, recompute KV rule)")
+    p("  policy          evaluated by  threshold  answer acc  mean loops  vs A0@r_bar  vs best uniform  "
+      "Spearman(exit, hops) [95% CI]" + ("   fast path: loops, acc" if fast else ""))
     for name, pol in gt["policies"].items():
         sp = pol["spearman_exit_vs_hops"]
         best = pol["vs_best_uniform_loops_ratio"]
@@ -329,7 +404,7 @@ def print_ground_truth(gt: dict, p, fast: dict | None = None) -> None:
         if fast:
             f = fast["policies"][name]
             side = f"   {f['mean_loops']:6.2f}, {f['answer_accuracy']:.3f}"
-        p(f"  {name:14s} {_fmt(pol['threshold'], '.3g'):>10s}  {pol['answer_accuracy']:10.3f}  "
+        p(f"  {name:14s} {pol['evaluated_by']:>13s} {_fmt(pol['threshold'], '.3g'):>10s}  {pol['answer_accuracy']:10.3f}  "
           f"{pol['mean_loops']:10.2f}  {pol['vs_a0_rbar_loops_ratio']:10.2f}x  {_fmt(best, '.2f', 'x'):>15s}  "
           f"{_fmt(sp['value'], '.3f')} [{_fmt(sp['ci_low'], '.3f')}, {_fmt(sp['ci_high'], '.3f')}]"
           + ("" if pol["matches_a0_rbar"] else "  (never matches: its most accurate point)") + side)

@@ -72,10 +72,12 @@ class Generation:
 
 @dataclass
 class TeacherForced:
-    """Per-token results of teacher-forced decoding of windows (N, T + 1): ce / exit_loop (N, T)."""
+    """Per-token results of teacher-forced decoding of windows (N, T + 1): ce / exit_loop / argmax (N, T)
+    (argmax: the token greedy decoding would emit at each position)."""
 
     ce: Tensor
     exit_loop: Tensor
+    argmax: Tensor
     logits: Tensor | None = None
     readouts: int = 0
 
@@ -434,7 +436,7 @@ def generate(ckpt_or_model, prompt, max_new_tokens: int, policy: Policy | None =
 def teacher_forced(ckpt_or_model, windows, policy: Policy, kv_rule: str = SETTINGS.kv_rule, *, seed: int = 0,
                    max_loops: int | None = None, batch_size: int = 16, mode: str = "decode",
                    keep_logits: bool = False, first_window: int = 0,
-                   check_every: int = 1, noise_rows=None) -> TeacherForced:
+                   check_every: int = 1, noise_rows=None, progress=None) -> TeacherForced:
     """Decode windows (N, T + 1) with the true next tokens and score every position.
 
     mode "decode": token by token, exactly what `generate` computes for each window (rows in
@@ -443,8 +445,8 @@ def teacher_forced(ckpt_or_model, windows, policy: Policy, kv_rule: str = SETTIN
     Window n's noise is model.seeded_state([first_window + n], seed), as in recur_core.analysis.trace;
     noise_rows (one row index per window) overrides that, e.g. [0] * N scores every window with the
     noise `generate` gives a sequence alone (what lm-eval's scoring does, so a score never depends on
-    the batch it was run in).
-    Returns per-token ce (nats) and exit loops (N, T), and the kept logits when keep_logits.
+    the batch it was run in). progress: None or a callable(windows done, N), called after each batch.
+    Returns per-token ce (nats), exit loops and argmax (N, T), and the kept logits when keep_logits.
     """
     if mode not in ("decode", "prefill"):
         raise ValueError(f"mode must be 'decode' or 'prefill', got {mode!r}")
@@ -456,7 +458,7 @@ def teacher_forced(ckpt_or_model, windows, policy: Policy, kv_rule: str = SETTIN
     rows_of = list(range(first_window, first_window + N)) if noise_rows is None else [int(r) for r in noise_rows]
     if len(rows_of) != N:
         raise ValueError(f"noise_rows has {len(rows_of)} entries for {N} windows")
-    ces, exits, logits_out, readouts = [], [], [], 0
+    ces, exits, argmaxes, logits_out, readouts = [], [], [], [], 0
     for start in range(0, N, batch_size):
         rows = range(start, min(start + batch_size, N))
         ids = windows[start:rows.stop].to(device)
@@ -472,10 +474,13 @@ def teacher_forced(ckpt_or_model, windows, policy: Policy, kv_rule: str = SETTIN
         logits = logits.float()
         ces.append(F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none").cpu())
         exits.append(ex.cpu())
+        argmaxes.append(logits.argmax(-1).cpu())
         if keep_logits:
             logits_out.append(logits.cpu())
-    return TeacherForced(torch.cat(ces), torch.cat(exits), torch.cat(logits_out) if keep_logits else None,
-                         readouts)
+        if progress is not None:
+            progress(rows.stop, N)
+    return TeacherForced(torch.cat(ces), torch.cat(exits), torch.cat(argmaxes),
+                         torch.cat(logits_out) if keep_logits else None, readouts)
 
 
 # -- drift of kept logits ----------------------------------------------------------------------------

@@ -6,12 +6,13 @@ hop count of every token (`ground_truth.safetensors`: "hops", N x (T + 1), 0 = n
 The token at window position t + 1 is the *target* of input position t, so a trace position's hop
 count is hops[:, 1:].
 
-Two paths (`Outcome`): exact, the default of report.json, runs every threshold in the masking
-harness (frozen tokens stay in the context with their exit state, as in real decoding; for
-state-based rules it equals teacher-forced decoding under the "recompute" KV rule, while a readout
-rule such as A1 reads its KL with earlier tokens at their current loop where decoding has them at
-their exit states: bench.exact_vs_decoding measures that gap); fast reads each token's answer off
-the uniform trace at its exit loop, as if every other token had looped to full depth.
+Two paths (`Outcome`): exact, the default of report.json, is what real decoding gets. Every threshold
+runs in the masking harness (frozen tokens stay in the context with their exit state; the curves). For
+a state-based rule that equals teacher-forced decoding under the "recompute" KV rule, so its operating
+point is the harness's. A readout rule such as A1 reads its per-loop output with earlier tokens at their
+current loop in the harness, where decoding has them at their exit states, so its operating point is
+found in decoding itself (`_DecodingWalk`, starting from the harness's). Fast reads each token's answer
+off the uniform trace at its exit loop, as if every other token had looped to full depth.
 
 Terms:
   answer accuracy  share of answer tokens whose argmax is the right value, on the trained hop

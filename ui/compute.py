@@ -38,7 +38,7 @@ from recur_core.exits.policies import (
     Uniform,
 )
 from recur_core.model.checkpoint import EVAL_WINDOWS, METRICS, TOKENIZER, WEIGHTS, read_meta
-from recur_core.model.huginn import INDEX
+from recur_core.model.hf_folder import INDEX
 from recur_core.model.recipe import Recipe
 from recur_core.settings import SETTINGS
 from training.metrics_log import read_metrics

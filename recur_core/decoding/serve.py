@@ -326,7 +326,8 @@ class Pool:
         end = min(len(s.out.prompt_ids), start + (s.req.prefill_chunk or len(s.out.prompt_ids)))
         cache = s.dec.cache
         s.positions, s.pos, s.loop, s.logp_prev = list(range(start, end)), start, 0, None
-        s.inject, s.state = cache.inject[0, start:end, None], s.dec.noise[0, start:end, None]
+        s.inject = cache.inject[0, start:end, None]
+        s.state = s.dec.model.start_state(s.dec.noise[0, start:end, None], s.inject)
         s.halted = torch.zeros(end - start, dtype=torch.bool, device=cache.inject.device)
         s.live = torch.arange(end - start)
         s.exits, s.row_loops, s.row_readouts = (torch.zeros(end - start, dtype=torch.long) for _ in range(3))
@@ -366,7 +367,7 @@ class Pool:
         self.cache.inject[slots, pos] = inject[:, 0]
         for i, s in enumerate(seqs):
             s.inject = inject[i:i + 1]
-            s.state = s.dec.noise[:, s.pos:s.pos + 1]
+            s.state = self.model.start_state(s.dec.noise[:, s.pos:s.pos + 1], s.inject)
             s.logp_prev = None
 
     def _core(self, seqs, state: Tensor) -> Tensor:

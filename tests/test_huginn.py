@@ -147,7 +147,7 @@ def test_refuses_another_model_type(tmp_path):
     folder = copy_fixture(tmp_path / "llama")
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))
-    with pytest.raises(CheckpointError, match="model_type 'llama' is not 'huginn_raven'"):
+    with pytest.raises(CheckpointError, match="model_type 'llama' is not supported"):
         load_checkpoint(folder)
 
 

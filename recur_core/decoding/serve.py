@@ -359,8 +359,9 @@ class Pool:
 
     def _enter(self, seqs) -> None:
         """The sampled tokens through the prelude (one batched call); their state starts as noise."""
-        kv = self._views(self.cache.prelude_slabs(), *self._rows(seqs))
-        slots, pos = kv[0].rows, kv[0].pos
+        rows = self._rows(seqs)
+        kv = self._views(self.cache.prelude_slabs(), *rows)
+        slots, pos = (torch.from_numpy(x).to(self.device) for x in rows)  # a model without a prelude has no views
         ids = torch.tensor([[s.out.ids[-1]] for s in seqs], device=self.device)
         with self._model_call("prelude", len(seqs)):
             inject = self.model.inject(self.model.prelude(ids, pos[:, None], kv))
@@ -392,10 +393,11 @@ class Pool:
     def _read(self, seqs, kl: bool) -> None:
         """Coda + head for these rows (each writes its coda entry); sets s.logits (rows, 1, V) and,
         with kl, s.signals = readout_signals(p_now, p_prev) where a previous readout exists."""
-        kv = self._views(self.cache.coda_slabs(), *self._rows(seqs))
+        slots, pos = self._rows(seqs)
+        kv = self._views(self.cache.coda_slabs(), slots, pos)
         state = torch.cat([s.state for s in seqs])
         with self._model_call("readout", len(state)):
-            logits = self.model.readout(state, kv[0].pos[:, None], kv)
+            logits = self.model.readout(state, torch.from_numpy(pos).to(self.device)[:, None], kv)
         at = 0
         for s in seqs:
             s.dec.readouts += 1

@@ -295,3 +295,24 @@ def test_bfloat16_on_request():
     with torch.no_grad():
         logits = bf.model(ref["input_ids"], loops=4).float()
     assert (logits - ref["logits_per_step"][3]).abs().max() < 0.2
+
+
+# -- the comparison it is for ---------------------------------------------------------------------
+def test_analyze_puts_the_gate_beside_a1(tmp_path):
+    """report.json: GateExit's curve (exact and fast) and its matched point next to A1's, on the fixture
+    (random weights: a check of the mechanism, not of the science)."""
+    from recur_core.analyze import main
+    text = tmp_path / "text.txt"
+    text.write_text("The baker sold 14 loaves before seven, and the river rose by 3 metres on Tuesday. " * 12)
+    report = main([str(TINY), "--text", str(text), "--seq-len", "24", "--windows", "4", "--max-loops", "8",
+                   "--n-boot", "20", "--probe-windows", "4", "--probe-tokens", "16",
+                   "--out", str(tmp_path / "report"), "--cache-dir", str(tmp_path / "cache")])
+    for section in ("allocation", "allocation_fast"):
+        al = report[section]
+        assert [p["threshold_name"] for p in al["Gate"]] == ["q"] * len(al["Gate"])
+        assert "a1_loops_to_match_a0_rbar" in al and al["gate_loops_to_match_a0_rbar"]["value"] is not None
+        assert all("Gate_minus_A0" in row and "A1_minus_A0" in row for row in al["matched_depth"])
+        loops = [p["mean_loops"] for p in al["Gate"]]
+        assert loops[0] == 1.0 and max(loops) <= 4.0 and loops == sorted(loops)  # q = 0: loop 1; cap: 4 steps
+    assert 0 in report["allocation"]["exact_points"]["Gate"] and report["settings"]["q_grid"][0] == 0.0
+    assert any(r["threshold_name"] == "q" for r in report["fast_minus_exact"]["Gate"])

@@ -316,3 +316,35 @@ def test_analyze_puts_the_gate_beside_a1(tmp_path):
         assert loops[0] == 1.0 and max(loops) <= 4.0 and loops == sorted(loops)  # q = 0: loop 1; cap: 4 steps
     assert 0 in report["allocation"]["exact_points"]["Gate"] and report["settings"]["q_grid"][0] == 0.0
     assert any(r["threshold_name"] == "q" for r in report["fast_minus_exact"]["Gate"])
+
+
+# -- the app --------------------------------------------------------------------------------------
+def _app(monkeypatch, tmp_path):
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+    st.cache_resource.clear()  # a model another test loaded stays cached in this process
+    monkeypatch.delenv("RECUR_CHECKPOINT", raising=False)
+    monkeypatch.delenv("RECUR_CHECKPOINTS", raising=False)
+    monkeypatch.setenv("RECUR_SHIPPED", str(tmp_path / "none"))
+    monkeypatch.setenv("RECUR_CACHE_DIR", str(tmp_path / "cache"))
+    at = AppTest.from_file("../app.py", default_timeout=300)
+    at.run()
+    at.text_input(key="typed_path_input").input(str(TINY)).run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def test_app_shows_the_gate_beside_a1(monkeypatch, tmp_path):
+    """The Ouro folder opens (token strip drawn); Compare draws the gate's strip next to A0 / A1 and the
+    depth / loss curve has the Gate family beside A1's, with its matched point."""
+    at = _app(monkeypatch, tmp_path)
+    assert any('data-testid="token-strip"' in el.proto.body for el in at.html)
+    at.switch_page("pages/compare.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("learned exit gate" in h.value for h in at.subheader)
+    assert any("gate q=0.50" in el.proto.body for el in at.html)
+    at.switch_page("pages/curve.py").run()
+    at.segmented_control(key="eval_mode").set_value("fast").run()
+    assert not at.exception, [e.message for e in at.exception]
+    text = " ".join(c.value for c in at.caption)
+    assert "Learned exit gate" in text and "A1 convergence exit" in text

@@ -261,12 +261,16 @@ def _compute(model, inputs, targets, max_loops, seed, topk, probes, batch_size, 
     N, T = inputs.shape
     update, close = progress_bar(progress, N * max_loops, "trace (window-loops)")
 
+    batches = [range(start, min(start + batch_size, N)) for start in range(0, N, batch_size)]
+    lone = len(batches) == 1  # runs in the calling thread (map_batches): progress after every loop
+
     def run(rows: range) -> dict:
         return trace_batch(model, inputs[rows.start:rows.stop].to(device), targets[rows.start:rows.stop],
-                           model.seeded_state(rows, seed, T), max_loops, topk, probes)
+                           model.seeded_state(rows, seed, T), max_loops, topk, probes,
+                           on_state=(lambda loop, _: update(len(rows))) if lone else None)
     try:
-        batches = [range(start, min(start + batch_size, N)) for start in range(0, N, batch_size)]
-        parts = map_batches(run, batches, device, on_done=lambda rows, _: update(len(rows) * max_loops))
+        parts = map_batches(run, batches, device,
+                            on_done=None if lone else lambda rows, _: update(len(rows) * max_loops))
     finally:
         close()
     arrays = {name: torch.cat([p[name] for p in parts]).numpy() for name in parts[0]}

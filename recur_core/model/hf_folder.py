@@ -29,7 +29,7 @@ from .looped_lm import LoopedLM
 
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
-WORKING_WINDOW = 4096  # the longest window the working-memory estimate assumes (real contexts are longer)
+WORKING_TOKENS = 2048  # token rows of one forward the working-memory estimate assumes (analyze: 16 x 128)
 SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 
 # {their tensor name: {our state-dict name: tensor}} for one tensor of a format
@@ -137,13 +137,14 @@ def _free_bytes(device: torch.device) -> int:
 
 def memory_estimate(cfg: ModelConfig, shapes: dict[str, tuple], dtype: torch.dtype) -> dict[str, int]:
     """Bytes to hold the weights (every tensor of `shapes`) in `dtype`, plus the working memory of
-    one forward over one window of min(max_seq_len, WORKING_WINDOW) tokens (state, prelude output,
-    a block's activations in float32, the initial noise, the readout's vocabulary chunk, one
-    head's attention scores per head)."""
+    one forward over WORKING_TOKENS token rows (an analysis batch: state, prelude output, a block's
+    activations in float32, the initial noise, the readout's vocabulary chunk; attention runs in
+    blocks, no T x T scores). Checked against the peak RSS of a load and a trace at full size
+    (bench/bench_fullsize.py, docs/BENCHMARKS.md)."""
     n_params = sum(math.prod(s) for s in shapes.values())
     weights = n_params * torch.finfo(dtype).bits // 8
-    T, d = min(cfg.max_seq_len, WORKING_WINDOW), cfg.d_model
-    acts = 4 * T * (8 * d + 3 * cfg.ffn_dim + 2 * 8192) + 4 * cfg.n_heads * T * T
+    d = cfg.d_model
+    acts = 4 * WORKING_TOKENS * (8 * d + 3 * cfg.ffn_dim + 2 * 8192)
     return {"n_params": n_params, "weights": weights, "working": acts, "total": weights + acts}
 
 

@@ -348,3 +348,10 @@ def test_app_shows_the_gate_beside_a1(monkeypatch, tmp_path):
     assert not at.exception, [e.message for e in at.exception]
     text = " ".join(c.value for c in at.caption)
     assert "Learned exit gate" in text and "A1 convergence exit" in text
+
+
+def test_a_lone_text_reports_progress_after_every_loop():
+    """The app's progress bar moves during a pasted text's trace (one batch: every loop reports)."""
+    seen = []
+    trace(load_checkpoint(TINY), np.arange(7), 5, cache=False, progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(loop, 5) for loop in range(1, 6)]

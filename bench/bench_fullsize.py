@@ -18,11 +18,12 @@ Per folder, each part in a fresh subprocess:
                     (weights + working memory) against the peak RSS of the load and the traces.
   (b) refusal       RECUR_MEMORY_LIMIT set below the estimate: load_checkpoint refuses before
                     reading weights (seconds, RSS growth, the message with the estimate).
-  (c) the app       streamlit's AppTest of app.py with RECUR_CHECKPOINT=FOLDER and a pasted
-                    sentence: seconds from the sentence to the token strip (model load and the
-                    trace at the app's depth included), the progress bar's updates during the trace,
-                    then a second session on the same folder: its RSS growth and whether both
-                    sessions hold the same model object (one copy of the weights).
+  (c) the app       streamlit's AppTest of app.py with RECUR_CHECKPOINT=FOLDER, two sessions in one
+                    process (as two browser tabs on one server), each with its own pasted sentence:
+                    seconds from the sentence to the token strip (the first session's includes
+                    loading the model; the second's is the trace alone, at the app's depth), the
+                    progress bar's updates during each trace, each session's RSS growth, and whether
+                    both sessions hold the same model object (one copy of the weights).
 The CPU's flags (AVX-512 BF16, AMX) are printed: bfloat16 matmuls are fast only where the CPU has them.
 Last line: a JSON object with the figures.
 """
@@ -42,7 +43,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS = 32
-SENTENCE = "The little dog ran to the park, and the cat sat on the warm wall in the sun."
+SENTENCES = ("The little dog ran to the park.", "A cat sat on the warm wall.")  # one per app session
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
 
 
@@ -170,17 +171,17 @@ def child_app(folder: str) -> dict:
     os.environ.setdefault("RECUR_SHIPPED", "/nonexistent")
     st.cache_resource.clear()
     sessions, rows = [], []
-    for n in range(2):
+    for n, sentence in enumerate(SENTENCES):
         before = proc_status("VmRSS")
         at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=3000)
-        at.run()
+        at.session_state["text_area"] = at.session_state["text"] = sentence  # pasted before the first run
         t0 = time.perf_counter()
-        at.session_state["text_area"] = at.session_state["text"] = SENTENCE
         at.run()
         seconds = time.perf_counter() - t0
         strips = [el for el in at.html if 'data-testid="token-strip"' in el.proto.body]
         trace_updates = [u for u in updates if u[1].startswith("Tracing") and u[0] >= t0]
-        rows.append({"session": n + 1, "seconds_text_to_strip": seconds, "strip_drawn": len(strips) == 1,
+        rows.append({"session": n + 1, "sentence": sentence, "seconds_text_to_strip": seconds,
+                     "strip_drawn": len(strips) == 1,
                      "exceptions": [e.message for e in at.exception], "rss_growth_bytes": proc_status("VmRSS") - before,
                      "trace_progress_updates": len(trace_updates),
                      "trace_label": trace_updates[0][1] if trace_updates else None})
@@ -221,7 +222,7 @@ def report(folder: Path, r: dict) -> None:
     if "app" in r:
         c = r["app"]
         for s in c["sessions"]:
-            print(f"  (c) app session {s['session']}: pasted sentence -> token strip {s['seconds_text_to_strip']:.1f} s "
+            print(f"  (c) app session {s['session']}: {s['sentence']!r} -> token strip {s['seconds_text_to_strip']:.1f} s "
                   f"(strip drawn {s['strip_drawn']}, {s['trace_progress_updates']} progress updates "
                   f"'{s['trace_label']}'), RSS +{s['rss_growth_bytes'] / 1e9:.2f} GB")
         print(f"      two sessions, one model object: {c['one_model_object']}; the second session's RSS growth = "

@@ -354,4 +354,4 @@ def test_a_lone_text_reports_progress_after_every_loop():
     """The app's progress bar moves during a pasted text's trace (one batch: every loop reports)."""
     seen = []
     trace(load_checkpoint(TINY), np.arange(7), 5, cache=False, progress=lambda done, total: seen.append((done, total)))
-    assert seen == [(loop, 5) for loop in range(1, 6)]
+    assert [s for s in seen if s[0] > 0] == [(loop, 5) for loop in range(1, 6)]

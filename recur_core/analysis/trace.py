@@ -261,7 +261,7 @@ def _compute(model, inputs, targets, max_loops, seed, topk, probes, batch_size, 
     N, T = inputs.shape
     update, close = progress_bar(progress, N * max_loops, "trace (window-loops)")
 
-    batches = [range(start, min(start + batch_size, N)) for start in range(0, N, batch_size)]
+    batches = [range(first, min(first + batch_size, N)) for first in range(0, N, batch_size)]
     lone = len(batches) == 1  # runs in the calling thread (map_batches): progress after every loop
 
     def run(rows: range) -> dict:

@@ -61,6 +61,19 @@ with h_cols[0]:
 with h_cols[1]:
     views.render_strip(m, views.token_table(m, tr, enc, h_out), f"{crit} {thr:g}", legend=False)
 
+if compute.gate(*m.key) is not None:
+    st.subheader("The model's learned exit gate · on the same tokens")
+    g_cols = st.columns(2, gap="medium")
+    with g_cols[0]:
+        q = st.slider("q: halt at the first loop whose exit CDF ≥ q (Ouro's Q-exit)", 0.0, 1.0, 0.5, 0.01,
+                      key="cmp_gate_q")
+        g_out = compute.outcome(tr, compute.gate_exit(*m.key, q, m.r_max))
+        a, b = st.columns(2)
+        a.metric("Mean loops", f"{g_out.mean_loops:.2f}")
+        b.metric("Loss [nats]", f"{g_out.loss:.3f}")
+    with g_cols[1]:
+        views.render_strip(m, views.token_table(m, tr, enc, g_out), f"gate q={q:.2f}", legend=False)
+
 with st.expander("A2 probe quality (held-out windows) and the raw trace"):
     if prb:
         download.table(views.probe_table(prb), "a2_probe_quality")

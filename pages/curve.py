@@ -10,7 +10,9 @@ st.title("Depth / loss curve")
 st.caption("Each policy traced as (mean loops per token, loss). **A0** gives every token r loops; **A1** stops a "
            "token once KL(p_i ‖ p_{i−1}) < ε (first check at loop 2, the paper's convention: loop 1's KL compares "
            "with the readout of the noise state); **A2** stops it once a linear probe on the core state predicts no "
-           "further change (τ), with four label kinds (argmax or KL ≥ label ε; at the next loop or any later one). "
+           "further change (τ), with four label kinds (argmax or KL ≥ label ε; at the next loop or any later one); "
+           "on a model trained with an exit gate (Ouro), **Gate** stops it at the first loop whose exit CDF "
+           "reaches q (Ouro's Q-exit, capped at the gate's trained steps). "
            "**Exact** (the masking harness, on the points that decide the headline numbers) gives them, as in "
            "report.json; **fast** (each token scored at its exit loop of one uniform trace) is what the ε slider "
            "looks up instantly.")

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from .analysis.allocation import allocation, operating_threshold
+from .analysis.allocation import allocation, model_gate, operating_threshold
 from .analysis.cache import TraceCache
 from .analysis.curves import (
     MOVING_KL,
@@ -49,7 +49,7 @@ from .settings import SETTINGS
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m recur_core.analyze", description=__doc__.splitlines()[0])
-    p.add_argument("checkpoint", help="checkpoint directory (this project's, or a Huginn-0125-format folder)")
+    p.add_argument("checkpoint", help="checkpoint directory (this project's, or a Huginn-0125 / Ouro folder)")
     p.add_argument("--text", default=None, help="take the eval / probe windows from this text file (needed when "
                    "the checkpoint ships none, e.g. Huginn); alternate windows go to eval and probe")
     p.add_argument("--seq-len", type=int, default=128, help="tokens per window with --text (default 128)")
@@ -115,7 +115,7 @@ def main(argv=None) -> dict:
 
     t0 = time.perf_counter()
     boot = Bootstrap(tr.n_windows, args.n_boot, args.seed)
-    grids = dict(probes=probes, a1_min_loops=args.a1_first_check)
+    grids = dict(probes=probes, a1_min_loops=args.a1_first_check, gate=model_gate(ckpt))
     fast = allocation(tr, boot, r_max, r_bar, **grids)
     timing["analysis_s"] = time.perf_counter() - t0
     exact, work = None, SweepWork()
@@ -257,7 +257,7 @@ def _reach(m: dict) -> str:
 
 
 def print_allocation(al: dict, p) -> None:
-    names = [n for n in al if n.startswith(("A1", "A2_")) and isinstance(al[n], list)]
+    names = [n for n in al if n.startswith(("A1", "A2_", "Gate")) and isinstance(al[n], list)]
     p(f"\nTable 4. Matched depth ({al['path']} path): loss at the same mean loops, and the difference from A0")
     p("  depth  A0                          " + "".join(f"{n + ' - A0':30s}" for n in names))
     for row in al["matched_depth"]:

@@ -29,6 +29,8 @@ class Settings:
     eps_per_decade: int = 4
     tau_grid: tuple[float, ...] = (0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8,
                                    0.9, 0.95, 0.99, math.inf)  # A2's router threshold τ
+    # GateExit's q grid (the exit CDF a learned gate must reach; Ouro's Q-exit): 0 = loop 1, 1 = its cap
+    q_grid: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 0.999, 1.0)
     # LatentDiff's δ grid (relative state change), for ground truth
     delta_grid: tuple[float, ...] = (0.0, 1e-3, 3e-3, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, math.inf)
     default_eps: float = 1e-3  # the app's A1 ε when it opens (the paper's "still moving" threshold)
@@ -58,7 +60,7 @@ class Settings:
         """What report.json records under "settings"."""
         return {"seed": self.seed, "n_boot": self.n_boot, "windows": self.windows,
                 "min_trace_loops": self.min_trace_loops, "topk": self.topk, "moving_threshold": self.moving_kl,
-                "eps_grid": list(self.eps_grid), "tau_grid": list(self.tau_grid)}
+                "eps_grid": list(self.eps_grid), "tau_grid": list(self.tau_grid), "q_grid": list(self.q_grid)}
 
 
 SETTINGS = Settings()

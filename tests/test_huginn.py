@@ -20,7 +20,8 @@ from recur_core.analysis.trace import trace
 from recur_core.decoding.decode import full_depth_logits, generate
 from recur_core.exits.policies import ArgmaxStable, ConvergenceExit, CosineExit, EntropyDiff, LatentDiff, ReverseKLExit
 from recur_core.exits.signals import LoopSignals
-from recur_core.model.huginn import INDEX, huginn_config, memory_estimate
+from recur_core.model.hf_folder import INDEX, memory_estimate
+from recur_core.model.huginn import huginn_config, huginn_shapes
 
 FIXTURE = Path(__file__).parent / "fixtures" / "huginn_tiny"
 REF = load_file(str(FIXTURE / "reference_outputs.safetensors"))
@@ -71,7 +72,7 @@ def test_config_translation(huginn):
     big, recipe = huginn_config(real)
     assert big.head_dim == 96 and big.state_init_std == pytest.approx((2 / 5) ** 0.5)
     assert recipe["r_bar"] == 32
-    assert 3.4e9 < memory_estimate(big, torch.bfloat16)["n_params"] < 3.7e9
+    assert 3.4e9 < memory_estimate(big, huginn_shapes(big), torch.bfloat16)["n_params"] < 3.7e9
 
 
 def test_initial_state_is_truncated_normal(huginn):
@@ -146,7 +147,7 @@ def test_refuses_another_model_type(tmp_path):
     folder = copy_fixture(tmp_path / "llama")
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))
-    with pytest.raises(CheckpointError, match="model_type 'llama' is not 'huginn_raven'"):
+    with pytest.raises(CheckpointError, match="model_type 'llama' is not supported"):
         load_checkpoint(folder)
 
 

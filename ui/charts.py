@@ -18,10 +18,11 @@ LOSS_AXIS = "loss [nats/token]"
 LOOPS_AXIS = "mean loops per token"
 DIFF_AXIS = "loss − A0's at the same mean loops [nats/token]"
 FAMILY_COLORS = {"A0": "#4c78a8", "A1": "#f58518", "A2_argmax": "#54a24b", "A2_kl": "#b279a2",
-                 "A2_argmax_any": "#72b7b2", "A2_kl_any": "#e45756"}
+                 "A2_argmax_any": "#72b7b2", "A2_kl_any": "#e45756", "Gate": "#9d755d"}
 FAMILY_NAMES = {"A0": "A0 uniform depth", "A1": "A1 convergence exit (KL < ε)",
                 "A2_argmax": "A2 router (argmax labels)", "A2_kl": "A2 router (KL labels)",
-                "A2_argmax_any": "A2 router (argmax, any later loop)", "A2_kl_any": "A2 router (KL, any later loop)"}
+                "A2_argmax_any": "A2 router (argmax, any later loop)", "A2_kl_any": "A2 router (KL, any later loop)",
+                "Gate": "Learned exit gate (Ouro's Q-exit, CDF ≥ q)"}
 PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d")
 KL_FLOOR = 1e-12  # log10 of a KL of exactly 0 is drawn at this floor
 # Inferno, with its first stop "#000004" nudged: the app frontend turned exactly that colour into lavender

@@ -71,7 +71,7 @@ class Entry:
         """Model size, dtype and the memory it needs on `device` against what is free there."""
         import torch
 
-        from recur_core.model.huginn import available_bytes, human_bytes
+        from recur_core.model.hf_folder import available_bytes, human_bytes
         m = self.meta or {}
         need = m["memory_estimate"]["total"]
         try:

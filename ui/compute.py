@@ -32,13 +32,14 @@ from recur_core.exits.policies import (
     ConvergenceExit,
     CosineExit,
     EntropyDiff,
+    GateExit,
     LatentDiff,
     LinearRouter,
     ReverseKLExit,
     Uniform,
 )
 from recur_core.model.checkpoint import EVAL_WINDOWS, METRICS, TOKENIZER, WEIGHTS, read_meta
-from recur_core.model.huginn import INDEX
+from recur_core.model.hf_folder import INDEX
 from recur_core.model.recipe import Recipe
 from recur_core.settings import SETTINGS
 from training.metrics_log import read_metrics
@@ -236,6 +237,17 @@ def huginn_policy(name: str, threshold: float, r_max: int):
     return HUGINN_CRITERIA[name][0](threshold, r_max=r_max)
 
 
+def gate(path: str, ckpt_id: str, device: str) -> tuple | None:
+    """(gate_lambda, trained steps) of a model with a learned exit gate (Ouro), else None."""
+    return alloc.model_gate(_ckpt(path, ckpt_id, device))
+
+
+def gate_exit(path: str, ckpt_id: str, device: str, q: float, r_max: int) -> GateExit:
+    """Ouro's Q-exit at q, capped at the gate's trained steps (and r_max)."""
+    gate_lambda, steps = gate(path, ckpt_id, device)
+    return GateExit(q, gate_lambda, r_max=min(steps, r_max))
+
+
 @dataclass
 class Outcome:
     """A policy applied to a trace (fast path): per-token exits and the policy's score."""
@@ -266,7 +278,7 @@ def sweep_fast(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None
     tr = source_trace(path, ckpt_id, device, ids)
     prb = probes(path, ckpt_id, device)
     boot = Bootstrap(tr.n_windows, S.n_boot, S.seed)
-    res = alloc.allocation(tr, boot, r_max, r_bar, probes=prb)
+    res = alloc.allocation(tr, boot, r_max, r_bar, probes=prb, gate=gate(path, ckpt_id, device))
     return {"report": res["report"], "curves": res["curves"], "diffs": differences(res["curves"], boot),
             "n_windows": tr.n_windows, "seq_len": tr.seq_len, "probe_metrics": {k: p.metrics for k, p in prb.items()}}
 
@@ -287,7 +299,7 @@ def exact_cached(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | No
     ckpt, tr, inputs = _exact_inputs(path, ckpt_id, device, ids, n_windows)
     boot = Bootstrap(tr.n_windows, S.n_boot, S.seed)
     return alloc.allocation_is_cached(tr, ckpt, inputs, boot, r_max, r_bar, probes=probes(path, ckpt_id, device),
-                                      cache=TraceCache())
+                                      gate=alloc.model_gate(ckpt), cache=TraceCache())
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
@@ -299,10 +311,11 @@ def sweep_exact(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | Non
     ckpt, tr, inputs = _exact_inputs(path, ckpt_id, device, ids, n_windows)
     prb = probes(path, ckpt_id, device)
     boot = Bootstrap(tr.n_windows, S.n_boot, S.seed)
-    fast = alloc.allocation(tr, boot, r_max, r_bar, probes=prb)
+    fast = alloc.allocation(tr, boot, r_max, r_bar, probes=prb, gate=alloc.model_gate(ckpt))
     bar = Progress(f"Exact masking harness on {tr.n_windows} window(s): the plan's ε / τ points, one pass per round")
     try:
-        exact = alloc.allocation(tr, boot, r_max, r_bar, probes=prb, exact=(ckpt, inputs), cache=TraceCache(),
+        exact = alloc.allocation(tr, boot, r_max, r_bar, probes=prb, gate=alloc.model_gate(ckpt),
+                                 exact=(ckpt, inputs), cache=TraceCache(),
                                  progress=bar)
     finally:
         bar.close()

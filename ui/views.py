@@ -70,7 +70,7 @@ def token_label(table: pd.DataFrame, pos: int) -> str:
 
 
 # -- depth / loss curves --------------------------------------------------------------------------------
-FAMILIES = ("A0", "A1", "A2_argmax", "A2_kl", "A2_argmax_any", "A2_kl_any")
+FAMILIES = ("A0", "A1", "A2_argmax", "A2_kl", "A2_argmax_any", "A2_kl_any", "Gate")  # Gate: models with one
 
 
 def point_at(points: list[dict], eps: float) -> dict:

@@ -1,5 +1,7 @@
 """Depth allocation (the paper's Table 4): A0 / A1 / A2 curves, fast or exact, and which thresholds
-of a sweep the exact path runs.
+of a sweep the exact path runs. On a model with a learned exit gate (Ouro) the family "Gate"
+(GateExit over the q grid, capped at the gate's trained steps) stands beside them: a learned
+predictor of convergence trained with the model, against A1's reading of it.
 
 Fast path: every threshold of every family is read off the uniform trace (instant; the app's
 sliders). Exact path: the masking harness, where frozen tokens stay in the context with their exit
@@ -22,9 +24,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..exits.policies import ConvergenceExit, LinearRouter, Policy, Uniform
+from ..exits.policies import ConvergenceExit, GateExit, LinearRouter, Policy, Uniform
 from .curves import (
     EPS_GRID,
+    Q_GRID,
     TAU_GRID,
     Curve,
     WindowSums,
@@ -46,14 +49,26 @@ TABLE_STEPS = 2  # the matched-depth table's brackets: at most this many grid st
 
 
 def allocation_families(r_max: int, eps_grid=EPS_GRID, tau_grid=TAU_GRID, probes: dict | None = None,
-                        a1_min_loops: int = ConvergenceExit.FIRST_CHECK) -> dict[str, list[Policy]]:
+                        a1_min_loops: int = ConvergenceExit.FIRST_CHECK, gate=None,
+                        q_grid=Q_GRID) -> dict[str, list[Policy]]:
     """The policies of the allocation curves: A0 at r = 1..r_max, A1 over eps_grid (first check at
-    a1_min_loops), and A2 over tau_grid for each probe label kind."""
+    a1_min_loops), A2 over tau_grid for each probe label kind, and with gate = (the model's
+    gate_lambda, its trained steps) GateExit over q_grid, capped at min(steps, r_max)."""
     families = {"A0": [Uniform(r) for r in range(1, r_max + 1)],
                 "A1": [ConvergenceExit(eps, min(a1_min_loops, r_max), r_max) for eps in eps_grid]}
     for kind, probe in (probes or {}).items():
         families[f"A2_{kind}"] = [LinearRouter(probe, tau, 1, r_max) for tau in tau_grid]
+    if gate is not None:
+        gate_lambda, steps = gate
+        families["Gate"] = [GateExit(q, gate_lambda, 1, min(steps, r_max)) for q in q_grid]
     return families
+
+
+def model_gate(ckpt) -> tuple | None:
+    """(gate_lambda, trained steps) of a checkpoint whose model has a learned exit gate (Ouro: its
+    total_ut_steps, the recipe's r_bar), else None: what allocation's `gate` takes."""
+    model = ckpt.model
+    return None if model.exit_gate is None else (model.gate_lambda, ckpt.recipe.depth)
 
 
 def allocation_report(curves: dict[str, Curve], boot: Bootstrap, r_bar: int) -> dict:
@@ -67,17 +82,18 @@ def allocation_report(curves: dict[str, Curve], boot: Bootstrap, r_bar: int) -> 
 
 
 def allocation(tr: Trace, boot: Bootstrap, r_max: int, r_bar: int, *, eps_grid=EPS_GRID, tau_grid=TAU_GRID,
-               probes: dict | None = None, a1_min_loops: int = ConvergenceExit.FIRST_CHECK, exact=None,
+               probes: dict | None = None, a1_min_loops: int = ConvergenceExit.FIRST_CHECK, gate=None, exact=None,
                cache=False, progress=None, work: SweepWork | None = None) -> dict:
     """Allocation curves, the matched-depth table and loops to match A0 at r_bar.
 
     Fast path (exact=None): every policy read off the trace; probes: {label kind: Probe} whose
-    chances the trace must hold (trace(..., probes=...)). Exact path: exact=(ckpt or model, ids) of
+    chances the trace must hold (trace(..., probes=...)); gate: `model_gate(ckpt)` (the trace then holds
+    the gate's lambdas). Exact path: exact=(ckpt or model, ids) of
     the traced windows; the plan's points run in the masking harness (`exact_plan`).
     Returns {"curves": {name: Curve}, "report": JSON-ready dict, "path": "fast" | "exact"}; the exact
     report also has "exact_points" {family: thresholds run exact}.
     """
-    families = allocation_families(min(r_max, tr.max_loops), eps_grid, tau_grid, probes, a1_min_loops)
+    families = allocation_families(min(r_max, tr.max_loops), eps_grid, tau_grid, probes, a1_min_loops, gate)
     fast = {name: fast_curve(tr, name, policies, boot) for name, policies in families.items()}
     if exact is None:
         return {"curves": fast, "report": allocation_report(fast, boot, r_bar), "path": "fast"}
@@ -89,9 +105,9 @@ def allocation(tr: Trace, boot: Bootstrap, r_max: int, r_bar: int, *, eps_grid=E
 
 
 def allocation_is_cached(tr: Trace, ckpt, ids, boot: Bootstrap, r_max: int, r_bar: int, *, probes: dict | None = None,
-                         cache=True) -> bool:
+                         gate=None, cache=True) -> bool:
     """Whether allocation(..., exact=(ckpt, ids)) would be served from the cache (no harness run)."""
-    families = allocation_families(min(r_max, tr.max_loops), probes=probes)
+    families = allocation_families(min(r_max, tr.max_loops), probes=probes, gate=gate)
     fast = {name: fast_curve(tr, name, policies, boot) for name, policies in families.items()}
     return exact_plan(ckpt, ids, families, fast, r_bar, tr.max_loops, tr.seed, boot, cache=cache,
                       cache_only=True) is not None

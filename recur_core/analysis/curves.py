@@ -29,6 +29,7 @@ from .trace import Trace
 
 MOVING_KL = SETTINGS.moving_kl  # still moving at loop i while KL(p_i || p_{i-1}) > this
 EPS_GRID, TAU_GRID = SETTINGS.eps_grid, SETTINGS.tau_grid  # A1's ε and A2's τ sweeps
+Q_GRID = SETTINGS.q_grid  # GateExit's q sweep (models with a learned exit gate)
 TOKEN_CLASSES = ("whitespace", "numeral", "punctuation", "word", "other")
 
 

@@ -194,8 +194,8 @@ class _Sweep:
         self.readout_policies = {i for i, p in enumerate(policies) if p.needs_readout}
         with torch.inference_mode():
             self.e = model.prelude(inputs.to(self.device))
-            noise = noise.to(self.device)
-            h0 = model.coda(noise) if self.readout_policies else None  # p_0: readout of the noise state
+            noise = model.start_state(noise.to(self.device), self.e)  # the noise, or e (Ouro)
+            h0 = model.coda(noise) if self.readout_policies else None  # p_0: readout of the initial state
         T = inputs.shape[1]
         self.lanes = [_Lane(w, noise[w], None if h0 is None else h0[w], np.zeros(T, bool),
                             np.zeros(T, np.int64), np.zeros(T, bool), list(range(len(policies))))
@@ -300,8 +300,8 @@ def _exact_batch(model: LoopedLM, inputs, targets, noise, policy: Policy, cap: i
     device = next(model.parameters()).device
     inputs, targets = inputs.to(device), targets.to(device)
     e = model.prelude(inputs)
-    state = noise.to(device)
-    h_prev = model.coda(state) if policy.needs_readout else None  # p_0: readout of the noise state
+    state = model.start_state(noise.to(device), e)
+    h_prev = model.coda(state) if policy.needs_readout else None  # p_0: readout of the initial state
     frozen = torch.zeros(inputs.shape, dtype=torch.bool, device=device)
     exit_depth = torch.full(inputs.shape, cap, dtype=torch.long, device=device)
     converged = torch.zeros_like(frozen)

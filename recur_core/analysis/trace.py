@@ -11,6 +11,8 @@ and loop i = 1..max_loops, the statistics of p_i = softmax(head(coda(s_i))):
   entropy       entropy of p_i in nats.
   argmax        the most likely next token id; top1_prob its probability.
   topk_ids / topk_probs   the k most likely tokens (the logit lens), descending.
+  exit_lambda   for a model with a learned exit gate (Ouro), the gate's exit probability
+                sigmoid(w . s_i + b) after loop i (GateExit's fast face reads it); absent otherwise.
 
 Loop 1 convention: s_0 is the initial noise state and p_0 = head(coda(s_0)), the readout of that
 noise. Loop 1's kl_prev, kl_prev_reverse, state_change and cosine_change are measured against them, so every entry is finite and a
@@ -43,6 +45,7 @@ from .parallel import map_batches
 TRACE_FORMAT_VERSION = 2  # 2: kl_prev_reverse and cosine_change
 LOOP_FIELDS = ("kl_prev", "state_change", "ce", "entropy", "argmax", "top1_prob", "kl_prev_reverse", "cosine_change")
 TOPK_FIELDS = ("topk_ids", "topk_probs")
+GATE_FIELD = "exit_lambda"  # only for models with an exit gate
 NO_TARGET = -1
 
 
@@ -71,6 +74,7 @@ class Trace:
     router_chance: dict[str, np.ndarray] = field(default_factory=dict)
     kl_prev_reverse: np.ndarray | None = None  # always set by trace(); optional for hand-made traces
     cosine_change: np.ndarray | None = None
+    exit_lambda: np.ndarray | None = None  # the exit gate's lambda (N, T, L), models with a gate only
 
     @property
     def n_windows(self) -> int:
@@ -99,6 +103,8 @@ class Trace:
     def arrays(self) -> dict[str, np.ndarray]:
         """All arrays by name (router chances as 'router_chance/<probe id>'), for the cache."""
         out = {name: getattr(self, name) for name in ("ids", "targets", *LOOP_FIELDS, *TOPK_FIELDS)}
+        if self.exit_lambda is not None:
+            out[GATE_FIELD] = self.exit_lambda
         out.update({f"router_chance/{k}": v for k, v in self.router_chance.items()})
         return out
 
@@ -108,7 +114,8 @@ class Trace:
         window, position, loop = np.meshgrid(np.arange(N), np.arange(T), np.arange(1, L + 1), indexing="ij")
         cols = {"window": window.ravel(), "position": position.ravel(), "loop": loop.ravel(),
                 "token_id": np.repeat(self.ids.ravel(), L), "target": np.repeat(self.targets.ravel(), L)}
-        cols.update({name: getattr(self, name).ravel() for name in LOOP_FIELDS if getattr(self, name) is not None})
+        cols.update({name: getattr(self, name).ravel() for name in (*LOOP_FIELDS, GATE_FIELD)
+                     if getattr(self, name) is not None})
         for j in range(self.topk):
             cols[f"top{j + 1}_id"] = self.topk_ids[..., j].ravel()
             cols[f"top{j + 1}_prob"] = self.topk_probs[..., j].ravel()
@@ -147,14 +154,18 @@ def trace_batch(model: LoopedLM, inputs: torch.Tensor, targets: torch.Tensor, no
     """
     targets = targets.to(inputs.device)
     e = model.prelude(inputs)
-    state = noise.to(inputs.device)
-    h_prev = model.coda(state)  # p_0: the readout of the initial noise state
-    per_loop: dict[str, list[torch.Tensor]] = {name: [] for name in (*LOOP_FIELDS, *TOPK_FIELDS)}
+    state = model.start_state(noise.to(inputs.device), e)  # the noise, or e for a model without one (Ouro)
+    h_prev = model.coda(state)  # p_0: the readout of the initial state
+    gated = model.exit_gate is not None
+    names = (*LOOP_FIELDS, *TOPK_FIELDS, *((GATE_FIELD,) if gated else ()))
+    per_loop: dict[str, list[torch.Tensor]] = {name: [] for name in names}
     chances: dict[str, list[torch.Tensor]] = {p.probe_id: [] for p in probes}
     for loop in range(1, max_loops + 1):
         new = model.core_step(state, e)
         per_loop["state_change"].append(relative_change(new, state).cpu())
         per_loop["cosine_change"].append(cosine_change(new, state).cpu())
+        if gated:
+            per_loop[GATE_FIELD].append(model.gate_lambda(new).cpu())
         h_prev, stats = loop_readout(model, new, h_prev, targets, topk)
         for name in ("kl_prev", "kl_prev_reverse", "ce", "entropy", "argmax", "top1_prob"):
             per_loop[name].append(getattr(stats, name).cpu())
@@ -221,7 +232,7 @@ def trace(ckpt_or_model: Checkpoint | LoopedLM, ids, max_loops: int, seed: int =
     store = resolve_cache(cache)
     probe_ids = tuple(p.probe_id for p in probes)
     key = trace_key(ckpt_id, ids_np, max_loops, seed, topk, TRACE_FORMAT_VERSION, probe_ids)
-    shapes = expected_shapes(inputs.shape, max_loops, topk, probe_ids)
+    shapes = expected_shapes(inputs.shape, max_loops, topk, probe_ids, model.exit_gate is not None)
     if store is not None:
         hit = store.load(store.trace_path(ckpt_id, key), key, shapes)
         if hit is not None:
@@ -234,9 +245,11 @@ def trace(ckpt_or_model: Checkpoint | LoopedLM, ids, max_loops: int, seed: int =
     return _from_arrays(arrays, max_loops, seed, ckpt_id)
 
 
-def expected_shapes(input_shape, max_loops: int, topk: int, probe_ids: Sequence[str]) -> dict[str, tuple]:
+def expected_shapes(input_shape, max_loops: int, topk: int, probe_ids: Sequence[str],
+                    gated: bool = False) -> dict[str, tuple]:
     N, T = input_shape
-    shapes = {"ids": (N, T), "targets": (N, T), **{name: (N, T, max_loops) for name in LOOP_FIELDS},
+    loop_fields = (*LOOP_FIELDS, GATE_FIELD) if gated else LOOP_FIELDS
+    shapes = {"ids": (N, T), "targets": (N, T), **{name: (N, T, max_loops) for name in loop_fields},
               **{name: (N, T, max_loops, topk) for name in TOPK_FIELDS}}
     shapes.update({f"router_chance/{k}": (N, T, max_loops) for k in probe_ids})
     return shapes
@@ -248,12 +261,16 @@ def _compute(model, inputs, targets, max_loops, seed, topk, probes, batch_size, 
     N, T = inputs.shape
     update, close = progress_bar(progress, N * max_loops, "trace (window-loops)")
 
+    batches = [range(first, min(first + batch_size, N)) for first in range(0, N, batch_size)]
+    lone = len(batches) == 1  # runs in the calling thread (map_batches): progress after every loop
+
     def run(rows: range) -> dict:
         return trace_batch(model, inputs[rows.start:rows.stop].to(device), targets[rows.start:rows.stop],
-                           model.seeded_state(rows, seed, T), max_loops, topk, probes)
+                           model.seeded_state(rows, seed, T), max_loops, topk, probes,
+                           on_state=(lambda loop, _: update(len(rows))) if lone else None)
     try:
-        batches = [range(start, min(start + batch_size, N)) for start in range(0, N, batch_size)]
-        parts = map_batches(run, batches, device, on_done=lambda rows, _: update(len(rows) * max_loops))
+        parts = map_batches(run, batches, device,
+                            on_done=None if lone else lambda rows, _: update(len(rows) * max_loops))
     finally:
         close()
     arrays = {name: torch.cat([p[name] for p in parts]).numpy() for name in parts[0]}

@@ -197,7 +197,7 @@ class Decoder:
         B, cache, sched = self.B, self.cache, self.schedule
         inject = self.model.inject(self.prelude(ids.view(B, 1), pos))
         cache.inject[:, pos] = inject[:, 0]
-        state = self.noise[:, pos:pos + 1]
+        state = self.model.start_state(self.noise[:, pos:pos + 1], inject)
         logp_prev = kept = None
         if sched.wants_readout(0):
             logp_prev = torch.log_softmax(self._readout(state, pos).float(), dim=-1)
@@ -252,7 +252,7 @@ class Decoder:
         pos = self.positions[start:start + P]
         inject = self.model.inject(self.prelude(ids, pos))
         cache.inject[:, pos] = inject
-        state = self.noise[:, pos]
+        state = self.model.start_state(self.noise[:, pos], inject)
         logp_prev = None
         if sched.wants_readout(0):
             logp_prev = torch.log_softmax(self._readout(state, pos).float(), dim=-1)
@@ -463,7 +463,8 @@ def teacher_forced(ckpt_or_model, windows, policy: Policy, kv_rule: str = SETTIN
         rows = range(start, min(start + batch_size, N))
         ids = windows[start:rows.stop].to(device)
         dec = Decoder(model, policy, batch=len(rows), max_loops=cap, kv_rule=kv_rule,
-                      noise=model.seeded_state([rows_of[n] for n in rows], seed), check_every=check_every)
+                      noise=model.seeded_state([rows_of[n] for n in rows], seed), check_every=check_every,
+                      max_len=T)
         if mode == "prefill":
             logits, ex = dec.prefill(ids[:, :-1])
         else:

@@ -326,7 +326,8 @@ class Pool:
         end = min(len(s.out.prompt_ids), start + (s.req.prefill_chunk or len(s.out.prompt_ids)))
         cache = s.dec.cache
         s.positions, s.pos, s.loop, s.logp_prev = list(range(start, end)), start, 0, None
-        s.inject, s.state = cache.inject[0, start:end, None], s.dec.noise[0, start:end, None]
+        s.inject = cache.inject[0, start:end, None]
+        s.state = s.dec.model.start_state(s.dec.noise[0, start:end, None], s.inject)
         s.halted = torch.zeros(end - start, dtype=torch.bool, device=cache.inject.device)
         s.live = torch.arange(end - start)
         s.exits, s.row_loops, s.row_readouts = (torch.zeros(end - start, dtype=torch.long) for _ in range(3))
@@ -358,15 +359,16 @@ class Pool:
 
     def _enter(self, seqs) -> None:
         """The sampled tokens through the prelude (one batched call); their state starts as noise."""
-        kv = self._views(self.cache.prelude_slabs(), *self._rows(seqs))
-        slots, pos = kv[0].rows, kv[0].pos
+        rows = self._rows(seqs)
+        kv = self._views(self.cache.prelude_slabs(), *rows)
+        slots, pos = (torch.from_numpy(x).to(self.device) for x in rows)  # a model without a prelude has no views
         ids = torch.tensor([[s.out.ids[-1]] for s in seqs], device=self.device)
         with self._model_call("prelude", len(seqs)):
             inject = self.model.inject(self.model.prelude(ids, pos[:, None], kv))
         self.cache.inject[slots, pos] = inject[:, 0]
         for i, s in enumerate(seqs):
             s.inject = inject[i:i + 1]
-            s.state = s.dec.noise[:, s.pos:s.pos + 1]
+            s.state = self.model.start_state(s.dec.noise[:, s.pos:s.pos + 1], s.inject)
             s.logp_prev = None
 
     def _core(self, seqs, state: Tensor) -> Tensor:
@@ -391,10 +393,11 @@ class Pool:
     def _read(self, seqs, kl: bool) -> None:
         """Coda + head for these rows (each writes its coda entry); sets s.logits (rows, 1, V) and,
         with kl, s.signals = readout_signals(p_now, p_prev) where a previous readout exists."""
-        kv = self._views(self.cache.coda_slabs(), *self._rows(seqs))
+        slots, pos = self._rows(seqs)
+        kv = self._views(self.cache.coda_slabs(), slots, pos)
         state = torch.cat([s.state for s in seqs])
         with self._model_call("readout", len(state)):
-            logits = self.model.readout(state, kv[0].pos[:, None], kv)
+            logits = self.model.readout(state, torch.from_numpy(pos).to(self.device)[:, None], kv)
         at = 0
         for s in seqs:
             s.dec.readouts += 1

@@ -28,7 +28,12 @@ comparison on the same tokens (defaults: Huginn's "auto" thresholds):
   ArgmaxStable(n)          halt once the argmax has not changed for n loops in a row (loop 1 has a
                            run of 0; the earliest exit is loop n + 1).
   CosineExit(delta)        halt once 1 - cos(s_i, s_{i-1}) < delta.
-EntropyDiff and ArgmaxStable compare with earlier loops: their online face remembers the values of
+
+A model trained with a learned exit gate (Ouro, recur_core.model.ouro):
+  GateExit(q, gate)        Ouro's Q-exit: halt at the first loop whose exit CDF
+                           1 - prod_{j<=i} (1 - lambda_j) is >= q, lambda_j = the gate's per-token
+                           exit probability after loop j; may halt at loop 1.
+EntropyDiff, ArgmaxStable and GateExit compare with earlier loops: their online face remembers the values of
 its previous call (reset at loop 1), so it must be consulted at every loop (check_every 1); a call
 that skips loops starts a new run.
 
@@ -367,3 +372,57 @@ class ArgmaxStable(_Remembering):
             run[..., i] = np.where(trace.argmax[..., i] == trace.argmax[..., i - 1], run[..., i - 1] + 1, 0)
         return run >= self.n
 
+
+
+# -- a learned exit gate ---------------------------------------------------------------------------
+class GateExit(_Remembering):
+    """Ouro's Q-exit as a policy that really halts: after loop i the gate gives each token its exit
+    probability (hazard) lambda_i = sigmoid(w . s_i + b); the exit distribution is
+    p_i = lambda_i prod_{j<i} (1 - lambda_j), with what is left on the last loop, and its CDF after
+    loop i is 1 - prod_{j<=i} (1 - lambda_j). A token halts at the first loop (1-based) whose CDF
+    is >= q, else at the cap, which takes the remaining mass (Ouro's last step: pass r_max =
+    total_ut_steps for its distribution exactly). q = 0 halts every token at loop 1.
+
+    gate: a callable state (B, T, d) -> lambda (B, T), the model's `gate_lambda`; only the online
+    face needs it (the fast face reads the lambdas the trace recorded, `trace.exit_lambda`). The
+    online face keeps each token's survival prod (1 - lambda_j) between calls (one loop at a time).
+    """
+
+    threshold_name = "q"
+    signal = "state"
+
+    def __init__(self, q: float, gate=None, min_loops: int = 1, r_max: int | None = None):
+        if not 0 <= q <= 1:
+            raise ValueError(f"q must be in [0, 1], got {q}")
+        super().__init__(min_loops, r_max)
+        self.q, self.gate = q, gate
+
+    def _update(self, value, fresh):
+        if self.gate is None:
+            raise ValueError("GateExit's online face needs the model's gate: GateExit(q, gate=model.gate_lambda)")
+        lam = self.gate(value).float()
+        if fresh:
+            self._run = (torch.zeros_like(lam), torch.ones_like(lam))  # (CDF, survival) before loop 1
+        cdf, survive = self._run
+        self._run = (cdf + lam * survive, survive * (1 - lam))
+
+    def _rule_online(self, loop, signals):
+        return self._run[0] >= self.q
+
+    def _rule_trace(self, trace):
+        if trace.exit_lambda is None:
+            raise KeyError("the trace holds no exit-gate lambdas: GateExit needs a model with an exit gate (Ouro)")
+        return exit_cdf(trace.exit_lambda) >= self.q
+
+    def __repr__(self) -> str:
+        return f"GateExit(q={self.q}, min_loops={self.min_loops}, r_max={self.r_max})"
+
+
+def exit_cdf(lam: np.ndarray) -> np.ndarray:
+    """The exit CDF after each loop (last axis) from the gate's per-loop lambdas, in float32 and in the
+    reference's order of operations: p_i = lambda_i * survival, survival *= 1 - lambda_i, CDF = the
+    running sum of p (the cap's remaining mass is the policy's business)."""
+    lam = lam.astype(np.float32)
+    survive = np.concatenate([np.ones_like(lam[..., :1]), np.cumprod(1 - lam, axis=-1, dtype=np.float32)[..., :-1]],
+                             axis=-1)
+    return np.cumsum(lam * survive, axis=-1, dtype=np.float32)

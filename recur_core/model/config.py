@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 VARIANT_FIELDS = ("outer_blocks", "prelude_norm", "qk_bias", "rope_layout", "embed_scale", "state_init",
-                  "coda_input_norm")
+                  "coda_input_norm", "sandwich", "loop_input", "loop_final_norm", "exit_gate")
 
 
 VOCAB_FROM_TOKENIZER = 0  # a training preset's shape before its tokenizer is built (no model from it)
@@ -38,6 +38,12 @@ class ModelConfig:
     embed_scale: float = 1.0          # token embeddings are multiplied by this before the prelude
     state_init: str = "normal"        # initial state: "normal" or "trunc_normal" (cut at +-3 std)
     coda_input_norm: bool = False     # the final norm is applied to the state before the coda too
+    # recur_core.model.ouro sets these for Ouro: the whole stack loops on its own normed output
+    sandwich: str = "sum"             # sandwich blocks: "sum" norm(f(norm(x)) + x), "branch" x + norm(f(norm(x)))
+    loop_input: str = "adapter"       # a loop reads adapter(concat(state, e)) from seeded noise, or "state":
+                                      # the state alone (no adapter), starting from e (no noise)
+    loop_final_norm: bool = False     # the final norm closes every loop; the head reads the state directly
+    exit_gate: bool = False           # a learned exit gate sigmoid(w . s_i + b) per token and loop
 
     def __post_init__(self):
         if self.d_model % self.n_heads:
@@ -47,7 +53,8 @@ class ModelConfig:
         if (self.d_model // self.n_heads) % 2:
             raise ValueError("head dim must be even for RoPE")
         for name, allowed in (("outer_blocks", ("prenorm", "sandwich")), ("rope_layout", ("half", "interleaved")),
-                              ("state_init", ("normal", "trunc_normal"))):
+                              ("state_init", ("normal", "trunc_normal")), ("sandwich", ("sum", "branch")),
+                              ("loop_input", ("adapter", "state"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.vocab_size < 0:
@@ -55,6 +62,8 @@ class ModelConfig:
         for name in ("d_model", "ffn_dim", "n_core", "max_seq_len"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.loop_final_norm and self.n_coda:
+            raise ValueError("loop_final_norm needs n_coda 0 (the head reads the looped state directly)")
 
     @property
     def head_dim(self) -> int:

@@ -3,7 +3,8 @@ an ordinary `Checkpoint` whose model is this project's `LoopedLM`, configured to
 Huginn's reference implementation (seal-rg/recurrent-pretraining, raven_modeling_minimal.py) does.
 
 A Huginn folder holds `config.json` (a transformers config), `tokenizer.json` and the weights as
-`model.safetensors` or shards listed in `model.safetensors.index.json`. What this module does:
+`model.safetensors` or shards listed in `model.safetensors.index.json` (read by
+recur_core.model.hf_folder, which Ouro's folders share). What this module does:
 
   config.json -> ModelConfig   `huginn_config`: widths and counts; prelude / coda blocks are
                                sandwich blocks like the core; no norm on the prelude output; q/k
@@ -32,40 +33,20 @@ Windows: a Huginn folder ships no eval windows; analyses take them from a text
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 from pathlib import Path
 
 import torch
 
-from .checkpoint import (
-    CONFIG,
-    TOKENIZER,
-    Checkpoint,
-    CheckpointError,
-    check_state_dict,
-    checkpoint_id,
-    refuse_pickle,
-    resolve_dtype,
-)
+from . import hf_folder
+from .checkpoint import CONFIG, TOKENIZER, Checkpoint, CheckpointError, checkpoint_id, resolve_dtype
 from .config import ModelConfig
-from .looped_lm import LoopedLM
 
 MODEL_TYPE = "huginn_raven"
-SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+EMBED = "transformer.wte.weight"
 # What the mapping covers: every other value of these config keys is refused, not guessed.
 SUPPORTED = {"block_class_name": "SandwichBlock", "norm_class_name": "RMSNorm_llama", "mlp_class_name": "GatedMLP",
              "nonlin_name": "SiLU", "injection_type": "linear", "bias": False, "state_init": "like-init"}
-
-
-def is_huginn_dir(path: Path) -> bool:
-    """A folder whose config.json is a transformers config (it names a model_type)."""
-    try:
-        return "model_type" in json.loads((Path(path) / CONFIG).read_text())
-    except (OSError, ValueError, TypeError):
-        return False
 
 
 # -- config ---------------------------------------------------------------------------------------
@@ -158,123 +139,16 @@ def huginn_tensors(name: str, t: torch.Tensor, cfg: ModelConfig) -> dict[str, to
     return {ours + _BLOCK_PARTS[part]: t}
 
 
-# -- files ----------------------------------------------------------------------------------------
-def weight_files(path: Path) -> dict[str, list[str]]:
-    """{safetensors file name: [tensor names]} from the index (sharded) or the single file.
-
-    Refuses pickled weights (.bin and friends), an index naming a missing shard, and a folder
-    without safetensors weights."""
-    index = path / INDEX
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise CheckpointError(f"{index}: unreadable index ({err})") from err
-        files: dict[str, list[str]] = {}
-        for tensor, shard in weight_map.items():
-            files.setdefault(shard, []).append(tensor)
-        for shard, names in files.items():
-            if not (path / shard).is_file():
-                raise CheckpointError(f"{path}: shard {shard} is missing ({len(names)} tensors of "
-                                      f"{INDEX} are in it, e.g. {names[0]}); download it again")
-        return files
-    if (path / SINGLE).is_file():
-        return {SINGLE: []}  # every tensor of the file
-    pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
-    if pickles:
-        raise CheckpointError(f"{path}: the weights are pickle files ({', '.join(pickles)}), which are never "
-                              "unpickled here (it can run code); convert them to safetensors first")
-    raise CheckpointError(f"{path}: no {SINGLE} and no {INDEX}")
-
-
-def _open(file: Path):
-    """safe_open a safetensors file, refusing pickles and unreadable files with a clear message."""
-    from safetensors import SafetensorError, safe_open
-    refuse_pickle(file)
-    try:
-        return safe_open(str(file), framework="pt")
-    except (SafetensorError, OSError, ValueError) as err:
-        raise CheckpointError(f"{file}: not a readable safetensors file (truncated or corrupt?): {err}") from err
-
-
-_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
-
-
-def stored_dtype(files: dict[str, list[str]], path: Path) -> torch.dtype:
-    """The dtype the embedding is stored in (config.json's torch_dtype can be wrong)."""
-    names = {code: dtype for dtype, code in _SAFETENSORS_DTYPES.items()}
-    for file in files:
-        with _open(path / file) as f:
-            if "transformer.wte.weight" in f.keys():
-                code = f.get_slice("transformer.wte.weight").get_dtype()
-                if code not in names:
-                    raise CheckpointError(f"{path / file}: embedding stored as {code}, not a float dtype")
-                return names[code]
-    raise CheckpointError(f"{path}: missing tensor transformer.wte.weight")
-
-
-# -- memory ---------------------------------------------------------------------------------------
-def available_bytes(device: torch.device) -> int:
-    """Free memory on the device: MemAvailable for the CPU, free CUDA memory for a GPU; at most
-    $RECUR_MEMORY_LIMIT bytes when that is set (to keep a shared machine's headroom)."""
-    free = _free_bytes(device)
-    limit = os.environ.get("RECUR_MEMORY_LIMIT")
-    return min(free, int(float(limit))) if limit else free
-
-
-def _free_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def memory_estimate(cfg: ModelConfig, dtype: torch.dtype) -> dict[str, int]:
-    """Bytes to hold the weights in `dtype`, plus the working memory of one forward over one window
-    of max_seq_len tokens (state, prelude output, a block's activations in float32, the initial
-    noise, the readout's vocabulary chunk)."""
-    n_params = sum(math.prod(s) for s in huginn_shapes(cfg).values())
-    weights = n_params * torch.finfo(dtype).bits // 8
-    T, d = cfg.max_seq_len, cfg.d_model
-    acts = 4 * T * (8 * d + 3 * cfg.ffn_dim + 2 * 8192) + 4 * cfg.n_heads * T * T
-    return {"n_params": n_params, "weights": weights, "working": acts, "total": weights + acts}
-
-
-def human_bytes(n: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.0f} B"
-
-
-def check_fits(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, path: Path,
-               max_bytes: int | None = None) -> dict[str, int]:
-    """Refuse (CheckpointError) before loading when the estimate exceeds the device's free memory."""
-    est = memory_estimate(cfg, dtype)
-    limit = available_bytes(device) if max_bytes is None else int(max_bytes)
-    if est["total"] > limit:
-        raise CheckpointError(
-            f"{path}: too large for this machine: {est['n_params'] / 1e9:.3g}B parameters need about "
-            f"{human_bytes(est['total'])} on {device} ({human_bytes(est['weights'])} of {str(dtype).split('.')[-1]} "
-            f"weights + {human_bytes(est['working'])} working memory), and {human_bytes(limit)} is free. "
-            "Try --dtype bfloat16, another device, or a machine with more memory.")
-    return est
-
-
 # -- loading --------------------------------------------------------------------------------------
 def read_config(path: Path) -> tuple[ModelConfig, dict, dict]:
     """(ModelConfig, recipe, the raw config.json dict) of a Huginn folder."""
-    try:
-        hf = json.loads((path / CONFIG).read_text())
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"{path / CONFIG}: unreadable ({err})") from err
+    hf = hf_folder.read_config(path)
     cfg, recipe = huginn_config(hf, str(path / CONFIG))
     return cfg, recipe, hf
+
+
+def _skipped(cfg: ModelConfig) -> tuple[str, ...]:
+    return SKIPPED + (("lm_head.weight",) if cfg.tie_embeddings else ())
 
 
 def describe_huginn(path: str | Path) -> dict:
@@ -283,12 +157,12 @@ def describe_huginn(path: str | Path) -> dict:
     memory estimate. Raises CheckpointError for an unusable folder."""
     path = Path(path)
     cfg, recipe, hf = read_config(path)
-    files = weight_files(path)
-    dtype = stored_dtype(files, path)
-    est = memory_estimate(cfg, dtype)
+    files = hf_folder.weight_files(path)
+    dtype = hf_folder.stored_dtype(files, path, EMBED)
+    est = hf_folder.memory_estimate(cfg, huginn_shapes(cfg), dtype)
     return {"format": MODEL_TYPE, "preset": "huginn", "name": hf.get("name") or path.name, "recipe": recipe,
             "n_params": est["n_params"], "dtype": str(dtype).removeprefix("torch."),
-            "weights_bytes": sum((path / f).stat().st_size for f in files), "memory_estimate": est}
+            "weights_bytes": hf_folder.weights_bytes(path, files), "memory_estimate": est}
 
 
 def load_huginn(path: str | Path, device: str | torch.device = "cpu", dtype=None,
@@ -302,56 +176,10 @@ def load_huginn(path: str | Path, device: str | torch.device = "cpu", dtype=None
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such checkpoint directory")
     cfg, recipe, hf = read_config(path)
-    if not (path / TOKENIZER).is_file():
-        raise CheckpointError(f"{path}: {TOKENIZER} is missing (a Huginn folder ships its tokenizer)")
-    files = weight_files(path)
-    dtype = resolve_dtype(dtype) or stored_dtype(files, path)
-    est = check_fits(cfg, dtype, device, path, max_bytes)
-    with torch.device("meta"):
-        model = LoopedLM(cfg)
-    state = _read_weights(path, files, cfg, dtype, device)
-    check_state_dict(model, state, str(path))
-    model.load_state_dict(state, assign=True)
-    model.reset_rope(device)
-    model.eval().requires_grad_(False)
+    model, dtype, est = hf_folder.build_model(
+        path, cfg, huginn_shapes(cfg), lambda name, t: huginn_tensors(name, t, cfg), kind="Huginn",
+        embed_name=EMBED, dtype=resolve_dtype(dtype), device=device, max_bytes=max_bytes, skipped=_skipped(cfg))
     meta = {"format": MODEL_TYPE, "name": hf.get("name") or path.name, "recipe": recipe,
             "dtype": str(dtype).removeprefix("torch."), "device": str(device), "n_params": est["n_params"],
             "memory_estimate": est}
     return Checkpoint(path, cfg, model, meta, path / TOKENIZER, checkpoint_id(cfg, model.state_dict()))
-
-
-def _read_weights(path: Path, files: dict[str, list[str]], cfg: ModelConfig, dtype: torch.dtype,
-                  device: torch.device) -> dict[str, torch.Tensor]:
-    """Our state dict, read tensor by tensor (views of each file's lazily mapped tensors when no
-    conversion is needed; otherwise one tensor at a time is converted), shapes checked first."""
-    shapes = huginn_shapes(cfg)
-    state, seen = {}, set()
-    for file, listed in files.items():
-        with _open(path / file) as f:
-            names = set(f.keys())
-            missing = [n for n in listed if n not in names]
-            if missing:
-                raise CheckpointError(f"{path / file}: lacks {len(missing)} tensors its index puts there, "
-                                      f"e.g. {missing[0]}")
-            for name in sorted(names):
-                if name in SKIPPED or (name == "lm_head.weight" and cfg.tie_embeddings):
-                    continue
-                if name not in shapes:
-                    raise CheckpointError(f"{path / file}: unexpected tensor {name} (not part of a Huginn "
-                                          "model with this config.json)")
-                shape = tuple(f.get_slice(name).get_shape())
-                if shape != shapes[name]:
-                    raise CheckpointError(f"{path / file}: {name} has shape {shape} in the weights, "
-                                          f"{shapes[name]} expected from config.json")
-                if f.get_slice(name).get_dtype() == _SAFETENSORS_DTYPES[dtype] and device.type == "cpu":
-                    t = f.get_tensor(name)  # a lazily mapped view of the file: no copy
-                else:  # converted alone, from its own short-lived mapping, so the source pages go
-                    with _open(path / file) as one:
-                        t = one.get_tensor(name).to(device=device, dtype=dtype)
-                state.update(huginn_tensors(name, t, cfg))
-                seen.add(name)
-    missing = sorted(set(shapes) - seen)
-    if missing:
-        raise CheckpointError(f"{path}: missing tensor{'s' if len(missing) > 1 else ''} {', '.join(missing[:5])}"
-                              + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
-    return state

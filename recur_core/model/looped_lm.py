@@ -170,7 +170,8 @@ class Block(nn.Module):
 
 
 class SandwichBlock(Block):
-    """Core block with sandwich norm: x = norm(attn(norm(x)) + x); x = norm(mlp(norm(x)) + x).
+    """Core block with sandwich norm: x = norm(attn(norm(x)) + x); x = norm(mlp(norm(x)) + x), or with
+    cfg.sandwich "branch" (Ouro) the outer norm on the branch alone: x = x + norm(attn(norm(x))), ...
 
     The outer norms keep the recurrent state from growing or collapsing over many loops.
     """
@@ -179,11 +180,17 @@ class SandwichBlock(Block):
         super().__init__(cfg)
         self.attn_out_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp_out_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.norm_branch = cfg.sandwich == "branch"
 
     def attn_residual(self, x, cos, sin, kv, rows):
-        return self.attn_out_norm(self.attn(self.attn_norm(x), cos, sin, kv, rows) + take_rows(x, rows))
+        branch = self.attn(self.attn_norm(x), cos, sin, kv, rows)
+        if self.norm_branch:
+            return take_rows(x, rows) + self.attn_out_norm(branch)
+        return self.attn_out_norm(branch + take_rows(x, rows))
 
     def mlp_residual(self, x):
+        if self.norm_branch:
+            return x + self.mlp_out_norm(self.mlp(self.mlp_norm(x)))
         return self.mlp_out_norm(self.mlp(self.mlp_norm(x)) + x)
 
 
@@ -203,11 +210,12 @@ class LoopedLM(nn.Module):
         outer = SandwichBlock if cfg.outer_blocks == "sandwich" else Block
         self.prelude_blocks = nn.ModuleList(outer(cfg) for _ in range(cfg.n_prelude))
         self.prelude_norm = RMSNorm(cfg.d_model, cfg.norm_eps) if cfg.prelude_norm else None
-        self.adapter = nn.Linear(2 * cfg.d_model, cfg.d_model, bias=False)
+        self.adapter = nn.Linear(2 * cfg.d_model, cfg.d_model, bias=False) if cfg.loop_input == "adapter" else None
         self.core_blocks = nn.ModuleList(SandwichBlock(cfg) for _ in range(cfg.n_core))
         self.coda_blocks = nn.ModuleList(outer(cfg) for _ in range(cfg.n_coda))
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.exit_gate = nn.Linear(cfg.d_model, 1) if cfg.exit_gate else None
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
         self.reset_rope()
@@ -221,7 +229,9 @@ class LoopedLM(nn.Module):
     def reset_parameters(self):
         n_layers = self.cfg.n_prelude + self.cfg.n_core + self.cfg.n_coda
         for name, p in self.named_parameters():
-            if p.dim() < 2 or name.endswith(("q_bias", "k_bias")):  # biases start at zero
+            if name == "exit_gate.bias":
+                nn.init.zeros_(p)
+            if p.dim() < 2 or name.endswith(("q_bias", "k_bias")):  # biases start at zero (the gate's too)
                 continue
             # residual output projections are scaled down by depth (GPT-2 style)
             scale = 1 / math.sqrt(2 * n_layers) if name.endswith(("o_proj.weight", "down.weight")) else 1.0
@@ -267,8 +277,15 @@ class LoopedLM(nn.Module):
         Noise is drawn for all max_seq_len positions of each row and then sliced, so the state of
         position t depends only on (generator state, row, t), never on the sequence length:
         a prefix gets the same noise as the full text, which keeps the model causal.
+
+        A model whose loop starts from e (cfg.loop_input "state", see `start_state`) draws nothing:
+        its "noise" is a broadcast zero (no memory, however long max_seq_len is).
         """
         device = device if device is not None else self.embed.weight.device
+        if self.adapter is None:
+            length = seq_len if positions is None else positions.shape[-1]
+            return torch.zeros((), device=device, dtype=self.embed.weight.dtype).expand(
+                batch, length, self.cfg.d_model)
         gen_device = generator.device if generator is not None else torch.device("cpu")
         shape = (batch, self.cfg.max_seq_len, self.cfg.d_model)
         if self.cfg.state_init == "trunc_normal":
@@ -283,13 +300,29 @@ class LoopedLM(nn.Module):
         window or sequence index) draws from its own generator seeded seed_for(seed, n), so its state
         never depends on which rows share its batch. Every trace, harness and decoder starts here."""
         seq_len = self.cfg.max_seq_len if seq_len is None else seq_len
+        if self.adapter is None:  # nothing to draw (see init_state)
+            return self.init_state(len(rows), seq_len)
         return torch.cat([self.init_state(1, seq_len, torch.Generator().manual_seed(seed_for(seed, n)))
                           for n in rows])
 
     def inject(self, e: torch.Tensor) -> torch.Tensor:
         """The adapter's e-part W_e e: adapter(concat(s, e)) = W_s s + W_e e (decoding computes it once
-        per token instead of once per loop)."""
-        return F.linear(e, self.adapter.weight[:, self.cfg.d_model:])
+        per token instead of once per loop). Without an adapter (Ouro) e itself: the loops never
+        read it, `start_state` does."""
+        return e if self.adapter is None else F.linear(e, self.adapter.weight[:, self.cfg.d_model:])
+
+    def start_state(self, noise: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        """The state loop 1 reads: the seeded noise, or for a model whose loop reads its own state
+        (cfg.loop_input "state", Ouro) the prelude output e (the embedded tokens). Decoding passes
+        `inject(e)` for e, which is e itself for those models."""
+        return noise if self.adapter is not None else e.to(noise.dtype)
+
+    def gate_lambda(self, state: torch.Tensor) -> torch.Tensor:
+        """The exit gate's per-token exit probability sigmoid(w . s + b) of a state (B, T, d) -> (B, T),
+        float32 (Ouro's lambda_t: the hazard of exiting at this loop)."""
+        if self.exit_gate is None:
+            raise ValueError("this model has no exit gate (an Ouro checkpoint has one)")
+        return torch.sigmoid(self.exit_gate(state).float()[..., 0])
 
     def core_step(self, state: torch.Tensor, e: torch.Tensor | None, freeze: torch.Tensor | None = None,
                   positions: torch.Tensor | None = None, kv=None, inject: torch.Tensor | None = None,
@@ -306,13 +339,17 @@ class LoopedLM(nn.Module):
         ones: a frozen token's own output is discarded). The same pair as `coda`'s.
         """
         cos, sin = self.rope(state.shape[1], positions)
-        if inject is None:
+        if self.adapter is None:  # the loop reads its own state (e, inject unused)
+            x = state
+        elif inject is None:
             x = self.adapter(torch.cat((state, e), dim=-1))
         else:
             x = F.linear(state, self.adapter.weight[:, :self.cfg.d_model]) + inject
         last = len(self.core_blocks) - 1
         for i, (block, cache) in enumerate(zip(self.core_blocks, kv or [None] * len(self.core_blocks), strict=True)):
             x = block(x, cos, sin, cache, *((rows, valid) if i == last else (None, None)))
+        if self.cfg.loop_final_norm:
+            x = self.final_norm(x)
         if rows is not None:
             valid = torch.ones_like(rows, dtype=torch.bool) if valid is None else valid
             lane = torch.arange(x.shape[0], device=x.device)[:, None].expand_as(rows)[valid]
@@ -328,7 +365,8 @@ class LoopedLM(nn.Module):
         """State -> coda blocks -> final RMSNorm: the hidden the LM head reads (B, T, d); with rows
         (B, M), only at those positions (B, M, d) (the last coda block runs only for them; with
         valid (B, M), its MLP only for the rows that are not padding, the others are not to be read).
-        With cfg.coda_input_norm the final norm is applied before the coda too (Huginn's ln_f)."""
+        With cfg.coda_input_norm the final norm is applied before the coda too (Huginn's ln_f); with
+        cfg.loop_final_norm (Ouro) every loop ended with it, and the state is returned as it is."""
         cos, sin = self.rope(state.shape[1], positions)
         x = self.final_norm(state) if self.cfg.coda_input_norm else state
         last = len(self.coda_blocks) - 1
@@ -336,7 +374,7 @@ class LoopedLM(nn.Module):
             x = block(x, cos, sin, cache, *((rows, valid) if i == last else (None, None)))
         if not self.coda_blocks:
             x = take_rows(x, rows)
-        return self.final_norm(x)
+        return x if self.cfg.loop_final_norm else self.final_norm(x)
 
     def readout(self, state: torch.Tensor, positions: torch.Tensor | None = None, kv=None) -> torch.Tensor:
         """State -> logits (B, T, V)."""
@@ -351,7 +389,7 @@ class LoopedLM(nn.Module):
         no_grad and only the last k loops (plus prelude, coda and head) get gradients.
         """
         e = self.prelude(ids)
-        state = self.init_state(ids.shape[0], ids.shape[1], generator, device=ids.device)
+        state = self.start_state(self.init_state(ids.shape[0], ids.shape[1], generator, device=ids.device), e)
         no_grad_loops = 0 if backprop_depth is None else max(loops - backprop_depth, 0)
         with torch.no_grad():
             for _ in range(no_grad_loops):

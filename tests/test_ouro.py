@@ -1,0 +1,357 @@
+"""Ouro's on-disk format (recur_core.model.ouro) and its exit gate (GateExit) against the reference
+implementation's outputs, on two fixtures: tests/fixtures/ouro_tiny (the shared oracle's) and
+tests/fixtures/ouro_heldout (other shapes: grouped-query heads, 3 layers, 3 steps). No transformers
+and no ../shared needed.
+"""
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from recur_core import CheckpointError, load_checkpoint
+from recur_core.analysis.harness import run_exact
+from recur_core.analysis.trace import trace
+from recur_core.decoding.decode import Decoder, full_depth_logits, generate, teacher_forced
+from recur_core.decoding.serve import Request, serve
+from recur_core.exits.policies import GateExit, Uniform, exit_cdf
+from recur_core.exits.signals import LoopSignals
+from recur_core.model.formats import describe_folder
+from recur_core.model.hf_folder import INDEX
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TINY, HELDOUT = FIXTURES / "ouro_tiny", FIXTURES / "ouro_heldout"
+# measured max |diff| of our float32 logits against the reference's: 3.6e-6 (tiny) and 4.8e-6
+# (held-out), on logits of magnitude ~3 (same math, another op order)
+ATOL, RTOL = 1e-5, 1e-4
+
+
+def reference(folder: Path) -> dict:
+    return load_file(str(folder / "reference_outputs.safetensors"))
+
+
+def steps_of(folder: Path) -> int:
+    return json.loads((folder / "config.json").read_text())["total_ut_steps"]
+
+
+@pytest.fixture(scope="module", params=[TINY, HELDOUT], ids=["tiny", "heldout"])
+def ouro(request):
+    return request.param, load_checkpoint(request.param), reference(request.param)
+
+
+# -- exactness ------------------------------------------------------------------------------------
+def test_per_step_logits_equal_the_reference(ouro):
+    folder, ck, ref = ouro
+    T = steps_of(folder)
+    assert ref["logits_per_step"].shape[0] == T
+    with torch.no_grad():
+        for t in range(1, T + 1):
+            torch.testing.assert_close(ck.model(ref["input_ids"], loops=t), ref["logits_per_step"][t - 1],
+                                       atol=ATOL, rtol=RTOL, msg=lambda m, t=t: f"loops {t}: {m}")
+
+
+def test_six_loops_equal_the_reference(ouro):
+    """logits_steps6 is the reference's default call with 6 steps: per token, the step whose exit
+    CDF first reaches 1.0 (the last step, unless the CDF rounds to 1.0 earlier)."""
+    _, ck, ref = ouro
+    cdf = ref["exit_pdf_steps6"].cumsum(0)
+    step = torch.where((cdf >= 1.0).any(0), (cdf >= 1.0).int().argmax(0), 5)
+    with torch.no_grad():
+        per_step = torch.stack([ck.model(ref["input_ids"], loops=t) for t in range(1, 7)])
+    picked = per_step.gather(0, step[None, ..., None].expand(1, *per_step.shape[1:]))[0]
+    torch.testing.assert_close(picked, ref["logits_steps6"], atol=ATOL, rtol=RTOL)
+    if (step == 5).all():  # the shared fixture: all six loops
+        torch.testing.assert_close(per_step[5], ref["logits_steps6"], atol=ATOL, rtol=RTOL)
+
+
+def test_the_state_is_the_normed_output_and_the_gate_reads_it(ouro):
+    _, ck, ref = ouro
+    model = ck.model
+    with torch.no_grad():
+        state = model.start_state(model.seeded_state(range(len(ref["input_ids"])), 0, ref["input_ids"].shape[1]),
+                                  model.prelude(ref["input_ids"]))
+        for t in range(ref["hidden_per_step"].shape[0]):
+            state = model.core_step(state, None)
+            torch.testing.assert_close(state, ref["hidden_per_step"][t], atol=ATOL, rtol=RTOL)
+            torch.testing.assert_close(model.gate_lambda(state), ref["exit_lambda"][t], atol=1e-6, rtol=1e-5)
+
+
+def test_config_translation():
+    ck = load_checkpoint(HELDOUT)
+    cfg = ck.config
+    assert (cfg.n_prelude, cfg.n_core, cfg.n_coda, cfg.n_heads, cfg.n_kv_heads, cfg.d_model) == (0, 3, 0, 6, 2, 48)
+    assert (cfg.loop_input, cfg.loop_final_norm, cfg.sandwich, cfg.rope_layout) == ("state", True, "branch", "half")
+    assert cfg.rope_base == 1e4 and cfg.norm_eps == 1e-5 and not cfg.tie_embeddings and cfg.exit_gate
+    assert ck.model.adapter is None and ck.model.lm_head is not None
+    assert ck.meta["recipe"]["r_bar"] == 3 and ck.meta["exit_steps"] == 3 and ck.meta["config_dtype"] == "float32"
+    info = describe_folder(HELDOUT)
+    assert info["format"] == "ouro" and info["n_params"] == ck.model.num_params()
+
+
+def test_reads_torch_dtype_as_older_configs_write_it(tmp_path):
+    folder = copy_fixture(tmp_path / "old")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["torch_dtype"] = cfg.pop("dtype")
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert load_checkpoint(folder).meta["config_dtype"] == "float32"
+    assert describe_folder(folder)["config_dtype"] == "float32"
+
+
+def test_no_noise_is_drawn():
+    """Ouro's loop starts from the embedded tokens: the 'noise' is a broadcast zero, however long the context."""
+    ck = load_checkpoint(TINY)
+    noise = ck.model.seeded_state([0, 1], seed=3)
+    assert noise.shape == (2, 256, 64) and noise.stride() == (0, 0, 0) and not noise.any()
+
+
+# -- the exit gate --------------------------------------------------------------------------------
+def _exit_steps(ref: dict) -> dict[float, np.ndarray]:
+    return {int(k[-3:]) / 100: v.numpy() for k, v in ref.items() if k.startswith("exit_step_q")}
+
+
+def test_gate_exit_equals_the_reference_q_exit(ouro):
+    """GateExit(q)'s exit loop (1-based) is the reference's Q-exit step (0-based) + 1, on a trace of
+    T loops and on a longer one (the policy's cap is total_ut_steps: the last step takes what is left)."""
+    folder, ck, ref = ouro
+    T = steps_of(folder)
+    ids = ref["input_ids"].numpy()
+    traces = {loops: [trace(ck, row, loops, cache=False) for row in ids] for loops in (T, 2 * T)}
+    lam = np.stack([tr.exit_lambda[0] for tr in traces[T]])
+    np.testing.assert_allclose(lam, ref["exit_lambda"].numpy().transpose(1, 2, 0), atol=1e-6)
+    # before the last step (which takes what is left: CDF 1) the CDFs agree
+    np.testing.assert_allclose(exit_cdf(lam)[..., :-1], ref["exit_cdf"].numpy().transpose(1, 2, 0)[..., :-1], atol=1e-6)
+    steps = _exit_steps(ref)
+    assert len(steps) == 4
+    for q, expected in steps.items():
+        for loops, rows in traces.items():
+            ours = np.stack([GateExit(q, r_max=T).exit_depth(tr)[0] for tr in rows])
+            np.testing.assert_array_equal(ours, expected + 1, err_msg=f"q {q}, {loops} loops")
+    # the reference's steps spread over the loops, loop 1 included (a test that could fail)
+    assert len(np.unique(np.concatenate([v.ravel() for v in steps.values()]))) >= 3
+    assert min(v.min() for v in steps.values()) == 0
+
+
+def test_online_face_equals_the_fast_face(ouro):
+    """Fed a uniform run's states loop by loop, the online face halts exactly where the fast one exits."""
+    folder, ck, ref = ouro
+    T = steps_of(folder)
+    model, ids = ck.model, ref["input_ids"]
+    for q in _exit_steps(ref):
+        policy = GateExit(q, gate=model.gate_lambda, r_max=T).private()
+        halted = torch.zeros(ids.shape, dtype=torch.bool)
+        depth = torch.zeros(ids.shape, dtype=torch.long)
+        with torch.no_grad():
+            state = model.start_state(model.seeded_state(range(len(ids)), 0, ids.shape[1]), model.prelude(ids))
+            for loop in range(1, T + 1):
+                new = model.core_step(state, None)
+                stop = policy.halt(loop, LoopSignals.of_states(new, state)) & ~halted
+                depth[stop], halted, state = loop, halted | stop, new
+        assert halted.all()
+        np.testing.assert_array_equal(depth.numpy(), _exit_steps(ref)[q] + 1)
+
+
+def test_gate_exit_needs_a_gate_online_and_lambdas_in_the_trace():
+    ck = load_checkpoint(TINY)
+    with pytest.raises(ValueError, match="needs the model's gate"):
+        GateExit(0.5).halt(1, LoopSignals.of_states(torch.ones(1, 2, 64), torch.zeros(1, 2, 64)))
+    tr = trace(ck, np.arange(5), 2, cache=False)
+    tr.exit_lambda = None
+    with pytest.raises(KeyError, match="no exit-gate lambdas"):
+        GateExit(0.5).exits(tr)
+    with pytest.raises(ValueError, match=r"q must be in \[0, 1\]"):
+        GateExit(1.5)
+
+
+def test_decoding_halts_on_the_gate():
+    """generate, teacher_forced, the exact harness and the pool halt on GateExit for real: exits in
+    1..T, spread, and the same per-token exits whichever runs them alone."""
+    ck = load_checkpoint(TINY)
+    ref = reference(TINY)
+    policy = GateExit(0.5, gate=ck.model.gate_lambda, r_max=4)
+    tf = teacher_forced(ck, ref["input_ids"], policy, mode="decode")
+    assert ((1 <= tf.exit_loop) & (tf.exit_loop <= 4)).all() and len(tf.exit_loop.unique()) >= 2
+    gen = generate(ck, ref["input_ids"][0, :6].tolist(), 5, policy, greedy=True)
+    pooled = serve(ck, [Request(ref["input_ids"][0, :6].tolist(), 5, policy, greedy=True)], slots=2).completions[0]
+    assert pooled.ids == gen.ids and pooled.exit_loops == gen.exit_loops
+    assert all(1 <= e <= 4 for e in gen.exit_loops)
+    exact = run_exact(ck, ref["input_ids"].numpy(), policy, 8)
+    assert ((1 <= exact.exit_depth) & (exact.exit_depth <= 4)).all()
+
+
+# -- KV-cached decoding ---------------------------------------------------------------------------
+def test_cached_decoding_reproduces_the_reference_logits(ouro):
+    """Prefill then one token at a time (Decoder), teacher_forced (both modes), generate and the
+    serving pool reproduce the reference's default-call logits position by position."""
+    folder, ck, ref = ouro
+    T, ids, logits = steps_of(folder), ref["input_ids"], ref["logits"]
+    B, S = ids.shape
+    model = ck.model
+    with torch.no_grad():
+        dec = Decoder(model, Uniform(T), batch=B, max_loops=T, noise=model.seeded_state(range(B), 0), max_len=S)
+        first, _ = dec.prefill(ids[:, :5])
+        rest = [dec.step(ids[:, p], p)[0] for p in range(5, S)]
+    torch.testing.assert_close(torch.cat([first, torch.stack(rest, 1)], 1), logits, atol=ATOL, rtol=RTOL)
+    for mode in ("prefill", "decode"):
+        tf = teacher_forced(ck, ids, Uniform(T), mode=mode, keep_logits=True)
+        torch.testing.assert_close(tf.logits, logits[:, :-1], atol=ATOL, rtol=RTOL)
+    prompts = [ids[b, :k].tolist() for b in range(B) for k in range(1, S + 1)]
+    expected = torch.stack([logits[b, k - 1] for b in range(B) for k in range(1, S + 1)])
+    run = serve(ck, [Request(p, 1, Uniform(T), greedy=True) for p in prompts], slots=4)
+    torch.testing.assert_close(torch.stack([c.logits[0] for c in run.completions]), expected, atol=ATOL, rtol=RTOL)
+    for b in range(B):
+        gen = generate(ck, ids[b].tolist(), 1, Uniform(T), greedy=True)
+        torch.testing.assert_close(gen.logits[0], logits[b, -1], atol=ATOL, rtol=RTOL)
+
+
+def test_generate_continues_as_the_full_forward():
+    ck = load_checkpoint(TINY)
+    prompt = reference(TINY)["input_ids"][0, :8].tolist()
+    gen = generate(ck, prompt, 6, Uniform(4), greedy=True)
+    full = full_depth_logits(ck, gen.prompt_ids + gen.ids[:-1], 4, seed=0)[len(prompt) - 1:]
+    torch.testing.assert_close(gen.logits, full, atol=1e-4, rtol=0)
+
+
+# -- files and refusals ---------------------------------------------------------------------------
+def copy_fixture(dest: Path, folder: Path = TINY, weights: bool = True) -> Path:
+    shutil.copytree(folder, dest, ignore=None if weights else shutil.ignore_patterns("model.safetensors"))
+    return dest
+
+
+def make_sharded(dest: Path) -> Path:
+    """The fixture in two shards plus model.safetensors.index.json; k_proj and v_proj of layer 0 in
+    different shards (the loader pairs them across files)."""
+    copy_fixture(dest, weights=False)
+    tensors = load_file(str(TINY / "model.safetensors"))
+    first = {n for n in tensors if n < "model.layers.0.self_attn.q"}
+    assert "model.layers.0.self_attn.k_proj.weight" in first and "model.layers.0.self_attn.v_proj.weight" not in first
+    shards = {"model-00001-of-00002.safetensors": sorted(first),
+              "model-00002-of-00002.safetensors": sorted(set(tensors) - first)}
+    for shard, part in shards.items():
+        save_file({n: tensors[n] for n in part}, str(dest / shard), metadata={"format": "pt"})
+    weight_map = {n: shard for shard, part in shards.items() for n in part}
+    (dest / INDEX).write_text(json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))
+    return dest
+
+
+def test_sharded_loads_the_same_as_single_file(tmp_path):
+    one, two = load_checkpoint(TINY), load_checkpoint(make_sharded(tmp_path / "sharded"))
+    assert one.checkpoint_id == two.checkpoint_id
+    a, b = one.model.state_dict(), two.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_refuses_pickles_and_a_missing_shard(tmp_path):
+    only_bin = copy_fixture(tmp_path / "bin", weights=False)
+    torch.save({"x": torch.zeros(2)}, only_bin / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="pickle files .*pytorch_model.bin.*never unpickled"):
+        load_checkpoint(only_bin)
+    folder = make_sharded(tmp_path / "sharded")
+    (folder / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="shard model-00002-of-00002.safetensors is missing"):
+        load_checkpoint(folder)
+
+
+def test_refuses_a_tensor_of_the_wrong_shape_or_a_missing_one(tmp_path):
+    tensors = load_file(str(TINY / "model.safetensors"))
+    folder = copy_fixture(tmp_path / "shape", weights=False)
+    save_file({**tensors, "model.layers.1.mlp.up_proj.weight": torch.zeros(127, 64)}, str(folder / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"layers.1.mlp.up_proj.weight has shape \(127, 64\) in the weights, "
+                                              r"\(128, 64\) expected"):
+        load_checkpoint(folder)
+    save_file({k: v for k, v in tensors.items() if "early_exit_gate" not in k}, str(folder / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="missing tensors model.early_exit_gate.bias, model.early_exit_gate.weight"):
+        load_checkpoint(folder)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"model_type": "llama"}, "model_type 'llama' is not supported.*'huginn_raven', 'ouro'"),
+    ({"use_sliding_window": True, "sliding_window": 64}, "use_sliding_window = True is not supported"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling = .* is not supported"),
+    ({"hidden_act": "gelu"}, "hidden_act = 'gelu' is not supported"),
+    ({"head_dim": 32}, "head_dim 32 x 4 heads is not hidden_size 64"),
+])
+def test_refuses_configs_it_does_not_compute(tmp_path, change, message):
+    folder = copy_fixture(tmp_path / "cfg")
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, **change}))
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(folder)
+    with pytest.raises(CheckpointError, match=message):
+        describe_folder(folder)
+
+
+def test_refuses_a_model_too_large_before_loading():
+    with pytest.raises(CheckpointError, match="too large for this machine.*need about .* free"):
+        load_checkpoint(TINY, max_bytes=100_000)
+
+
+def test_bfloat16_on_request():
+    bf = load_checkpoint(TINY, dtype="bfloat16")
+    assert {p.dtype for p in bf.model.parameters()} == {torch.bfloat16}
+    ref = reference(TINY)
+    with torch.no_grad():
+        logits = bf.model(ref["input_ids"], loops=4).float()
+    assert (logits - ref["logits_per_step"][3]).abs().max() < 0.2
+
+
+# -- the comparison it is for ---------------------------------------------------------------------
+def test_analyze_puts_the_gate_beside_a1(tmp_path):
+    """report.json: GateExit's curve (exact and fast) and its matched point next to A1's, on the fixture
+    (random weights: a check of the mechanism, not of the science)."""
+    from recur_core.analyze import main
+    text = tmp_path / "text.txt"
+    text.write_text("The baker sold 14 loaves before seven, and the river rose by 3 metres on Tuesday. " * 12)
+    report = main([str(TINY), "--text", str(text), "--seq-len", "24", "--windows", "4", "--max-loops", "8",
+                   "--n-boot", "20", "--probe-windows", "4", "--probe-tokens", "16",
+                   "--out", str(tmp_path / "report"), "--cache-dir", str(tmp_path / "cache")])
+    for section in ("allocation", "allocation_fast"):
+        al = report[section]
+        assert [p["threshold_name"] for p in al["Gate"]] == ["q"] * len(al["Gate"])
+        assert "a1_loops_to_match_a0_rbar" in al and al["gate_loops_to_match_a0_rbar"]["value"] is not None
+        assert all("Gate_minus_A0" in row and "A1_minus_A0" in row for row in al["matched_depth"])
+        loops = [p["mean_loops"] for p in al["Gate"]]
+        assert loops[0] == 1.0 and max(loops) <= 4.0 and loops == sorted(loops)  # q = 0: loop 1; cap: 4 steps
+    assert 0 in report["allocation"]["exact_points"]["Gate"] and report["settings"]["q_grid"][0] == 0.0
+    assert any(r["threshold_name"] == "q" for r in report["fast_minus_exact"]["Gate"])
+
+
+# -- the app --------------------------------------------------------------------------------------
+def _app(monkeypatch, tmp_path):
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+    st.cache_resource.clear()  # a model another test loaded stays cached in this process
+    monkeypatch.delenv("RECUR_CHECKPOINT", raising=False)
+    monkeypatch.delenv("RECUR_CHECKPOINTS", raising=False)
+    monkeypatch.setenv("RECUR_SHIPPED", str(tmp_path / "none"))
+    monkeypatch.setenv("RECUR_CACHE_DIR", str(tmp_path / "cache"))
+    at = AppTest.from_file("../app.py", default_timeout=300)
+    at.run()
+    at.text_input(key="typed_path_input").input(str(TINY)).run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def test_app_shows_the_gate_beside_a1(monkeypatch, tmp_path):
+    """The Ouro folder opens (token strip drawn); Compare draws the gate's strip next to A0 / A1 and the
+    depth / loss curve has the Gate family beside A1's, with its matched point."""
+    at = _app(monkeypatch, tmp_path)
+    assert any('data-testid="token-strip"' in el.proto.body for el in at.html)
+    at.switch_page("pages/compare.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("learned exit gate" in h.value for h in at.subheader)
+    assert any("gate q=0.50" in el.proto.body for el in at.html)
+    at.switch_page("pages/curve.py").run()
+    at.segmented_control(key="eval_mode").set_value("fast").run()
+    assert not at.exception, [e.message for e in at.exception]
+    text = " ".join(c.value for c in at.caption)
+    assert "Learned exit gate" in text and "A1 convergence exit" in text
+
+
+def test_a_lone_text_reports_progress_after_every_loop():
+    """The app's progress bar moves during a pasted text's trace (one batch: every loop reports)."""
+    seen = []
+    trace(load_checkpoint(TINY), np.arange(7), 5, cache=False, progress=lambda done, total: seen.append((done, total)))
+    assert [s for s in seen if s[0] > 0] == [(loop, 5) for loop in range(1, 6)]

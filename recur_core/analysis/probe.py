@@ -46,7 +46,7 @@ from .curves import EPS_GRID, fast_sums
 from .ground_truth import TOLERANCE, correct_at
 from .matching import cheapest
 from .parallel import map_batches
-from .trace import Trace, progress_bar, resolve_cache, split_inputs, trace_batch
+from .trace import Trace, padding_token, progress_bar, resolve_cache, split_inputs, trace_batch, zero_weight_mask
 
 LABEL_KINDS = ("argmax", "kl", "argmax_any", "kl_any")
 PROBE_FORMAT_VERSION = 2
@@ -156,7 +156,8 @@ def harvest(ckpt_or_model, windows, max_loops: int, seed: int = 0, *, tokens_per
         close()
     arrays = {name: torch.cat([o[name] for o in traced]).numpy() for name in traced[0]}
     tr = Trace(ids=inputs.numpy(), targets=targets.numpy(), **arrays, max_loops=max_loops, seed=seed,
-               checkpoint_id=ckpt_id)
+               checkpoint_id=ckpt_id,
+               zero_weight=zero_weight_mask(inputs.numpy(), targets.numpy(), padding_token(ckpt_or_model)))
     return Harvest(*(np.concatenate(a) for a in zip(*parts, strict=True)), label_eps=label_eps, trace=tr)
 
 

@@ -139,3 +139,17 @@ def test_export_one_row_per_token_and_loop(tr, tmp_path):
     assert row.kl_prev == pytest.approx(tr.kl_prev[1, 3, 1])
     assert row.top2_id == tr.topk_ids[1, 3, 1, 1]
     assert len(pd.read_csv(tmp_path / "t.csv")) == N * T * L
+
+
+def test_a_head_trace_is_extended_to_the_same_result(ckpt, windows, tr):
+    """A first look at the first windows, extended to all of them, equals one trace of all."""
+    head = trace(ckpt, windows[:2], tr.max_loops, tr.seed, topk=tr.topk, cache=False)
+    seen = []
+    full = trace(ckpt, windows, tr.max_loops, tr.seed, topk=tr.topk, cache=False, head=head,
+                 progress=lambda done, total: seen.append((done, total)))
+    for name, arr in tr.arrays().items():
+        np.testing.assert_array_equal(full.arrays()[name], arr, err_msg=name)
+    assert seen[0] == (2 * tr.max_loops, len(windows) * tr.max_loops)  # heard at once, the head counted done
+    assert seen[-1][0] == seen[-1][1]
+    with pytest.raises(ValueError, match="head"):
+        trace(ckpt, windows[1:], tr.max_loops, tr.seed, topk=tr.topk, cache=False, head=head)

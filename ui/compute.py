@@ -24,6 +24,7 @@ from recur_core import CheckpointError, load_checkpoint
 from recur_core.analysis import allocation as alloc
 from recur_core.analysis import curves as analysis
 from recur_core.analysis.cache import TraceCache
+from recur_core.analysis.ground_truth import probe_answers
 from recur_core.analysis.probe import load_or_train_probes
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import Trace, trace
@@ -162,9 +163,10 @@ def probes(path: str, ckpt_id: str, device: str) -> dict:
     if r_max < 2 or not (Path(path) / "probe_windows.safetensors").is_file():
         return {}
     bar = Progress("Training the A2 router probes (once per checkpoint)")
-    try:
+    try:  # as `python -m recur_core.analyze`: KL labels matched on answer accuracy where there is ground truth
         return load_or_train_probes(ckpt, r_max, S.seed, n_windows=S.probe_windows,
-                                    tokens_per_window=S.probe_tokens, cache=TraceCache(), progress=bar)
+                                    tokens_per_window=S.probe_tokens, r_bar=min(ckpt.recipe.depth, r_max),
+                                    answers=probe_answers(path, S.probe_windows), cache=TraceCache(), progress=bar)
     finally:
         bar.close()
 

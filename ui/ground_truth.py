@@ -13,16 +13,14 @@ import streamlit as st
 from recur_core.analysis.ground_truth import eos_id, ground_truth_section, load_ground_truth
 from recur_core.analysis.stats import Bootstrap
 from recur_core.settings import SETTINGS
-from training.hops import HopsTask, hop_counts, is_hops, random_program, token_hops
+from training.hops import HopsTask, is_hops, random_program
 
 from . import compute
 from .charts import FAMILY_COLORS, PALETTE, base_layout
-from .text import Encoded
 
 POLICY_NAMES = {"A1": "A1 convergence exit", "A2_argmax": "A2 router (argmax labels)",
                 "A2_kl": "A2 router (KL labels)", "latent": "latent rule (Huginn)"}
 POLICY_COLORS = {**FAMILY_COLORS, "latent": "#e45756"}
-EOS_PIECE = "␄"  # how the program's leading <|endoftext|> is drawn
 
 
 def fmt_rho(estimate: dict) -> str:
@@ -52,14 +50,6 @@ def section(path: str, ckpt_id: str, device: str, r_max: int, r_bar: int) -> dic
                                 compute.probes(path, ckpt_id, device), SETTINGS.eps_grid, SETTINGS.tau_grid)
 
 
-def eval_programs(model: compute.SelectedCheckpoint, n: int = 32) -> list[str]:
-    """The first n held-out programs as text (EOS and padding removed)."""
-    ckpt = compute.checkpoint(model.path, model.device)
-    tok = compute.tokenizer(model.path, model.checkpoint_id)
-    eos = eos_id(tok)
-    return [tok.decode([i for i in w.tolist() if i != eos]) for w in ckpt.windows("eval")[:n]]
-
-
 def add_random_program(model: compute.SelectedCheckpoint) -> None:
     """Button callback: a new seeded program with the chosen max hop count, appended and picked."""
     seed = st.session_state.get("gt_seed", 0) + 1
@@ -67,16 +57,6 @@ def add_random_program(model: compute.SelectedCheckpoint) -> None:
     st.session_state["gt_seed"] = seed
     st.session_state["gt_programs"] = [*st.session_state["gt_programs"], text]
     st.session_state["gt_pick"] = len(st.session_state["gt_programs"]) - 1
-
-
-def encode_program(model: compute.SelectedCheckpoint, text: str) -> tuple[Encoded, list[int]]:
-    """EOS + the program's tokens (one per statement, query, answer or `;`), as the model was
-    trained, and the hop count each token carries (answers only; 0 elsewhere)."""
-    tok = compute.tokenizer(model.path, model.checkpoint_id)
-    ids, hops = token_hops(tok, text)
-    pieces = [EOS_PIECE] + [tok.id_to_token(i) for i in ids[1:]]
-    n = model.max_seq_len
-    return Encoded(tuple(ids[:n]), tuple(pieces[:n]), len(ids), n), hops[:n]
 
 
 def ground_truth_notes(hops: list[int]) -> list[str]:
@@ -140,11 +120,6 @@ def policy_table(gt: dict):
                      "Spearman(exit, hops)": sp["value"], "CI low": sp["ci_low"], "CI high": sp["ci_high"],
                      "matches A0 at r̄": pol["matches_a0_rbar"]})
     return pd.DataFrame(rows)
-
-
-def program_label(programs: list[str], i: int) -> str:
-    deepest = max(hop_counts(programs[i]) or [0])
-    return f"#{i} · deepest answer {deepest} hop{'s' if deepest != 1 else ''} · {programs[i][:40]}…"
 
 
 def answer_table(table):

@@ -14,6 +14,33 @@ from .strip import TokenView, legend_html, plain_visible, strip_html, tooltip
 from .text import Encoded
 
 
+# -- user text shown safely ----------------------------------------------------------------------------
+_MD_SPECIAL = set("\\`*_{}[]()<>#+-.!|~$:=&\"'")
+
+
+def plain_md(text: str) -> str:
+    """Text to place inside Markdown (st.markdown, st.error, a caption) so that it shows as typed:
+    every Markdown / HTML character backslash-escaped, so a pasted `![x](url)` is not an image and
+    `<b>` is not a tag; newlines kept as line breaks."""
+    escaped = "".join(f"\\{c}" if c in _MD_SPECIAL else c for c in text)
+    return escaped.replace("\n", "  \n")
+
+
+# -- metric deltas ------------------------------------------------------------------------------------
+def delta(change: float, fmt: str, suffix: str, better: str) -> dict:
+    """st.metric keyword arguments for a change that is honest at a glance: the arrow follows the
+    sign of the change as shown (no arrow when it rounds to zero), the colour its meaning: green when
+    it is an improvement, red when it is worse. better: "higher" (accuracy, tokens/s) or "lower"
+    (loss, loops). fmt: a format spec with a sign, e.g. "+.3f" or "+.0%"."""
+    if better not in ("higher", "lower"):
+        raise ValueError(f"better must be 'higher' or 'lower', got {better!r}")
+    text = f"{change:{fmt}}"
+    if not math.isfinite(change) or not any(c in "123456789" for c in text):  # zero as shown
+        return {"delta": "±" + text.lstrip("+-") + suffix, "delta_color": "off", "delta_arrow": "off"}
+    return {"delta": text.replace("-", "−", 1) + suffix, "delta_arrow": "up" if change > 0 else "down",
+            "delta_color": "normal" if better == "higher" else "inverse"}
+
+
 def _at_exit(values: np.ndarray, depth: np.ndarray) -> np.ndarray:
     """(T, L) per-loop values -> (T,) the value at each token's exit loop."""
     return np.take_along_axis(values, depth[:, None] - 1, axis=1)[:, 0]

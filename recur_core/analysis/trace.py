@@ -203,15 +203,18 @@ def resolve_cache(cache) -> TraceCache | None:
     return cache if isinstance(cache, TraceCache) else TraceCache(cache)
 
 
-def progress_bar(progress, total: int, desc: str):
+def progress_bar(progress, total: int, desc: str, initial: int = 0):
     """A callable(n_done) over `total` steps from `progress`: True (a tqdm bar), a callable
-    (done, total) -> None, or None / False (silent). Returns (update, close)."""
+    (done, total) -> None, or None / False (silent); `initial` steps are done already. Returns
+    (update, close). A callable hears (initial, total) at once, so a UI can show the work has begun
+    before its first step ends."""
     if progress is True:
         from tqdm import tqdm
-        bar = tqdm(total=total, desc=desc, dynamic_ncols=True)
+        bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True)
         return bar.update, bar.close
     if callable(progress):
-        done = [0]
+        done = [initial]
+        progress(initial, total)
 
         def update(n):
             done[0] += n
@@ -222,13 +225,16 @@ def progress_bar(progress, total: int, desc: str):
 
 def trace(ckpt_or_model: Checkpoint | LoopedLM, ids, max_loops: int, seed: int = 0, *, topk: int = 5,
           probes: Sequence = (), device: str | torch.device | None = None, batch_size: int = 16,
-          progress=None, cache=True) -> Trace:
+          progress=None, cache=True, head: Trace | None = None) -> Trace:
     """Trace windows (N, T + 1) or one text (T,) at uniform depth max_loops (see the module doc).
 
     probes: A2 router probes whose per-loop chances to record (for LinearRouter's fast path).
     device: where to run; the model is moved there if it is elsewhere (None: the model's device).
     cache: True (default folder), False/None, a folder or a TraceCache; the key covers the
     checkpoint id, ids, max_loops, seed, topk, probe ids and TRACE_FORMAT_VERSION.
+    head: the trace of the first windows of these same windows with the same settings (e.g. a first
+    look at fewer windows); only the rest are run (each window's noise depends only on its row, so
+    the result is the same as tracing all of them).
     Same inputs give an identical trace.
     """
     model, ckpt_id = resolve_model(ckpt_or_model)[0], model_id(ckpt_or_model)
@@ -245,7 +251,13 @@ def trace(ckpt_or_model: Checkpoint | LoopedLM, ids, max_loops: int, seed: int =
         hit = store.load(store.trace_path(ckpt_id, key), key, shapes)
         if hit is not None:
             return _from_arrays(hit[0], max_loops, seed, ckpt_id, pad)
-    arrays = _compute(model, inputs, targets, max_loops, seed, topk, probes, batch_size, progress)
+    start = _head_rows(head, inputs, max_loops, seed, topk, probe_ids)
+    if start == len(inputs):
+        arrays = head.arrays()
+    else:
+        arrays = _compute(model, inputs, targets, max_loops, seed, topk, probes, batch_size, progress, start)
+        if start:
+            arrays = {name: np.concatenate([head.arrays()[name], part]) for name, part in arrays.items()}
     if store is not None:
         store.save(store.trace_path(ckpt_id, key), key, arrays,
                    {"max_loops": max_loops, "seed": seed, "topk": topk, "checkpoint_id": ckpt_id,
@@ -286,22 +298,36 @@ def expected_shapes(input_shape, max_loops: int, topk: int, probe_ids: Sequence[
     return shapes
 
 
+def _head_rows(head: Trace | None, inputs: torch.Tensor, max_loops: int, seed: int, topk: int,
+               probe_ids: Sequence[str]) -> int:
+    """How many leading windows `head` already traced (0 without one); ValueError if it is not a
+    trace of these windows' first rows with the same settings."""
+    if head is None:
+        return 0
+    n = head.n_windows
+    if (n > inputs.shape[0] or head.max_loops != max_loops or head.seed != seed or head.topk != topk
+            or tuple(head.router_chance) != tuple(probe_ids) or not np.array_equal(head.ids, inputs[:n].numpy())):
+        raise ValueError("head must be a trace of the first windows of the same ids, with the same settings")
+    return n
+
+
 @torch.inference_mode()
-def _compute(model, inputs, targets, max_loops, seed, topk, probes, batch_size, progress) -> dict:
+def _compute(model, inputs, targets, max_loops, seed, topk, probes, batch_size, progress, start: int = 0) -> dict:
+    """Trace rows start .. N - 1 (the ones before are the caller's head)."""
     device = next(model.parameters()).device
     N, T = inputs.shape
-    update, close = progress_bar(progress, N * max_loops, "trace (window-loops)")
+    update, close = progress_bar(progress, N * max_loops, "trace (window-loops)", initial=start * max_loops)
 
     def run(rows: range) -> dict:
         return trace_batch(model, inputs[rows.start:rows.stop].to(device), targets[rows.start:rows.stop],
                            model.seeded_state(rows, seed, T), max_loops, topk, probes)
     try:
-        batches = [range(start, min(start + batch_size, N)) for start in range(0, N, batch_size)]
+        batches = [range(first, min(first + batch_size, N)) for first in range(start, N, batch_size)]
         parts = map_batches(run, batches, device, on_done=lambda rows, _: update(len(rows) * max_loops))
     finally:
         close()
     arrays = {name: torch.cat([p[name] for p in parts]).numpy() for name in parts[0]}
-    arrays["ids"], arrays["targets"] = inputs.numpy(), targets.numpy()
+    arrays["ids"], arrays["targets"] = inputs[start:].numpy(), targets[start:].numpy()
     return arrays
 
 

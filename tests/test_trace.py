@@ -141,15 +141,10 @@ def test_export_one_row_per_token_and_loop(tr, tmp_path):
     assert len(pd.read_csv(tmp_path / "t.csv")) == N * T * L
 
 
-def test_a_head_trace_is_extended_to_the_same_result(ckpt, windows, tr):
-    """A first look at the first windows, extended to all of them, equals one trace of all."""
-    head = trace(ckpt, windows[:2], tr.max_loops, tr.seed, topk=tr.topk, cache=False)
+
+def test_a_progress_callback_hears_the_start_at_once(ckpt, windows, tr):
+    """(0, total) before the first batch ends, so the app draws its bar at once; (total, total) last."""
     seen = []
-    full = trace(ckpt, windows, tr.max_loops, tr.seed, topk=tr.topk, cache=False, head=head,
-                 progress=lambda done, total: seen.append((done, total)))
-    for name, arr in tr.arrays().items():
-        np.testing.assert_array_equal(full.arrays()[name], arr, err_msg=name)
-    assert seen[0] == (2 * tr.max_loops, len(windows) * tr.max_loops)  # heard at once, the head counted done
-    assert seen[-1][0] == seen[-1][1]
-    with pytest.raises(ValueError, match="head"):
-        trace(ckpt, windows[1:], tr.max_loops, tr.seed, topk=tr.topk, cache=False, head=head)
+    trace(ckpt, windows, tr.max_loops, tr.seed, cache=False, progress=lambda done, total: seen.append((done, total)))
+    total = len(windows) * tr.max_loops
+    assert seen[0] == (0, total) and seen[-1] == (total, total)

@@ -25,9 +25,9 @@ import streamlit as st
 
 from recur_core import CheckpointError
 
-from . import compute
+from . import compute, jobs
 from .checkpoints import default_path, describe, discover, expand, task_of
-from .text import Encoded, examples_for, encode_for
+from .text import Encoded, encode_for, examples_for
 from .views import plain_md
 
 _MISSING = object()
@@ -256,3 +256,20 @@ def source_picker(model: compute.SelectedCheckpoint) -> tuple[int, ...] | None |
         return False
     st.caption(f"Pasted text: {len(enc.ids)} tokens — change it on **Token exit depths**.")
     return enc.ids
+
+
+# -- the eval set: a first look while the full trace runs ------------------------------------------------
+def first_look(model: compute.SelectedCheckpoint, ids: tuple[int, ...] | None = None) -> bool:
+    """Whether a page on the eval windows (ids None) shows its first look: the canonical trace is
+    neither on disk nor done in the background yet."""
+    return ids is None and model.has_windows and not compute.eval_trace_ready(*model.key)
+
+
+def refine(model: compute.SelectedCheckpoint, where) -> None:
+    """Start (or follow) the background job that computes the canonical trace, its progress bar in
+    the container `where`; the page reruns with the full results when it ends."""
+    job = compute.start_eval_trace(*model.key)
+    with where:
+        jobs.watch(job, f"**First look**: the first {compute.FIRST_LOOK_WINDOWS} of {compute.S.windows} eval windows, "
+                        "A0 and A1 only. The full trace (with A2's probes) is computed in the background; the page "
+                        "refines in place when it is done. Stop keeps this first look.")

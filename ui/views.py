@@ -13,7 +13,6 @@ from . import compute
 from .strip import TokenView, legend_html, plain_visible, strip_html, tooltip
 from .text import Encoded
 
-
 # -- user text shown safely ----------------------------------------------------------------------------
 _MD_SPECIAL = set("\\`*_{}[]()<>#+-.!|~$:=&\"'")
 

@@ -296,7 +296,8 @@ def a1_matched_eps(tr: Trace, r_bar: int, r_max: int, answers: np.ndarray | None
 def load_or_train_probes(ckpt: Checkpoint, max_loops: int, seed: int = 0, *, kinds=LABEL_KINDS,
                          label_eps: float | str = DEFAULT_LABEL_EPS, r_bar: int | None = None, n_windows: int = 32,
                          tokens_per_window: int = 64, l2: float = 1e-3, heldout_fraction: float = 0.25,
-                         answers: np.ndarray | None = None, cache=True, progress=None) -> ProbeSet:
+                         answers: np.ndarray | None = None, cache=True, progress=None,
+                         cache_only: bool = False) -> ProbeSet | None:
     """Probes of each label kind for a checkpoint, from its first n_windows probe windows; loaded
     from <cache>/<ckpt id>/probes/ when saved with the same settings, else harvested and trained.
 
@@ -305,6 +306,7 @@ def load_or_train_probes(ckpt: Checkpoint, max_loops: int, seed: int = 0, *, kin
     ((n_windows, T) bool: the probe windows' answer tokens with ground truth) is given; each probe
     records the ε it used (`probe.label_eps`, and `metrics["label_eps_rule"]`). Kinds whose labels
     are all of one class are left out, with the reason in the result's `refused` (and a warning).
+    cache_only: None instead of training when a kind is not saved (a refused kind is never saved).
     """
     windows = ckpt.windows("probe")[:n_windows]
     if r_bar is None:
@@ -323,6 +325,8 @@ def load_or_train_probes(ckpt: Checkpoint, max_loops: int, seed: int = 0, *, kin
         if probes[kind] is None:
             missing.append((kind, path, key))
     refused = {}
+    if missing and cache_only:
+        return None
     if missing:
         data = harvest(ckpt, windows, max_loops, seed, tokens_per_window=tokens_per_window, progress=progress)
         rule = f"fixed {label_eps}"

@@ -203,18 +203,17 @@ def resolve_cache(cache) -> TraceCache | None:
     return cache if isinstance(cache, TraceCache) else TraceCache(cache)
 
 
-def progress_bar(progress, total: int, desc: str, initial: int = 0):
+def progress_bar(progress, total: int, desc: str):
     """A callable(n_done) over `total` steps from `progress`: True (a tqdm bar), a callable
-    (done, total) -> None, or None / False (silent); `initial` steps are done already. Returns
-    (update, close). A callable hears (initial, total) at once, so a UI can show the work has begun
-    before its first step ends."""
+    (done, total) -> None, or None / False (silent). Returns (update, close). A callable hears
+    (0, total) at once, so a UI shows that the work has begun before its first step ends."""
     if progress is True:
         from tqdm import tqdm
-        bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True)
+        bar = tqdm(total=total, desc=desc, dynamic_ncols=True)
         return bar.update, bar.close
     if callable(progress):
-        done = [initial]
-        progress(initial, total)
+        done = [0]
+        progress(0, total)
 
         def update(n):
             done[0] += n
@@ -225,16 +224,13 @@ def progress_bar(progress, total: int, desc: str, initial: int = 0):
 
 def trace(ckpt_or_model: Checkpoint | LoopedLM, ids, max_loops: int, seed: int = 0, *, topk: int = 5,
           probes: Sequence = (), device: str | torch.device | None = None, batch_size: int = 16,
-          progress=None, cache=True, head: Trace | None = None) -> Trace:
+          progress=None, cache=True) -> Trace:
     """Trace windows (N, T + 1) or one text (T,) at uniform depth max_loops (see the module doc).
 
     probes: A2 router probes whose per-loop chances to record (for LinearRouter's fast path).
     device: where to run; the model is moved there if it is elsewhere (None: the model's device).
     cache: True (default folder), False/None, a folder or a TraceCache; the key covers the
     checkpoint id, ids, max_loops, seed, topk, probe ids and TRACE_FORMAT_VERSION.
-    head: the trace of the first windows of these same windows with the same settings (e.g. a first
-    look at fewer windows); only the rest are run (each window's noise depends only on its row, so
-    the result is the same as tracing all of them).
     Same inputs give an identical trace.
     """
     model, ckpt_id = resolve_model(ckpt_or_model)[0], model_id(ckpt_or_model)
@@ -251,13 +247,7 @@ def trace(ckpt_or_model: Checkpoint | LoopedLM, ids, max_loops: int, seed: int =
         hit = store.load(store.trace_path(ckpt_id, key), key, shapes)
         if hit is not None:
             return _from_arrays(hit[0], max_loops, seed, ckpt_id, pad)
-    start = _head_rows(head, inputs, max_loops, seed, topk, probe_ids)
-    if start == len(inputs):
-        arrays = head.arrays()
-    else:
-        arrays = _compute(model, inputs, targets, max_loops, seed, topk, probes, batch_size, progress, start)
-        if start:
-            arrays = {name: np.concatenate([head.arrays()[name], part]) for name, part in arrays.items()}
+    arrays = _compute(model, inputs, targets, max_loops, seed, topk, probes, batch_size, progress)
     if store is not None:
         store.save(store.trace_path(ckpt_id, key), key, arrays,
                    {"max_loops": max_loops, "seed": seed, "topk": topk, "checkpoint_id": ckpt_id,
@@ -290,6 +280,18 @@ def zero_weight_mask(ids: np.ndarray, targets: np.ndarray, pad: int | None) -> n
     return None if pad is None else (ids == pad) & (targets == pad)
 
 
+def is_cached(ckpt_or_model: Checkpoint | LoopedLM, ids, max_loops: int, seed: int = 0, *, topk: int = 5,
+              probes: Sequence = (), cache=True) -> bool:
+    """Whether `trace` with these arguments would be read from the cache (a file under its key)."""
+    store = resolve_cache(cache)
+    if store is None:
+        return False
+    ckpt_id = model_id(ckpt_or_model)
+    ids_np = np.asarray(ids.cpu() if torch.is_tensor(ids) else ids, dtype=np.int64)
+    key = trace_key(ckpt_id, ids_np, max_loops, seed, topk, TRACE_FORMAT_VERSION, tuple(p.probe_id for p in probes))
+    return store.trace_path(ckpt_id, key).is_file()
+
+
 def expected_shapes(input_shape, max_loops: int, topk: int, probe_ids: Sequence[str]) -> dict[str, tuple]:
     N, T = input_shape
     shapes = {"ids": (N, T), "targets": (N, T), **{name: (N, T, max_loops) for name in LOOP_FIELDS},
@@ -298,36 +300,22 @@ def expected_shapes(input_shape, max_loops: int, topk: int, probe_ids: Sequence[
     return shapes
 
 
-def _head_rows(head: Trace | None, inputs: torch.Tensor, max_loops: int, seed: int, topk: int,
-               probe_ids: Sequence[str]) -> int:
-    """How many leading windows `head` already traced (0 without one); ValueError if it is not a
-    trace of these windows' first rows with the same settings."""
-    if head is None:
-        return 0
-    n = head.n_windows
-    if (n > inputs.shape[0] or head.max_loops != max_loops or head.seed != seed or head.topk != topk
-            or tuple(head.router_chance) != tuple(probe_ids) or not np.array_equal(head.ids, inputs[:n].numpy())):
-        raise ValueError("head must be a trace of the first windows of the same ids, with the same settings")
-    return n
-
-
 @torch.inference_mode()
-def _compute(model, inputs, targets, max_loops, seed, topk, probes, batch_size, progress, start: int = 0) -> dict:
-    """Trace rows start .. N - 1 (the ones before are the caller's head)."""
+def _compute(model, inputs, targets, max_loops, seed, topk, probes, batch_size, progress) -> dict:
     device = next(model.parameters()).device
     N, T = inputs.shape
-    update, close = progress_bar(progress, N * max_loops, "trace (window-loops)", initial=start * max_loops)
+    update, close = progress_bar(progress, N * max_loops, "trace (window-loops)")
 
     def run(rows: range) -> dict:
         return trace_batch(model, inputs[rows.start:rows.stop].to(device), targets[rows.start:rows.stop],
                            model.seeded_state(rows, seed, T), max_loops, topk, probes)
     try:
-        batches = [range(first, min(first + batch_size, N)) for first in range(start, N, batch_size)]
+        batches = [range(first, min(first + batch_size, N)) for first in range(0, N, batch_size)]
         parts = map_batches(run, batches, device, on_done=lambda rows, _: update(len(rows) * max_loops))
     finally:
         close()
     arrays = {name: torch.cat([p[name] for p in parts]).numpy() for name in parts[0]}
-    arrays["ids"], arrays["targets"] = inputs[start:].numpy(), targets[start:].numpy()
+    arrays["ids"], arrays["targets"] = inputs.numpy(), targets.numpy()
     return arrays
 
 

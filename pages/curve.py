@@ -3,7 +3,7 @@ import math
 
 import streamlit as st
 
-from ui import charts, compute, download, state, views
+from ui import charts, compute, download, jobs, state, views
 
 m = state.require_model()
 st.title("Depth / loss curve")
@@ -40,15 +40,22 @@ bands = view == "absolute" and st.toggle("95% bootstrap bands", **state.keep("ba
                                          help="Off: the loss axis zooms onto the curves. These bands include "
                                               "between-window variance; the difference view pairs them.")
 
-if mode == "fast":
-    res = compute.sweep_fast(*m.key, ids, m.r_max, m.r_bar, first_look)
-    where = f"{res['n_windows']} window(s) × {res['seq_len']} tokens, fast path" + (", first look" if first_look else "")
-else:
-    if ids is None:
-        n_exact = st.select_slider("Windows for the exact harness", [4, 8, 16, 32, 64, 128],
-                                   **state.keep("exact_windows", n_exact))
+if mode == "exact" and ids is None:
+    n_exact = st.select_slider("Windows for the exact harness", [4, 8, 16, 32, 64, 128],
+                               **state.keep("exact_windows", n_exact))
+exact_ready = mode == "exact" and compute.exact_cached(*m.key, ids, m.r_max, m.r_bar, n_exact)
+if mode == "exact" and not exact_ready:  # minutes on a CPU: in the background, the fast path meanwhile
+    with banner:
+        jobs.watch(compute.start_exact_sweep(*m.key, ids, m.r_max, m.r_bar, n_exact),
+                   "The exact sweep runs in the masking harness (then it is cached on disk); the **fast path** is "
+                   "shown until it is done.")
+if exact_ready:
     res = compute.sweep_exact(*m.key, ids, m.r_max, m.r_bar, n_exact)
     where = f"{res['n_windows']} window(s), exact masking harness"
+else:
+    mode = "fast"
+    res = compute.sweep_fast(*m.key, ids, m.r_max, m.r_bar, first_look)
+    where = f"{res['n_windows']} window(s) × {res['seq_len']} tokens, fast path" + (", first look" if first_look else "")
 rep = res["report"]
 points = {k: rep[k] for k in views.FAMILIES if k in rep}
 

@@ -236,13 +236,15 @@ def start_eval_trace(path: str, ckpt_id: str, device: str) -> jobs.Job:
 
 @st.cache_resource(max_entries=4, show_spinner=False)
 def first_look_trace(path: str, ckpt_id: str, device: str) -> Trace:
-    """The first FIRST_LOOK_WINDOWS eval windows, traced without A2's probes (A0 / A1 only): what a
-    page shows within seconds while the canonical trace runs in the background."""
+    """The first FIRST_LOOK_WINDOWS eval windows to r_max loops (every policy's cap), traced without
+    A2's probes (A0 / A1 only): what a page shows within seconds while the canonical trace runs in
+    the background."""
     ckpt = _ckpt(path, ckpt_id, device)
     windows = _eval_windows(ckpt)[:FIRST_LOOK_WINDOWS]
-    bar = Progress(f"First look: tracing {len(windows)} eval windows × {trace_loops(ckpt)} loops", "window-loops")
+    loops = min(trace_loops(ckpt), max(ckpt.recipe.r_max, 2))
+    bar = Progress(f"First look: tracing {len(windows)} eval windows × {loops} loops", "window-loops")
     try:
-        return trace(ckpt, windows, trace_loops(ckpt), S.seed, topk=S.topk, cache=TraceCache(), progress=bar)
+        return trace(ckpt, windows, loops, S.seed, topk=S.topk, cache=TraceCache(), progress=bar)
     finally:
         bar.close()
 
@@ -340,6 +342,29 @@ def _exact_inputs(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | N
         n = min(n_windows, full.n_windows)
         return ckpt, full.subset(range(n)), ckpt.windows("eval")[:n]
     return ckpt, text_trace(path, ckpt_id, device, ids, True), np.asarray(ids, dtype=np.int64)
+
+
+def exact_key(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, n_windows: int) -> tuple:
+    return "exact_sweep", path, ckpt_id, device, ids, n_windows
+
+
+def start_exact_sweep(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, r_max: int, r_bar: int,
+                      n_windows: int) -> jobs.Job:
+    """The background job that runs the exact plan into the harness's disk cache (read back by
+    sweep_exact). Its inputs come from recur_core's disk caches (the page has traced them)."""
+    ckpt = _ckpt(path, ckpt_id, device)
+
+    def work(job: jobs.Job) -> None:
+        prb = _train_probes(ckpt, path)
+        inputs = _eval_windows(ckpt)[:n_windows] if ids is None else np.asarray(ids, dtype=np.int64)
+        tr = trace(ckpt, _eval_windows(ckpt) if ids is None else inputs, trace_loops(ckpt), S.seed, topk=S.topk,
+                   probes=list(prb.values()), cache=TraceCache())
+        tr = tr.subset(range(min(n_windows, tr.n_windows))) if ids is None else tr
+        alloc.allocation(tr, Bootstrap(tr.n_windows, S.n_boot, S.seed), r_max, r_bar, probes=prb,
+                         exact=(ckpt, inputs), cache=TraceCache(),
+                         progress=job.progress(f"Exact masking harness on {tr.n_windows} window(s), one pass per round",
+                                               "window passes"))
+    return jobs.start(exact_key(path, ckpt_id, device, ids, n_windows), work)
 
 
 def exact_cached(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, r_max: int, r_bar: int,

@@ -51,6 +51,11 @@ def keep(key: str, default: Any, scope: str = "", store: str | None = None,
     return {"key": key, "on_change": _write_back, "args": (key, store)}
 
 
+def set_kept(key: str, value: Any, scope: str = "") -> None:
+    """Set a kept widget's value from a callback (before the widget draws again)."""
+    st.session_state[f"kept:{key}@{scope}"] = st.session_state[key] = value
+
+
 def _write_back(key: str, store: str) -> None:
     st.session_state[store] = st.session_state[key]
 

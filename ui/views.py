@@ -36,7 +36,8 @@ def delta(change: float, fmt: str, suffix: str, better: str) -> dict:
     text = f"{change:{fmt}}"
     if not math.isfinite(change) or not any(c in "123456789" for c in text):  # zero as shown
         return {"delta": "±" + text.lstrip("+-") + suffix, "delta_color": "off", "delta_arrow": "off"}
-    return {"delta": text.replace("-", "−", 1) + suffix, "delta_arrow": "up" if change > 0 else "down",
+    # Streamlit colours by the string's leading ASCII "-": "normal" paints a rise green, "inverse" red
+    return {"delta": text + suffix, "delta_arrow": "up" if change > 0 else "down",
             "delta_color": "normal" if better == "higher" else "inverse"}
 
 

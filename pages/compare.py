@@ -12,7 +12,7 @@ st.caption("The same text under the three depth-allocation policies (fast path o
 enc = state.pasted_text(m, "compare_form")
 tr = compute.text_trace(*m.key, enc.ids, True)
 prb = compute.probes(*m.key)
-st.html(legend_html(m.r_max))
+legend = st.empty()  # one scale for the three strips, drawn once their depths are known
 
 cols = st.columns(3, gap="medium")
 with cols[0]:
@@ -40,13 +40,16 @@ with cols[2]:
         st.info(f"A2 needs r_max ≥ 2 to train its probe (this checkpoint has r_max = {m.r_max})." if m.has_windows
                 else "A2's probe is trained on the checkpoint's training-side windows, and this folder ships none.")
 
-for col, (_family, label, policy) in zip(cols, policies, strict=False):  # 3 columns, 2 policies without A2
-    with col:
-        out = compute.outcome(tr, policy)
+outcomes = [compute.outcome(tr, policy) for _family, _label, policy in policies]
+tables = [views.token_table(m, tr, enc, out) for out in outcomes]
+scale = views.strip_scale(m, *tables)
+legend.html(legend_html(scale))
+for col, (_family, label, _policy), out, table in zip(cols, policies, outcomes, tables, strict=False):
+    with col:  # 3 columns, 2 policies without A2
         a, b = st.columns(2)
         a.metric("Mean loops", f"{out.mean_loops:.2f}")
         b.metric("Loss [nats]", f"{out.loss:.3f}")
-        views.render_strip(m, views.token_table(m, tr, enc, out), label, legend=False)
+        views.render_strip(m, table, label, legend=False, scale=scale)
 st.subheader("Huginn's exit criteria · on the same tokens")
 h_cols = st.columns(2, gap="medium")
 with h_cols[0]:
@@ -64,7 +67,7 @@ with h_cols[0]:
     a.metric("Mean loops", f"{h_out.mean_loops:.2f}")
     b.metric("Loss [nats]", f"{h_out.loss:.3f}")
 with h_cols[1]:
-    views.render_strip(m, views.token_table(m, tr, enc, h_out), f"{crit} {thr:g}", legend=False)
+    views.render_strip(m, views.token_table(m, tr, enc, h_out), f"{crit} {thr:g}")
 
 with st.expander("A2 probe quality (held-out windows) and the raw trace"):
     if prb:

@@ -67,14 +67,17 @@ c = st.columns(4)
 c[0].metric("ε (current point)", f"{cur['threshold']:.1e}",
             help=None if math.isclose(cur["threshold"], eps) else "The nearest ε of the swept grid.")
 c[1].metric("Mean loops (A1)", f"{cur['mean_loops']:.2f}",
-            **views.delta(cur["mean_loops"] - m.r_bar, "+.2f", f" vs r̄ = {m.r_bar}", better="lower"))
+            **views.delta(cur["mean_loops"] - m.r_bar, ".2f", f"more loops than r̄ = {m.r_bar}",
+                          f"fewer loops than r̄ = {m.r_bar}", "lower", f"as many loops as r̄ = {m.r_bar}"))
 c[2].metric("Loss (A1)", f"{cur['loss']:.4f}",
-            **({} if ref is None else views.delta(cur["loss"] - ref[1], "+.4f", " vs A0 at r̄", better="lower")),
+            **({} if ref is None else views.delta(cur["loss"] - ref[1], ".4f", "nats worse than A0 at r̄",
+                                                  "nats better than A0 at r̄", "lower", "as good as A0 at r̄")),
             help=f"95% CI [{cur['ci_low']:.4f}, {cur['ci_high']:.4f}] nats/token")
 match = rep.get("a1_loops_to_match_a0_rbar", {})
 reached = views.is_number(match.get("value"))
 c[3].metric(f"A1 loops to match A0 at r̄ = {m.r_bar} ({mode})", f"{match['value']:.2f}" if reached else "not reached",
-            **(views.delta(match["value"] / m.r_bar - 1, "+.0%", " depth", better="lower") if reached else {}),
+            **(views.delta(match["value"] / m.r_bar - 1, ".0%", "more loops than r̄", "fewer loops than r̄", "lower",
+                           "as many loops as r̄") if reached else {}),
             help=f"Mean loops at which the A1 curve first reaches uniform depth r̄'s loss; 95% CI "
                  f"{views.fmt_est(match)} ({match.get('n_boot_not_reached', 0)} bootstrap replicates never reach it).")
 

@@ -11,6 +11,7 @@ from recur_core.decoding.kv import KV_RULES
 from recur_core.decoding.serve import Request, serve
 from recur_core.exits.policies import Uniform
 from ui import compute, decoding, state
+from ui.strip import DepthScale
 
 m = state.require_model()
 st.title("Generate")
@@ -81,17 +82,22 @@ if not pool_mode and st.button("Generate", type="primary"):
     run = dict(tokenizer=tok, keep_logits=False, seed=int(seed), **sampling)
     st.markdown(f"**Prompt** ({len(prompt_ids)} tokens):")
     st.text(prompt)  # as typed: never Markdown or HTML
-    st.html(decoding.legend(policy.cap(m.r_max)))
-    live = st.empty()
+    legend, live = st.empty(), st.empty()
     ids, depths = [], []
+    cap = policy.cap(m.r_max)
+    live_scale = DepthScale(1, cap, cap)  # while decoding: the whole range; then fitted to the depths drawn
+    legend.html(decoding.legend(live_scale))
 
     def show(index, token_id, exit_loop):
         ids.append(token_id)
         depths.append(exit_loop)
-        live.html(decoding.strip(token_pieces(tok, prompt_ids, ids), depths, policy.cap(m.r_max), repr(policy)))
+        live.html(decoding.strip(token_pieces(tok, prompt_ids, ids), depths, live_scale, repr(policy)))
 
     with decoding.one_thread():
         generate(ckpt, prompt_ids, n_new, policy, kv_rule=kv_rule, on_token=show, **run)
+    fitted = DepthScale.of(depths, cap)
+    legend.html(decoding.legend(fitted))
+    live.html(decoding.strip(token_pieces(tok, prompt_ids, ids), depths, fitted, repr(policy)))
     # tokens/s from clean runs (nothing drawn inside the loop), the policy and uniform depth back to back
     with st.spinner(f"Timing it against uniform depth r̄ = {m.r_bar} …"), decoding.one_thread():
         gen = generate(ckpt, prompt_ids, n_new, policy, kv_rule=kv_rule, **run)
@@ -115,11 +121,11 @@ if pool_mode and st.button("Run the pool", type="primary"):
             decoding.one_thread():
         run = serve(ckpt, requests, slots, max_loops=m.r_max, keep_logits=False)
         base = serve(ckpt, uniform, slots, max_loops=m.r_max, keep_logits=False)
-    st.html(decoding.legend(policy.cap(m.r_max)))
+    scale = DepthScale.of((d for c in run for d in c.exit_loops), policy.cap(m.r_max))
+    st.html(decoding.legend(scale))
     for text, c in zip(prompts, run, strict=True):
         st.text(text)  # the prompt as typed: never Markdown or HTML
-        st.html(decoding.strip(token_pieces(tok, c.prompt_ids, c.ids), c.exit_loops, policy.cap(m.r_max),
-                               repr(policy)))
+        st.html(decoding.strip(token_pieces(tok, c.prompt_ids, c.ids), c.exit_loops, scale, repr(policy)))
     decoding.speed_metrics(f"{label}, pool of {slots}:", f"Uniform r̄ = {m.r_bar}, same pool:", run, base, m.r_bar)
     st.caption(f"{run.steps} pool steps, {run.mixed_steps} of them batched tokens at different loops; "
                f"{run.wall_s:.2f} s against {base.wall_s:.2f} s for uniform depth (prefills included). One run each "

@@ -56,7 +56,9 @@ c[2].metric("Best uniform depth", f"{best}" if best else "none",
                  f"{gt['target_accuracy']:.1%} (A0 at r̄ minus 1 point).")
 ratio = a1["vs_best_uniform_loops_ratio"]
 c[3].metric("A1 mean loops", f"{a1['mean_loops']:.2f}",
-            **(views.delta(ratio - 1, "+.0%", f" vs best uniform ({ratio:.2f}×)", better="lower") if ratio else {}),
+            **(views.delta(ratio - 1, ".0%", f"more loops than the best uniform depth ({ratio:.2f}×)",
+                           f"fewer loops than the best uniform depth ({ratio:.2f}×)", "lower",
+                           "as many loops as the best uniform depth") if ratio else {}),
             help="Over all program tokens (answers and the rest), at A1's operating point.")
 
 charts.show(ground_truth.exit_vs_hops(gt), "exit_vs_hops", key="exit_vs_hops")

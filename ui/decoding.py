@@ -11,7 +11,7 @@ from recur_core.decoding.decode import generate
 from recur_core.exits.policies import ConvergenceExit, LatentDiff, Uniform
 
 from . import compute
-from .strip import TokenView, legend_html, strip_html, tooltip
+from .strip import DepthScale, TokenView, legend_html, strip_html, tooltip
 from .text import examples_for, reads_programs
 from .views import delta
 
@@ -54,15 +54,15 @@ def policy_label(kind: str, threshold) -> str:
     return {"a1": f"A1 ε = {threshold:.0e}", "latent": f"Latent δ = {threshold:g}", "a0": f"A0 r = {threshold}"}[kind]
 
 
-def legend(cap: int) -> str:
-    return legend_html(cap, "exit loop of each new token", not_converged=False)
+def legend(scale: DepthScale) -> str:
+    return legend_html(scale, "exit loop of each new token", not_converged=False)
 
 
-def strip(pieces, depths, cap: int, policy: str) -> str:
+def strip(pieces, depths, scale: DepthScale, policy: str) -> str:
     """New tokens coloured by the exit loop of the step that produced them."""
-    tokens = [TokenView(p, d, True, tooltip(i, p, d, True, cap, policy=policy))
+    tokens = [TokenView(p, d, True, tooltip(i, p, d, True, scale.r_max, policy=policy))
               for i, (p, d) in enumerate(zip(pieces, depths, strict=True))]
-    return strip_html(tokens, cap, policy=policy)
+    return strip_html(tokens, scale, policy=policy)
 
 
 PROSE_PROMPTS = ("Once upon a time, there was a little girl named Lily.\nTom had a red ball.\n"
@@ -84,7 +84,9 @@ def speed_metrics(label: str, uniform_label: str, run, base, r_bar: int) -> None
     c = st.columns(3)
     ratio = run.tokens_per_s / base.tokens_per_s
     c[0].metric(f"{label} tokens/s", f"{run.tokens_per_s:.1f}",
-                **delta(ratio - 1, "+.0%", f" vs uniform r̄ ({ratio:.2f}×)", better="higher"))
+                **delta(ratio - 1, ".0%", f"faster than uniform r̄ ({ratio:.2f}×)",
+                        f"slower than uniform r̄ ({ratio:.2f}×)", "higher", "as fast as uniform r̄"))
     c[1].metric(f"{uniform_label} tokens/s", f"{base.tokens_per_s:.1f}")
     c[2].metric("Mean loops per new token", f"{run.mean_loops:.2f}",
-                **delta(run.mean_loops - r_bar, "+.2f", " vs r̄", better="lower"))
+                **delta(run.mean_loops - r_bar, ".2f", "more loops than r̄", "fewer loops than r̄", "lower",
+                        "as many loops as r̄"))

@@ -89,6 +89,16 @@ def get(key: tuple) -> Job | None:
     return _JOBS.get(key)
 
 
+def wait_all(timeout: float = 3600.0) -> bool:
+    """Block until no job is running (for tests and scripts driving the app); False on timeout."""
+    deadline = time.monotonic() + timeout
+    while any(job.running for job in list(_JOBS.values())):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def watch(job: Job, what: str) -> None:
     """The job's progress bar and Stop button, redrawn every second; reruns the page once the job
     is over (then the page reads the finished result). `what`: the sentence above the bar."""

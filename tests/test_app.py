@@ -424,3 +424,15 @@ def test_metric_deltas_point_the_way_of_the_change_and_colour_its_meaning():
     assert fewer_loops == {"delta": "0.45 fewer loops", "delta_arrow": "up", "delta_color": "normal"}  # green
     assert delta(0.00004, ".3f", "worse", "better", "lower", "as good") == \
         {"delta": "as good", "delta_arrow": "off", "delta_color": "off"}
+
+
+def test_strip_colours_span_the_depths_present():
+    """Exits at 3, 4 and 5 of r_max 16 get three clearly different colours, and the legend says the
+    scale spans 3–5 and marks r_max."""
+    from ui.strip import DepthScale, legend_html
+    scale = DepthScale.of([3, 4, 5, 4], 16)
+    colors = [scale.color(d) for d in (3, 4, 5)]
+    rgb = [tuple(int(c[i:i + 2], 16) for i in (1, 3, 5)) for c in colors]
+    assert min(sum(abs(a - b) for a, b in zip(x, y, strict=True)) for x, y in ((rgb[0], rgb[1]), (rgb[1], rgb[2]))) > 120
+    legend = legend_html(scale)
+    assert 'data-lo="3"' in legend and 'data-hi="5"' in legend and "r_max = 16" in legend and "3–5" in legend

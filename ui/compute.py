@@ -157,7 +157,7 @@ class Progress:
 
 
 # -- traces -----------------------------------------------------------------------------------------
-FIRST_LOOK_WINDOWS = 32  # a page's first look at the eval set, while the full trace runs in the background
+FIRST_LOOK_WINDOWS = 16  # a page's first look at the eval set, while the full trace runs in the background
 
 
 def _train_probes(ckpt, path: str, progress=None, cache_only: bool = False):
@@ -244,7 +244,8 @@ def first_look_trace(path: str, ckpt_id: str, device: str) -> Trace:
     loops = min(trace_loops(ckpt), max(ckpt.recipe.r_max, 2))
     bar = Progress(f"First look: tracing {len(windows)} eval windows × {loops} loops", "window-loops")
     try:
-        return trace(ckpt, windows, loops, S.seed, topk=S.topk, cache=TraceCache(), progress=bar)
+        return trace(ckpt, windows, loops, S.seed, topk=S.topk, cache=TraceCache(), progress=bar,
+                     batch_size=max(1, len(windows) // 2))  # two batches: both cores busy
     finally:
         bar.close()
 

@@ -83,19 +83,26 @@ def section(path: str, ckpt_id: str, device: str, r_max: int, r_bar: int, exact:
     return _section(path, ckpt_id, device, r_max, r_bar, exact)
 
 
+_EXACT_READY: set[tuple] = set()
+
+
 def exact_key(path: str, ckpt_id: str, device: str) -> tuple:
     return "exact_ground_truth", path, ckpt_id, device
 
 
 def exact_ready(path: str, ckpt_id: str, device: str, r_max: int) -> bool:
     """Whether the exact section is in the harness's disk cache (e.g. from `python -m recur_core.analyze`)."""
-    job = jobs.get(exact_key(path, ckpt_id, device))
-    if job is not None and job.finished and not (job.error or job.stopped):
+    key = exact_key(path, ckpt_id, device)
+    job = jobs.get(key)
+    if key in _EXACT_READY or (job is not None and job.finished and not (job.error or job.stopped)):
         return True
     ckpt, tr, _, _, _, prb, windows = _inputs(path, ckpt_id, device)
     families = operating_point_families(min(r_max, tr.max_loops), prb, SETTINGS.eps_grid, SETTINGS.tau_grid)
     flat = [p for family in families.values() for p in family]
-    return exact_results(ckpt, windows, flat, tr.max_loops, tr.seed, cache=TraceCache(), cache_only=True) is not None
+    if exact_results(ckpt, windows, flat, tr.max_loops, tr.seed, cache=TraceCache(), cache_only=True) is None:
+        return False
+    _EXACT_READY.add(key)  # on disk now: no need to read it all again on every rerun
+    return True
 
 
 def start_exact(path: str, ckpt_id: str, device: str, r_max: int, r_bar: int) -> jobs.Job:

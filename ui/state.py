@@ -60,7 +60,7 @@ def _write_back(key: str, store: str) -> None:
     st.session_state[store] = st.session_state[key]
 
 
-
+# -- sidebar ------------------------------------------------------------------------------------------
 def devices() -> list[str]:
     import torch
     out = ["cpu"]
@@ -71,7 +71,6 @@ def devices() -> list[str]:
     return out
 
 
-# -- sidebar ------------------------------------------------------------------------------------------
 def _add_typed_path() -> None:
     """Add a typed folder and select it; a folder that cannot be used is refused with its reason,
     and the selection and every setting stay as they were."""

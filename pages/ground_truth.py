@@ -56,10 +56,10 @@ c[2].metric("Best uniform depth", f"{best}" if best else "none",
                  f"{gt['target_accuracy']:.1%} (A0 at r̄ minus 1 point).")
 ratio = a1["vs_best_uniform_loops_ratio"]
 c[3].metric("A1 mean loops", f"{a1['mean_loops']:.2f}",
-            **(views.delta(ratio - 1, ".0%", f"more loops than the best uniform depth ({ratio:.2f}×)",
-                           f"fewer loops than the best uniform depth ({ratio:.2f}×)", "lower",
-                           "as many loops as the best uniform depth") if ratio else {}),
-            help="Over all program tokens (answers and the rest), at A1's operating point.")
+            **(views.delta(ratio - 1, ".0%", f"more than depth {best}", f"fewer than depth {best}", "lower",
+                           f"as many as depth {best}") if ratio else {}),
+            help=f"Over all program tokens (answers and the rest), at A1's operating point; the change is against "
+                 f"the best uniform depth {best} ({ratio or 0:.2f}×).")
 
 charts.show(ground_truth.exit_vs_hops(gt), "exit_vs_hops", key="exit_vs_hops")
 charts.show(ground_truth.accuracy_vs_loops(gt), "accuracy_vs_loops", key="accuracy_vs_loops")

@@ -4,11 +4,18 @@ This file sets up the page, the shared sidebar (checkpoint, device) and the navi
 pages/; every page is a thin view over recur_core through the ui package.
 """
 
+import sys
+
 import streamlit as st
 
-from ui import state
-
 st.set_page_config(page_title="recur · looped transformers", page_icon="🔁", layout="wide")
+starting = None
+if "ui.state" not in sys.modules:  # the server's first run: torch and recur_core take seconds to import
+    starting = st.progress(0.0, text="Starting: loading torch and the analysis libraries (once per server)…")
+from ui import state  # noqa: E402
+
+if starting is not None:
+    starting.empty()
 
 
 def page(file: str, title: str, icon: str, **kwargs) -> st.Page:

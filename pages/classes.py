@@ -12,8 +12,10 @@ st.caption("Mean A1 exit depth of the tokens of each class (the token whose stat
 ids = state.source_picker(m)
 if ids is False:
     st.stop()
+first_look = state.first_look(m, ids)
+banner = st.container()
 eps = state.eps_slider("classes")
-res = compute.token_classes(*m.key, ids, eps, m.r_max, m.vocab_size)
+res = compute.token_classes(*m.key, ids, eps, m.r_max, m.vocab_size, first_look)
 summary, tokens = res["summary"], res["tokens"]
 
 charts.show(charts.class_bars(summary, TOKEN_CLASSES), "token_classes", key="token_classes")
@@ -28,3 +30,5 @@ for tab, name in zip(st.tabs([f"{c} ({int((tokens['class'] == c).sum())})" for c
         part = tokens[tokens["class"] == name].reset_index(drop=True)
         download.table(part, f"tokens_{name}", height=min(320, 35 * (len(part) + 1) + 3),
                        caption="Each distinct token: occurrences and mean exit depth at the current ε.")
+if first_look:
+    state.refine(m, banner)

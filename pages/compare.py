@@ -12,12 +12,13 @@ st.caption("The same text under the three depth-allocation policies (fast path o
 enc = state.pasted_text(m, "compare_form")
 tr = compute.text_trace(*m.key, enc.ids, True)
 prb = compute.probes(*m.key)
-st.html(legend_html(m.r_max))
+legend = st.empty()  # one scale for the three strips, drawn once their depths are known
 
 cols = st.columns(3, gap="medium")
 with cols[0]:
     st.subheader("A0 · uniform depth")
-    r = st.slider("r: loops for every token", 1, m.r_max, m.r_bar, key="cmp_r")
+    r = st.slider("r: loops for every token", 1, m.r_max,
+                  **state.keep("cmp_r", m.r_bar, scope=m.path, valid=lambda v: 1 <= v <= m.r_max))
     policies = [("A0", f"A0 r={r}", compute.a0(r))]
 with cols[1]:
     st.subheader("A1 · convergence exit")
@@ -26,40 +27,47 @@ with cols[1]:
 with cols[2]:
     st.subheader("A2 · learned router")
     if prb:
-        kind = st.segmented_control("Probe labels", list(prb), default="kl", key="cmp_kind", required=True,
-                                    format_func={"kl": "KL ≥ ε at the next loop", "argmax": "argmax change at the next loop",
-                                                 "kl_any": "KL ≥ ε at any later loop",
-                                                 "argmax_any": "argmax change at any later loop"}.get)
-        tau = st.slider("τ: halt once the predicted chance of change < τ", 0.0, 1.0, 0.5, 0.01, key="cmp_tau")
+        kind = st.radio("Probe labels", list(prb),
+                        **state.keep("cmp_kind", "kl" if "kl" in prb else next(iter(prb)), scope=m.path,
+                                     valid=lambda v: v in prb),
+                        format_func={"kl": "KL ≥ ε at the next loop", "argmax": "argmax change at the next loop",
+                                     "kl_any": "KL ≥ ε at any later loop",
+                                     "argmax_any": "argmax change at any later loop"}.get)
+        tau = st.slider("τ: halt once the predicted chance of change < τ", 0.0, 1.0, step=0.01,
+                        **state.keep("cmp_tau", 0.5, scope=m.path))
         policies.append(("A2", f"A2 {kind} τ={tau:.2f}", compute.a2(*m.key, kind, tau, m.r_max)))
     else:
         st.info(f"A2 needs r_max ≥ 2 to train its probe (this checkpoint has r_max = {m.r_max})." if m.has_windows
                 else "A2's probe is trained on the checkpoint's training-side windows, and this folder ships none.")
 
-for col, (_family, label, policy) in zip(cols, policies, strict=False):  # 3 columns, 2 policies without A2
-    with col:
-        out = compute.outcome(tr, policy)
+outcomes = [compute.outcome(tr, policy) for _family, _label, policy in policies]
+tables = [views.token_table(m, tr, enc, out) for out in outcomes]
+scale = views.strip_scale(m, *tables)
+legend.html(legend_html(scale))
+for col, (_family, label, _policy), out, table in zip(cols, policies, outcomes, tables, strict=False):
+    with col:  # 3 columns, 2 policies without A2
         a, b = st.columns(2)
         a.metric("Mean loops", f"{out.mean_loops:.2f}")
         b.metric("Loss [nats]", f"{out.loss:.3f}")
-        views.render_strip(m, views.token_table(m, tr, enc, out), label, legend=False)
+        views.render_strip(m, table, label, legend=False, scale=scale)
 st.subheader("Huginn's exit criteria · on the same tokens")
 h_cols = st.columns(2, gap="medium")
 with h_cols[0]:
     crit = st.selectbox("Criterion (seal-rg/recurrent-pretraining's exit evaluators)", list(compute.HUGINN_CRITERIA),
-                        key="cmp_huginn")
+                        **state.keep("cmp_huginn", next(iter(compute.HUGINN_CRITERIA))))
     _, knob, auto = compute.HUGINN_CRITERIA[crit]
     if isinstance(auto, int):
-        thr = st.number_input(knob, 1, m.r_max, min(auto, m.r_max), key=f"cmp_huginn_{crit}")
+        thr = st.number_input(knob, 1, m.r_max, **state.keep(f"cmp_huginn_{crit}", min(auto, m.r_max), scope=m.path,
+                                                             valid=lambda v: 1 <= v <= m.r_max))
     else:
-        thr = st.number_input(knob, 0.0, 10.0, auto, format="%.1e", key=f"cmp_huginn_{crit}")
+        thr = st.number_input(knob, 0.0, 10.0, format="%.1e", **state.keep(f"cmp_huginn_{crit}", auto))
     h_policy = compute.huginn_policy(crit, thr, m.r_max)
     h_out = compute.outcome(tr, h_policy)
     a, b = st.columns(2)
     a.metric("Mean loops", f"{h_out.mean_loops:.2f}")
     b.metric("Loss [nats]", f"{h_out.loss:.3f}")
 with h_cols[1]:
-    views.render_strip(m, views.token_table(m, tr, enc, h_out), f"{crit} {thr:g}", legend=False)
+    views.render_strip(m, views.token_table(m, tr, enc, h_out), f"{crit} {thr:g}")
 
 if compute.gate(*m.key) is not None:
     st.subheader("The model's learned exit gate · on the same tokens")

@@ -12,7 +12,9 @@ st.caption("Uniform run to the trace depth; per loop i the mean KL(p_i â€– p_{iâ
 ids = state.source_picker(m)
 if ids is False:
     st.stop()
-conv = compute.convergence(*m.key, ids)
+first_look = state.first_look(m, ids)
+banner = st.container()
+conv = compute.convergence(*m.key, ids, first_look)
 
 c = st.columns(3)
 c[0].metric("Median convergence loop", f"{conv['median_convergence_loop']:.0f}",
@@ -31,11 +33,13 @@ with right:
     charts.show(charts.per_loop(conv, "frac_moving", "Tokens still moving", "tokens with KL > threshold [%]",
                                 False, "#e45756", scale=100.0), "frac_moving", key="frac_moving")
     eps = state.eps_slider("convergence")
-    ex = compute.exit_depths(*m.key, ids, eps, m.r_max)
+    ex = compute.exit_depths(*m.key, ids, eps, m.r_max, first_look)
     charts.show(charts.depth_histogram(ex["depth"], ex["converged"], m.r_max, eps), "exit_depths", key="exit_depths")
 
 table = pd.DataFrame({k: conv[k] for k in conv if isinstance(conv[k], list)})
 with st.expander("Per-loop table and the raw trace"):
     download.table(table, "convergence_per_loop")
-    download.trace_buttons(compute.source_trace(*m.key, ids, with_probes=ids is None),
+    download.trace_buttons(compute.source_trace(*m.key, ids, with_probes=ids is None, first_look=first_look),
                            "eval_trace" if ids is None else "text_trace")
+if first_look:
+    state.refine(m, banner)

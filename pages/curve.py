@@ -3,7 +3,7 @@ import math
 
 import streamlit as st
 
-from ui import charts, compute, download, state, views
+from ui import charts, compute, download, jobs, state, views
 
 m = state.require_model()
 st.title("Depth / loss curve")
@@ -20,34 +20,44 @@ st.caption("Each policy traced as (mean loops per token, loss). **A0** gives eve
 ids = state.source_picker(m)
 if ids is False:
     st.stop()
+first_look = state.first_look(m, ids)
+banner = st.container()
 n_exact = 1 if ids is not None else compute.S.windows
-cached = compute.exact_cached(*m.key, ids, m.r_max, m.r_bar, n_exact)
-mode = st.segmented_control("Evaluation", ["exact", "fast"], default="exact" if cached else "fast", key="eval_mode",
-                            required=True,
+cached = not first_look and compute.exact_cached(*m.key, ids, m.r_max, m.r_bar, n_exact)
+mode = st.segmented_control("Evaluation", ["exact", "fast"], required=True, disabled=first_look,
+                            **state.keep("eval_mode", "exact" if cached else "fast", scope=f"{m.path}|{ids is None}"),
                             format_func={"fast": "Fast (trace: score each token at its exit loop)",
                                          "exact": "Exact (masking harness: frozen tokens stay in context)"}.get)
-if mode == "fast" and not cached:
+mode = "fast" if first_look else mode
+if mode == "fast" and not cached and not first_look:
     st.info("The exact sweep of these windows is not computed yet: choose **Exact** to run it (minutes on a CPU; "
             "then cached on disk), or run `python -m recur_core.analyze`, which fills the same cache.")
-view = st.segmented_control("View", ["diff", "absolute"], default="diff", key="curve_view", required=True,
+view = st.segmented_control("View", ["diff", "absolute"], **state.keep("curve_view", "diff"), required=True,
                             format_func={"diff": "Difference from A0 (paired)", "absolute": "Loss"}.get,
                             help="Difference: each curve minus A0 at the same mean loops, with paired bootstrap "
                                  "bands (both terms on the same resampled windows), so the window-to-window spread "
                                  "cancels. Loss: each curve with its own band over windows.")
 eps = state.eps_slider("curve")
-bands = view == "absolute" and st.toggle("95% bootstrap bands", value=True, key="bands",
+bands = view == "absolute" and st.toggle("95% bootstrap bands", **state.keep("bands", True),
                                          help="Off: the loss axis zooms onto the curves. These bands include "
                                               "between-window variance; the difference view pairs them.")
 
-if mode == "fast":
-    res = compute.sweep_fast(*m.key, ids, m.r_max, m.r_bar)
-    where = f"{res['n_windows']} window(s) × {res['seq_len']} tokens, fast path"
-else:
-    if ids is None:
-        n_exact = st.select_slider("Windows for the exact harness", [4, 8, 16, 32, 64, 128], value=n_exact,
-                                   key="exact_windows")
+if mode == "exact" and ids is None:
+    n_exact = st.select_slider("Windows for the exact harness", [4, 8, 16, 32, 64, 128],
+                               **state.keep("exact_windows", n_exact))
+exact_ready = mode == "exact" and compute.exact_cached(*m.key, ids, m.r_max, m.r_bar, n_exact)
+if mode == "exact" and not exact_ready:  # minutes on a CPU: in the background, the fast path meanwhile
+    with banner:
+        jobs.watch(compute.start_exact_sweep(*m.key, ids, m.r_max, m.r_bar, n_exact),
+                   "The exact sweep runs in the masking harness (then it is cached on disk); the **fast path** is "
+                   "shown until it is done.")
+if exact_ready:
     res = compute.sweep_exact(*m.key, ids, m.r_max, m.r_bar, n_exact)
     where = f"{res['n_windows']} window(s), exact masking harness"
+else:
+    mode = "fast"
+    res = compute.sweep_fast(*m.key, ids, m.r_max, m.r_bar, first_look)
+    where = f"{res['n_windows']} window(s) × {res['seq_len']} tokens, fast path" + (", first look" if first_look else "")
 rep = res["report"]
 points = {k: rep[k] for k in views.FAMILIES if k in rep}
 
@@ -59,13 +69,17 @@ c = st.columns(4)
 c[0].metric("ε (current point)", f"{cur['threshold']:.1e}",
             help=None if math.isclose(cur["threshold"], eps) else "The nearest ε of the swept grid.")
 c[1].metric("Mean loops (A1)", f"{cur['mean_loops']:.2f}",
-            delta=f"{cur['mean_loops'] - m.r_bar:+.2f} vs r̄ = {m.r_bar}", delta_color="inverse")
-c[2].metric("Loss (A1)", f"{cur['loss']:.4f}", delta=None if ref is None else f"{cur['loss'] - ref[1]:+.4f} vs A0 at r̄",
-            delta_color="inverse", help=f"95% CI [{cur['ci_low']:.4f}, {cur['ci_high']:.4f}] nats/token")
+            **views.delta(cur["mean_loops"] - m.r_bar, ".2f", f"more loops than r̄ = {m.r_bar}",
+                          f"fewer loops than r̄ = {m.r_bar}", "lower", f"as many loops as r̄ = {m.r_bar}"))
+c[2].metric("Loss (A1)", f"{cur['loss']:.4f}",
+            **({} if ref is None else views.delta(cur["loss"] - ref[1], ".4f", "nats worse than A0 at r̄",
+                                                  "nats better than A0 at r̄", "lower", "as good as A0 at r̄")),
+            help=f"95% CI [{cur['ci_low']:.4f}, {cur['ci_high']:.4f}] nats/token")
 match = rep.get("a1_loops_to_match_a0_rbar", {})
 reached = views.is_number(match.get("value"))
 c[3].metric(f"A1 loops to match A0 at r̄ = {m.r_bar} ({mode})", f"{match['value']:.2f}" if reached else "not reached",
-            delta=f"{match['value'] / m.r_bar - 1:+.0%} depth" if reached else None, delta_color="inverse",
+            **(views.delta(match["value"] / m.r_bar - 1, ".0%", "more loops than r̄", "fewer loops than r̄", "lower",
+                           "as many loops as r̄") if reached else {}),
             help=f"Mean loops at which the A1 curve first reaches uniform depth r̄'s loss; 95% CI "
                  f"{views.fmt_est(match)} ({match.get('n_boot_not_reached', 0)} bootstrap replicates never reach it).")
 
@@ -85,9 +99,12 @@ download.table(matched, "matched_depth", column_config=views.number_formats(matc
 st.caption(" · ".join(views.match_sentence(charts.FAMILY_NAMES[k], rep[f"{k.lower()}_loops_to_match_a0_rbar"], m.r_bar)
                       for k in views.FAMILIES[1:] if f"{k.lower()}_loops_to_match_a0_rbar" in rep))
 with st.expander("A2 label kinds side by side"):
+    if first_look:
+        st.caption("After the first look: A2's probes are being trained.")
     st.caption("The router's labels: argmax or KL ≥ label ε (A1's matched ε on the probe's training windows), at the "
                "next loop or at any later loop up to r_max. Probe quality on held-out probe windows.")
-    download.table(views.label_kinds_table(compute.probes(*m.key), rep), "a2_label_kinds")
+    if not first_look:
+        download.table(views.label_kinds_table(compute.probes(*m.key), rep), "a2_label_kinds")
 if mode == "exact":
     st.subheader("Fast − exact")
     st.caption("Every policy of the sweep scored both ways on the same windows; the gap is fast − exact (paired CI).")
@@ -95,3 +112,5 @@ if mode == "exact":
     download.table(gaps, "fast_minus_exact", column_config=views.number_formats(gaps))
 with st.expander("All curve points"):
     download.table(views.curve_table(points), "curve_points")
+if first_look:
+    state.refine(m, banner)

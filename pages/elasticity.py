@@ -9,14 +9,21 @@ from ui.checkpoints import discover
 m = state.require_model()
 st.title("Elasticity & saturation")
 st.caption("Loss on each checkpoint's eval windows when every token gets the same r loops. The saturation "
-           "hypothesis: useful depth stops growing near the training mean depth r̄ (diamond). Every checkpoint "
-           "found is overlaid; each is traced once (then cached on disk).")
+           "hypothesis: useful depth stops growing near the training mean depth r̄ (diamond). Checkpoints of the "
+           "same task and tokenizer are offered (others on request); each is traced once, then cached on disk.")
 
 usable = {e.path: e for e in discover(st.session_state.get("typed_paths", [])) if e.ok}
-default = ([m.path] if m.path in usable else []) + [p for p in usable if p != m.path]
-chosen = st.multiselect("Checkpoints", list(usable), default=default[:3],
-                        format_func=lambda p: usable[p].label(), key="elastic_ckpts")
-runs = []
+task = usable[m.path].task if m.path in usable else None
+others = st.toggle("Offer checkpoints of other tasks or tokenizers", **state.keep("elastic_other_tasks", False),
+                   help="Off: only checkpoints trained on the same data with the same tokenizer as the selected one "
+                        "(their losses are comparable). On: every checkpoint found.")
+offered = {p: e for p, e in usable.items() if others or e.task == task or p == m.path}
+default = ([m.path] if m.path in offered else []) + [p for p in offered if p != m.path]
+chosen = st.multiselect("Checkpoints", list(offered), format_func=lambda p: offered[p].label(),
+                        **state.keep("elastic_ckpts", default[:3], scope=f"{m.path}|{others}",
+                                     valid=lambda v: all(p in offered for p in v)))
+banner = st.container()
+runs, pending = [], []
 for path in chosen:
     try:
         other = compute.open_model(path, m.device)
@@ -26,21 +33,29 @@ for path in chosen:
     if not other.has_windows:
         st.info(f"Skipped {usable[path].name}: it ships no eval windows (elasticity is measured on them).")
         continue
-    el = compute.elasticity(*other.key)
-    runs.append({"name": f"{usable[path].name} ({other.checkpoint_id[:8]})", "r_bar": other.r_bar, "key": other.key,
-                 **el})
+    look = state.first_look(other)
+    if look:
+        pending.append(other)
+    el = compute.elasticity(*other.key, look)
+    runs.append({"name": f"{usable[path].name} ({other.checkpoint_id[:8]})" + (" · first look" if look else ""),
+                 "r_bar": other.r_bar, "key": other.key, "first_look": look, **el})
 if not runs:
     st.info("Pick at least one checkpoint.")
     st.stop()
+if any(offered[p].task != task for p in chosen):
+    st.caption("⚠ The checkpoints picked were trained on different data or tokenizers: their losses are in "
+               "different units of difficulty.")
 diffs, note = [], None
-if len(runs) > 1:  # checkpoints compared: default to their paired difference from the first one
+if len(runs) > 1 and pending:
+    note = "The paired difference is drawn once every checkpoint's full trace is done."
+elif len(runs) > 1:  # checkpoints compared: default to their paired difference from the first one
     ref = runs[0]
     try:
         diffs = [{"name": r["name"], **compute.elasticity_difference(*r["key"][:2], *ref["key"][:2], m.device)}
                  for r in runs[1:]]
     except ValueError as err:
         note = f"No paired difference: {err}."
-view = st.segmented_control("View", ["diff", "absolute"], default="diff" if diffs else "absolute", key="elastic_view",
+view = st.segmented_control("View", ["diff", "absolute"], **state.keep("elastic_view", "diff"),
                             required=True, disabled=not diffs,
                             format_func={"diff": f"Difference from {runs[0]['name']} (paired)",
                                          "absolute": "Loss"}.get,
@@ -58,3 +73,5 @@ parts = [pd.DataFrame({"loops": r["loops"], f"{r['name']} loss": r["loss"], f"{r
 table = pd.concat(parts, axis=1).reset_index()  # checkpoints traced to different depths line up by loop
 with st.expander("Loss by depth (table)"):
     download.table(table, "elasticity", caption="Loss [nats/token] with its 95% bootstrap interval per checkpoint.")
+if pending:  # one trace at a time (they share two cores); the page reruns after each
+    state.refine(pending[0], banner)

@@ -25,8 +25,9 @@ c[0].metric("Mean loops (A1)", f"{out.mean_loops:.2f}", help="Mean exit depth ov
 c[1].metric(f"Saving vs uniform r̄ = {m.r_bar}", f"{1 - out.mean_loops / m.r_bar:.0%}",
             help="Core-loop FLOP saving, 1 − mean loops / r̄ (the paper's FLOP proxy; the cost of the KL check "
                  "itself is not counted).")
-c[2].metric("Loss (A1)", f"{out.loss:.3f} nats", delta=f"{out.loss - uniform.loss:+.3f} vs A0 at r̄",
-            delta_color="inverse", help="Mean next-token cross-entropy with each token read out at its exit loop.")
+c[2].metric("Loss (A1)", f"{out.loss:.3f} nats",
+            **views.delta(out.loss - uniform.loss, ".3f", "nats worse than A0 at r̄", "nats better than A0 at r̄",
+                          "lower", "as good as A0 at r̄"), help="Mean next-token cross-entropy with each token read out at its exit loop.")
 c[3].metric("Converged before r_max", f"{table.converged.mean():.0%}", help=f"Tokens whose KL fell below ε by "
             f"r_max = {m.r_max}; the others (pink, dashed) were stopped by the cap.")
 

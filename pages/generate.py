@@ -11,6 +11,7 @@ from recur_core.decoding.kv import KV_RULES
 from recur_core.decoding.serve import Request, serve
 from recur_core.exits.policies import Uniform
 from ui import compute, decoding, state
+from ui.strip import DepthScale
 
 m = state.require_model()
 st.title("Generate")
@@ -19,36 +20,43 @@ st.caption("Autoregressive decoding where every new token loops only until its p
 ckpt = decoding.warm_checkpoint(*m.key)
 tok = compute.tokenizer(m.path, m.checkpoint_id)
 
-pool_mode = st.toggle("Several prompts at once", help="Decode a pool of sequences together: every step, each "
+pool_mode = st.toggle("Several prompts at once", **state.keep("gen_pool", False), help="Decode a pool of sequences together: every step, each "
                       "in-flight token runs one core loop in one batched step, whatever its loop index.")
 if pool_mode:
-    prompts_text = st.text_area("Prompts, one per line", "Once upon a time, there was a little girl named Lily.\n"
-                                "Tom had a red ball.\nThe sun was hot and the dog was tired.\nMia found a box "
-                                "in the park.", height=120)
+    prompts_text = st.text_area("Prompts, one per line", height=120, **state.keep(
+        "gen_prompts", decoding.default_prompts(m), scope=state.task_scope(m)))
 else:
-    prompt = st.text_area("Prompt", "Once upon a time, there was a little girl named Lily.", height=90)
+    prompt = st.text_area("Prompt", height=90, **state.keep("gen_prompt", decoding.default_prompts(m).split("\n")[0],
+                                                          scope=state.task_scope(m)))
 left, right = st.columns(2)
 with left:
-    kind = st.radio("Policy", list(decoding.POLICIES), format_func=decoding.POLICIES.get)
+    kind = st.radio("Policy", list(decoding.POLICIES), format_func=decoding.POLICIES.get,
+                    **state.keep("gen_policy", next(iter(decoding.POLICIES))))
     if kind == "a1":
         threshold = state.eps_slider()
     elif kind == "latent":
-        threshold = st.select_slider("δ", decoding.DELTAS, value=0.02, format_func=lambda x: f"{x:g}")
+        threshold = st.select_slider("δ", decoding.DELTAS, format_func=lambda x: f"{x:g}",
+                                     **state.keep("gen_delta", 0.02, valid=lambda v: v in decoding.DELTAS))
     else:
-        threshold = st.slider("Loops r", 1, m.r_max, m.r_bar)
-    cap = st.slider("Loop cap", 1, m.r_max, m.r_max, disabled=kind == "a0")
+        threshold = st.slider("Loops r", 1, m.r_max, **state.keep("gen_r", m.r_bar, scope=m.path,
+                                                                  valid=lambda v: 1 <= v <= m.r_max))
+    cap = st.slider("Loop cap", 1, m.r_max, disabled=kind == "a0",
+                    **state.keep("gen_cap", m.r_max, scope=m.path, valid=lambda v: 1 <= v <= m.r_max))
     kv_rule = st.radio("Keys and values of halted tokens at later loops", list(KV_RULES), horizontal=True,
+                       **state.keep("gen_kv", next(iter(KV_RULES)), valid=lambda v: v in KV_RULES),
                        help="latest: reuse the halted token's last entry (Huginn's rule, free); recompute: "
                             "compute them from its frozen state at every later loop (the masking harness).")
 with right:
-    max_new = st.slider("New tokens", 1, 256, 64)
+    max_new = st.slider("New tokens", 1, 256, **state.keep("gen_new", 64))
     if pool_mode:
-        slots = st.slider("Pool size (sequences decoded together)", 1, 16, 4)
-    greedy = st.checkbox("Greedy", value=False)
-    temperature = st.slider("Temperature", 0.05, 2.0, 0.8, disabled=greedy)
-    top_k = st.number_input("Top-k (0 = off)", 0, m.vocab_size, 50, disabled=greedy)
-    top_p = st.slider("Top-p", 0.05, 1.0, 0.95, disabled=greedy)
-    seed = st.number_input("Seed", 0, 2 ** 31 - 1, 0)
+        slots = st.slider("Pool size (sequences decoded together)", 1, 16, **state.keep("gen_slots", 4))
+    greedy = st.checkbox("Greedy", **state.keep("gen_greedy", False))
+    temperature = st.slider("Temperature", 0.05, 2.0, disabled=greedy, **state.keep("gen_temperature", 0.8))
+    top_k = st.number_input("Top-k (0 = off)", 0, m.vocab_size, disabled=greedy,
+                            **state.keep("gen_top_k", min(50, m.vocab_size), scope=m.path,
+                                         valid=lambda v: 0 <= v <= m.vocab_size))
+    top_p = st.slider("Top-p", 0.05, 1.0, disabled=greedy, **state.keep("gen_top_p", 0.95))
+    seed = st.number_input("Seed", 0, 2 ** 31 - 1, **state.keep("gen_seed", 0))
 
 policy = decoding.make_policy(kind, threshold, cap)
 label = decoding.policy_label(kind, threshold)
@@ -72,18 +80,24 @@ if not pool_mode and st.button("Generate", type="primary"):
     if n_new is None:
         st.stop()
     run = dict(tokenizer=tok, keep_logits=False, seed=int(seed), **sampling)
-    st.markdown(f"**Prompt** ({len(prompt_ids)} tokens): {prompt}")
-    st.html(decoding.legend(policy.cap(m.r_max)))
-    live = st.empty()
+    st.markdown(f"**Prompt** ({len(prompt_ids)} tokens):")
+    st.text(prompt)  # as typed: never Markdown or HTML
+    legend, live = st.empty(), st.empty()
     ids, depths = [], []
+    cap = policy.cap(m.r_max)
+    live_scale = DepthScale(1, cap, cap)  # while decoding: the whole range; then fitted to the depths drawn
+    legend.html(decoding.legend(live_scale))
 
     def show(index, token_id, exit_loop):
         ids.append(token_id)
         depths.append(exit_loop)
-        live.html(decoding.strip(token_pieces(tok, prompt_ids, ids), depths, policy.cap(m.r_max), repr(policy)))
+        live.html(decoding.strip(token_pieces(tok, prompt_ids, ids), depths, live_scale, repr(policy)))
 
     with decoding.one_thread():
         generate(ckpt, prompt_ids, n_new, policy, kv_rule=kv_rule, on_token=show, **run)
+    fitted = DepthScale.of(depths, cap)
+    legend.html(decoding.legend(fitted))
+    live.html(decoding.strip(token_pieces(tok, prompt_ids, ids), depths, fitted, repr(policy)))
     # tokens/s from clean runs (nothing drawn inside the loop), the policy and uniform depth back to back
     with st.spinner(f"Timing it against uniform depth r̄ = {m.r_bar} …"), decoding.one_thread():
         gen = generate(ckpt, prompt_ids, n_new, policy, kv_rule=kv_rule, **run)
@@ -107,11 +121,11 @@ if pool_mode and st.button("Run the pool", type="primary"):
             decoding.one_thread():
         run = serve(ckpt, requests, slots, max_loops=m.r_max, keep_logits=False)
         base = serve(ckpt, uniform, slots, max_loops=m.r_max, keep_logits=False)
-    st.html(decoding.legend(policy.cap(m.r_max)))
+    scale = DepthScale.of((d for c in run for d in c.exit_loops), policy.cap(m.r_max))
+    st.html(decoding.legend(scale))
     for text, c in zip(prompts, run, strict=True):
-        st.markdown(f"**{text}**")
-        st.html(decoding.strip(token_pieces(tok, c.prompt_ids, c.ids), c.exit_loops, policy.cap(m.r_max),
-                               repr(policy)))
+        st.text(text)  # the prompt as typed: never Markdown or HTML
+        st.html(decoding.strip(token_pieces(tok, c.prompt_ids, c.ids), c.exit_loops, scale, repr(policy)))
     decoding.speed_metrics(f"{label}, pool of {slots}:", f"Uniform r̄ = {m.r_bar}, same pool:", run, base, m.r_bar)
     st.caption(f"{run.steps} pool steps, {run.mixed_steps} of them batched tokens at different loops; "
                f"{run.wall_s:.2f} s against {base.wall_s:.2f} s for uniform depth (prefills included). One run each "

@@ -1,8 +1,8 @@
 """Ground truth: on a checkpoint trained on multi-hop programs, do exit policies stop each answer
-token at the depth its hop count needs?"""
+token at the depth its hop count needs? Exact (as real halting) by default, the fast path one click away."""
 import streamlit as st
 
-from ui import charts, compute, ground_truth, state, views
+from ui import charts, compute, ground_truth, jobs, state, text, views
 
 m = state.require_model()
 st.title("Ground truth: exit depth against hop count")
@@ -16,44 +16,72 @@ st.caption("Programs bind variables in chains (`k=7;b=k;x=b;` … `x?7;`). The a
            "hop, so its **hop count** is the depth it should need. A good exit policy spends more loops on deeper "
            "answers. Each policy is shown at its **operating point**: the cheapest threshold whose answer accuracy "
            "is within 1 point of uniform depth r̄.")
+if state.first_look(m):
+    st.info("The eval windows are being traced (once per checkpoint, then cached on disk); the page fills in when "
+            "they are done.")
+    state.refine(m, st.container())
+    st.stop()
 
-gt = ground_truth.section(*m.key, m.r_max, m.r_bar)
-st.caption("Fast path: each answer read off the uniform trace at its exit loop, as if every other token had "
-           "looped to full depth; it overstates the saving. `python -m recur_core.analyze` reports the exact "
-           "figures (masking harness) in report.json's `ground_truth`.")
+path = st.segmented_control(
+    "Path", ["exact", "fast"], required=True, **state.keep("gt_path", "exact"),
+    format_func={"exact": "Exact (masking harness: halted tokens stay in context, as in real decoding)",
+                 "fast": "Fast (every other token at full depth)"}.get)
+fast = ground_truth.section(*m.key, m.r_max, m.r_bar, False)
+exact_ready = ground_truth.exact_ready(*m.key, m.r_max)
+if path == "exact" and not exact_ready:
+    job = ground_truth.start_exact(*m.key, m.r_max, m.r_bar)
+    jobs.watch(job, "The exact figures are computed in the masking harness (every policy's thresholds, once per "
+                    "checkpoint, then cached on disk). Meanwhile the **fast path** is shown below.")
+gt = ground_truth.section(*m.key, m.r_max, m.r_bar, True) if path == "exact" and exact_ready else fast
+if exact_ready:
+    exact = gt if gt is not fast else ground_truth.section(*m.key, m.r_max, m.r_bar, True)
+    st.markdown(ground_truth.gap_sentence(exact, fast))
+st.caption(f"Showing the **{gt['path']} path**. " + (
+    "Exact: every policy runs in the masking harness, where a halted token stays in the context with its exit "
+    "state, as in real decoding (report.json's `ground_truth`)." if gt["path"] == "exact" else
+    "Fast: each answer is read off the uniform trace at its exit loop, as if every other token had looped to full "
+    "depth; it overstates the saving (report.json's `ground_truth_fast`)."))
+
 a1 = gt["policies"]["A1"]
 sp = a1["spearman_exit_vs_hops"]
 best = gt["best_uniform_depth"]
 c = st.columns(4)
-c[0].metric(f"Answer accuracy at r̄ = {m.r_bar}", f"{gt['uniform']['answer_accuracy'][m.r_bar - 1]:.1%}",
-            help=f"Over {gt['n_answers']} answers of {gt['n_programs']} held-out programs.")
+c[0].metric(f"Accuracy at r̄ = {m.r_bar}", f"{gt['uniform']['answer_accuracy'][m.r_bar - 1]:.1%}",
+            help=f"Answer accuracy over {gt['n_trained_answers']} answers at the trained hop counts "
+                 f"{gt['target_hops']} of {gt['n_programs']} held-out programs.")
 c[1].metric("Spearman(A1 exit, hops)", ground_truth.fmt_rho(sp).split(" [")[0],
             help=f"With its 95% bootstrap CI over programs: {ground_truth.fmt_rho(sp)}")
-c[2].metric("Smallest uniform depth reaching the target", f"{best}" if best else "none",
-            help=f"Target: answer accuracy ≥ {gt['target_accuracy']:.1%} (A0 at r̄ minus 1 point).")
+c[2].metric("Best uniform depth", f"{best}" if best else "none",
+            help=f"The smallest uniform depth whose answer accuracy reaches the target, "
+                 f"{gt['target_accuracy']:.1%} (A0 at r̄ minus 1 point).")
+ratio = a1["vs_best_uniform_loops_ratio"]
 c[3].metric("A1 mean loops", f"{a1['mean_loops']:.2f}",
-            delta=None if not a1["vs_best_uniform_loops_ratio"] else f"{a1['vs_best_uniform_loops_ratio']:.2f}× best uniform",
-            delta_color="off", help="Over all program tokens (answers and the rest), at A1's operating point.")
+            **(views.delta(ratio - 1, ".0%", f"more than depth {best}", f"fewer than depth {best}", "lower",
+                           f"as many as depth {best}") if ratio else {}),
+            help=f"Over all program tokens (answers and the rest), at A1's operating point; the change is against "
+                 f"the best uniform depth {best} ({ratio or 0:.2f}×).")
 
 charts.show(ground_truth.exit_vs_hops(gt), "exit_vs_hops", key="exit_vs_hops")
 charts.show(ground_truth.accuracy_vs_loops(gt), "accuracy_vs_loops", key="accuracy_vs_loops")
-st.dataframe(ground_truth.policy_table(gt), hide_index=True)
+st.dataframe(ground_truth.policy_table(gt, fast if gt is not fast else None), hide_index=True,
+             column_config={"Spearman(exit, hops) [95% CI]": st.column_config.TextColumn(width="medium")})
 
 st.subheader("One program, token by token")
-programs = st.session_state.setdefault("gt_programs", ground_truth.eval_programs(m))
+programs_key = f"gt_programs@{m.path}"
+programs = st.session_state.setdefault(programs_key, text.eval_programs(m))
 cols = st.columns([3, 1, 1])
-max_hops = cols[1].number_input("Max hop count", 1, gt["max_train_hops"] + 4, min(4, gt["max_train_hops"]),
-                                key="gt_max_hops")
-cols[2].button("New random program", key="gt_new", on_click=ground_truth.add_random_program, args=(m,))
-programs = st.session_state["gt_programs"]
-pick = cols[0].selectbox("Program", list(range(len(programs))), key="gt_pick",
-                         format_func=lambda i: ground_truth.program_label(programs, i))
-text = programs[pick]
-enc, hops = ground_truth.encode_program(m, text)
+max_hops = cols[1].number_input("Max hop count", 1, gt["max_train_hops"] + 4,
+                                **state.keep("gt_max_hops", min(4, gt["max_train_hops"]), scope=m.path))
+cols[2].button("New random program", key="gt_new", on_click=ground_truth.add_random_program, args=(m, programs_key))
+programs = st.session_state[programs_key]
+pick = cols[0].selectbox("Program", list(range(len(programs))),
+                         **state.keep("gt_pick", 0, scope=m.path, valid=lambda i: 0 <= i < len(programs)),
+                         format_func=lambda i: text.program_label(programs[i], i))
+enc, hops = text.encode_program(m, programs[pick])
 tr = compute.text_trace(*m.key, enc.ids, False)
 eps = state.eps_slider("ground_truth")
 out = compute.outcome(tr, compute.a1(eps, m.r_max))
 table = views.token_table(m, tr, enc, out)
 table["ground_truth"] = ground_truth.ground_truth_notes(hops)
 views.render_strip(m, table, f"A1 ε={eps:.1e}")
-st.dataframe(ground_truth.answer_table(table), hide_index=True)
+st.dataframe(ground_truth.answer_table(table, hops), hide_index=True)

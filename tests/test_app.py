@@ -50,14 +50,25 @@ def new_app() -> AppTest:
     return at
 
 
+def settle(at: AppTest) -> AppTest:
+    """Rerun until no background job (ui/jobs.py) is left: the page then shows its full results."""
+    from ui import jobs
+    while True:
+        assert not at.exception, [e.message for e in at.exception]
+        if not any(job.running for job in list(jobs._JOBS.values())):
+            return at
+        assert jobs.wait_all(TIMEOUT)
+        at.run()
+
+
 def goto(at: AppTest, page: str) -> AppTest:
     at.switch_page(f"pages/{page}.py").run()
     assert not at.exception, [e.message for e in at.exception]
-    return at
+    return settle(at)
 
 
 def submit_text(at: AppTest, text: str) -> AppTest:
-    at.text_area(key="text_area").input(text)
+    at.text_area[0].input(text)
     at.form_submit_button[0].click().run()
     assert not at.exception, [e.message for e in at.exception]
     return at
@@ -228,7 +239,7 @@ def test_curve_page_exact_mode_on_eval_windows(app_env):
     at = goto(new_app(), "curve")
     at.segmented_control(key="eval_mode").set_value("exact").run()
     at.select_slider(key="exact_windows").set_value(4).run()
-    assert not at.exception, [e.message for e in at.exception]
+    settle(at)  # the exact sweep runs in the background; the page reruns with it
     fig = curve_figure(at)
     assert "4 window(s), exact" in fig["layout"]["title"]["text"]
     assert len({t["name"] for t in fig["data"] if t.get("mode") == "lines+markers"}) == 5  # A0 is the zero line
@@ -241,7 +252,7 @@ def test_curve_page_exact_mode_on_pasted_text(app_env):
     at.segmented_control(key="source").set_value("text").run()
     at.segmented_control(key="eval_mode").set_value("exact").run()
     at.segmented_control(key="curve_view").set_value("absolute").run()
-    assert not at.exception, [e.message for e in at.exception]
+    settle(at)
     fig = curve_figure(at)
     assert {"A0 uniform depth", "A1 convergence exit (KL < ε)"} <= {t["name"] for t in fig["data"]}
     assert "exact" in fig["layout"]["title"]["text"]
@@ -337,10 +348,19 @@ def test_bad_checkpoints_show_messages_and_the_app_keeps_working(app_env):
 
 
 def test_typed_checkpoint_path(app_env):
-    at = new_app()
+    """A typed folder that cannot be used is refused with its reason; the selection, the picker and
+    the settings stay as they were. A usable one is added and selected."""
+    at = submit_text(new_app(), "Mia had 2 cats.")
+    eps_slider(at).set_value(-2.0).run()
+    before = at.session_state["checkpoint_path"]
     at.text_input(key="typed_path_input").input(str(app_env["missing"]) + "-typed").run()
-    assert at.session_state["checkpoint_path"].endswith("missing-typed")
     assert any("no such folder" in e.value for e in at.error)
+    assert at.session_state["checkpoint_path"] == before
+    assert not any("missing-typed" in o for o in at.selectbox(key="checkpoint_path").options)
+    assert eps_slider(at).value == -2.0 and at.text_area[0].value == "Mia had 2 cats."
+    assert [t["depth"] for t in strips(at)[0]] == engine_depths(app_env["ckpt"], "Mia had 2 cats.", 1e-2)[0].tolist()
+    at.text_input(key="typed_path_input").input(str(app_env["ckpt"])).run()
+    assert not at.error and at.session_state["checkpoint_path"] == str(app_env["ckpt"])
 
 
 def test_two_sessions_at_once_get_their_own_results(app_env):
@@ -379,3 +399,40 @@ def test_elasticity_page_compares_checkpoints_by_paired_difference(app_env, tmp_
     assert plotly_values(curve["y"]) == [0.0] * 32
     at.segmented_control(key="elastic_view").set_value("absolute").run()
     assert "Elasticity" in figures(at)[0]["layout"]["title"]["text"]
+
+
+def test_text_and_settings_survive_a_page_round_trip(app_env):
+    at = submit_text(new_app(), "Ben found 2 cakes.")
+    eps_slider(at).set_value(-2.0).run()
+    goto(at, "compare")
+    at.slider(key="cmp_r").set_value(2).run()
+    assert at.text_area[0].value == "Ben found 2 cakes." and eps_slider(at).value == -2.0
+    goto(at, "exits")
+    assert at.text_area[0].value == "Ben found 2 cakes." and eps_slider(at).value == -2.0
+    assert [t["depth"] for t in strips(at)[0]] == engine_depths(app_env["ckpt"], "Ben found 2 cakes.", 1e-2)[0].tolist()
+    goto(at, "compare")
+    assert at.slider(key="cmp_r").value == 2
+
+
+def test_metric_deltas_point_the_way_of_the_change_and_colour_its_meaning():
+    from ui.views import delta
+    slower = delta(-0.24, ".0%", "faster than uniform", "slower than uniform", "higher", "as fast")
+    assert slower == {"delta": "24% slower than uniform", "delta_arrow": "down", "delta_color": "inverse"}  # red
+    more_loops = delta(3.36, ".2f", "more loops", "fewer loops", "lower", "as many loops")
+    assert more_loops == {"delta": "3.36 more loops", "delta_arrow": "down", "delta_color": "inverse"}
+    fewer_loops = delta(-0.45, ".2f", "more loops", "fewer loops", "lower", "as many loops")
+    assert fewer_loops == {"delta": "0.45 fewer loops", "delta_arrow": "up", "delta_color": "normal"}  # green
+    assert delta(0.00004, ".3f", "worse", "better", "lower", "as good") == \
+        {"delta": "as good", "delta_arrow": "off", "delta_color": "off"}
+
+
+def test_strip_colours_span_the_depths_present():
+    """Exits at 3, 4 and 5 of r_max 16 get three clearly different colours, and the legend says the
+    scale spans 3–5 and marks r_max."""
+    from ui.strip import DepthScale, legend_html
+    scale = DepthScale.of([3, 4, 5, 4], 16)
+    colors = [scale.color(d) for d in (3, 4, 5)]
+    rgb = [tuple(int(c[i:i + 2], 16) for i in (1, 3, 5)) for c in colors]
+    assert min(sum(abs(a - b) for a, b in zip(x, y, strict=True)) for x, y in ((rgb[0], rgb[1]), (rgb[1], rgb[2]))) > 120
+    legend = legend_html(scale)
+    assert 'data-lo="3"' in legend and 'data-hi="5"' in legend and "r_max = 16" in legend and "3–5" in legend

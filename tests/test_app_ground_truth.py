@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
+from test_app import settle
 from tiny import make_tiny_hops_checkpoint
 
 from training.hops import hop_counts
@@ -29,8 +30,11 @@ def open_page() -> AppTest:
     at = AppTest.from_file("../app.py", default_timeout=TIMEOUT)
     at.run()
     at.switch_page("pages/ground_truth.py").run()
-    assert not at.exception, [e.message for e in at.exception]
-    return at
+    return settle(at)  # the eval trace, then the exact harness, run in the background
+
+
+def programs(at: AppTest, env) -> list[str]:
+    return at.session_state[f"gt_programs@{env['hops']}"]
 
 
 def tooltips(at: AppTest) -> list[str]:
@@ -49,23 +53,37 @@ def test_ground_truth_page_plots_and_tooltips(hops_env):
     lines = next(f for f in figs if f["layout"]["title"]["text"].startswith("Answer accuracy against loops"))
     assert len(lines["data"]) == 4  # hop counts 1..3 trained, 4 unseen
     assert any(m.label.startswith("Spearman") for m in at.metric)
+    # exact by default, the gap to the fast path in words; people's names and one colour per policy
+    assert at.segmented_control(key="gt_path").value == "exact"
+    assert any("Under real halting" in md.value and "full depth" in md.value for md in at.markdown)
+    names = [t["name"] for t in boxes["data"]]
+    assert not any("_" in n.split(" · ")[0] for n in names), names
+    colors = [t["marker"]["color"] for t in boxes["data"]]
+    assert len(set(colors)) == len(colors)
     # the picked program's `?` tokens say their answer's hop count, as the parser computes it
     program = at.selectbox(key="gt_pick").value
-    text = at.session_state["gt_programs"][program]
+    text = programs(at, hops_env)[program]
     expected = [h for h in hop_counts(text) if h]
-    notes = [int(m) for t in tooltips(at) for m in re.findall(r"predicts an answer (\d+) hops deep", t)]
+    notes = [int(m) for t in tooltips(at) for m in re.findall(r"predicts an answer (\d+) hops? deep", t)]
     assert notes == expected and notes
+    assert not any("1 hops" in t for t in tooltips(at))
+    answers = at.dataframe[-1].value
+    assert list(answers["right"].str[2:].unique()) != [] and set(answers["right"].str[2:]) <= {"right", "wrong"}
+    assert (answers["right"].str.endswith("right") == (answers["prediction"].str.strip()
+                                                          == answers["answer"].str.strip())).all()
+    at.segmented_control(key="gt_path").set_value("fast").run()
+    assert any("fast path" in c.value for c in at.caption)
 
 
 def test_new_random_program_has_the_chosen_max_hop_count(hops_env):
     at = open_page()
-    n = len(at.session_state["gt_programs"])
+    n = len(programs(at, hops_env))
     at.number_input(key="gt_max_hops").set_value(3).run()
     at.button(key="gt_new").click().run()
     assert not at.exception
-    assert len(at.session_state["gt_programs"]) == n + 1 and at.selectbox(key="gt_pick").value == n
-    assert max(hop_counts(at.session_state["gt_programs"][n])) == 3
-    notes = [int(m) for t in tooltips(at) for m in re.findall(r"predicts an answer (\d+) hops deep", t)]
+    assert len(programs(at, hops_env)) == n + 1 and at.selectbox(key="gt_pick").value == n
+    assert max(hop_counts(programs(at, hops_env)[n])) == 3
+    notes = [int(m) for t in tooltips(at) for m in re.findall(r"predicts an answer (\d+) hops? deep", t)]
     assert max(notes) == 3
 
 

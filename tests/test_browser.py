@@ -122,13 +122,16 @@ def shots(tmp_path_factory) -> Path:
 
 # -- waiting on the page -------------------------------------------------------------------------------
 def wait_idle(page) -> None:
-    """The script run is over and every chart has drawn (no skeletons left)."""
+    """The script run is over, no background computation is showing progress (ui/jobs.py: the page
+    reruns with its full results when one ends) and every chart has drawn (no skeletons left)."""
     page.wait_for_selector(IDLE, timeout=RUN_TIMEOUT_MS)
     page.wait_for_function("""() => {
         const charts = document.querySelectorAll("[data-testid='stPlotlyChart']");
         const drawn = Array.from(charts).every(c => c.querySelector('.js-plotly-plot .main-svg'));
-        return drawn && !document.querySelector("[data-testid='stSkeleton']");
+        return drawn && !document.querySelector("[data-testid='stSkeleton']")
+            && !document.querySelector("[data-testid='stProgress']");
     }""", timeout=RUN_TIMEOUT_MS)
+    page.wait_for_selector(IDLE, timeout=RUN_TIMEOUT_MS)
 
 
 def open_page(page, title: str) -> None:

@@ -276,7 +276,9 @@ def test_app_opens_the_fixture_folder_and_draws_the_token_strip(monkeypatch, tmp
     bodies = [el.proto.body for el in at.html if 'data-testid="token-strip"' in el.proto.body]
     assert len(bodies) == 1
     ck = load_checkpoint(FIXTURE)
-    ids = ck.tokenizer().encode(at.session_state["text"]).ids[:ck.config.max_seq_len]  # the app truncates
+    from ui.checkpoints import describe
+    text = at.session_state[f"text@{describe(FIXTURE).task}"]  # the pasted text is kept per task
+    ids = ck.tokenizer().encode(text).ids[:ck.config.max_seq_len]  # the app truncates
     depths = [int(d) for d in re.findall(r'data-testid="token" data-pos="\d+" data-depth="(\d+)"', bodies[0])]
     r_max = ck.meta["recipe"]["r_max"]
     expected = ConvergenceExit(1e-3, r_max=r_max).exit_depth(trace(ck, np.array(ids), 32, seed=0, cache=False))

@@ -139,3 +139,12 @@ def test_export_one_row_per_token_and_loop(tr, tmp_path):
     assert row.kl_prev == pytest.approx(tr.kl_prev[1, 3, 1])
     assert row.top2_id == tr.topk_ids[1, 3, 1, 1]
     assert len(pd.read_csv(tmp_path / "t.csv")) == N * T * L
+
+
+
+def test_a_progress_callback_hears_the_start_at_once(ckpt, windows, tr):
+    """(0, total) before the first batch ends, so the app draws its bar at once; (total, total) last."""
+    seen = []
+    trace(ckpt, windows, tr.max_loops, tr.seed, cache=False, progress=lambda done, total: seen.append((done, total)))
+    total = len(windows) * tr.max_loops
+    assert seen[0] == (0, total) and seen[-1] == (total, total)

@@ -45,6 +45,10 @@ class Entry:
         return str((self.meta or {}).get("checkpoint_id", ""))
 
     @property
+    def task(self) -> str:
+        return task_of(self.meta, self.path)
+
+    @property
     def recipe(self) -> Recipe | None:
         """The recipe (recur_core.model.recipe's fallback rule for missing fields); None if meta.json's is unusable."""
         try:
@@ -81,6 +85,15 @@ class Entry:
         fits = "" if free is None else (f", {human_bytes(free)} free" + (" — too large" if need > free else ""))
         return (f"{human_count(m['n_params'])} params · {m.get('dtype', '?')} · {human_bytes(m['weights_bytes'])} "
                 f"on disk · needs ≈ {human_bytes(need)} on {device}{fits}")
+
+
+def task_of(meta: dict | None, path: str) -> str:
+    """What a checkpoint reads, for keeping texts and comparing curves: its training data and its
+    tokenizer; a folder that says neither is a task of its own."""
+    m = meta or {}
+    dataset = (m.get("train_config") or {}).get("dataset") or m.get("data")
+    tokenizer = m.get("tokenizer")
+    return f"{dataset}|{tokenizer}" if dataset and tokenizer else f"folder:{path}"
 
 
 def human_count(n) -> str:

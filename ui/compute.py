@@ -24,9 +24,10 @@ from recur_core import CheckpointError, load_checkpoint
 from recur_core.analysis import allocation as alloc
 from recur_core.analysis import curves as analysis
 from recur_core.analysis.cache import TraceCache
+from recur_core.analysis.ground_truth import probe_answers
 from recur_core.analysis.probe import load_or_train_probes
 from recur_core.analysis.stats import Bootstrap
-from recur_core.analysis.trace import Trace, trace
+from recur_core.analysis.trace import Trace, is_cached, trace
 from recur_core.exits.policies import (
     ArgmaxStable,
     ConvergenceExit,
@@ -44,6 +45,7 @@ from recur_core.model.recipe import Recipe
 from recur_core.settings import SETTINGS
 from training.metrics_log import read_metrics
 
+from . import jobs
 from .strip import plain_visible
 
 S = SETTINGS  # seed, bootstrap, windows, loops, top-k and grids: the same as `python -m recur_core.analyze`
@@ -138,15 +140,17 @@ def decode_ids(path: str, ckpt_id: str, ids) -> list[str]:
 
 # -- progress ---------------------------------------------------------------------------------------
 class Progress:
-    """A recur_core progress callback (done, total) drawn as st.progress, created on first use."""
+    """A recur_core progress callback (done, total) drawn as st.progress, created on first use
+    (recur_core calls it with done 0 as the work starts)."""
 
-    def __init__(self, label: str):
-        self.label, self.bar = label, None
+    def __init__(self, label: str, unit: str = ""):
+        self.label, self.unit, self.bar = label, unit, None
 
     def __call__(self, done: int, total: int) -> None:
         if self.bar is None:
             self.bar = st.progress(0.0, text=self.label)
-        self.bar.progress(min(done / max(total, 1), 1.0), text=f"{self.label} ({done}/{total})")
+        unit = f" {self.unit}" if self.unit else ""
+        self.bar.progress(min(done / max(total, 1), 1.0), text=f"{self.label}: {done:,} / {total:,}{unit}")
 
     def close(self) -> None:
         if self.bar is not None:
@@ -154,18 +158,26 @@ class Progress:
 
 
 # -- traces -----------------------------------------------------------------------------------------
-@st.cache_resource(max_entries=6, show_spinner=False)
-def probes(path: str, ckpt_id: str, device: str) -> dict:
-    """A2's router probes (argmax and KL labels), from recur_core's probe cache or trained now; none
-    when r_max < 2 or the checkpoint ships no training-side (probe) windows to train them on."""
-    ckpt = _ckpt(path, ckpt_id, device)
+FIRST_LOOK_WINDOWS = 16  # a page's first look at the eval set, while the full trace runs in the background
+
+
+def _train_probes(ckpt, path: str, progress=None, cache_only: bool = False):
+    """A2's probes as `python -m recur_core.analyze` trains them (KL labels matched on answer
+    accuracy where there is ground truth); {} when r_max < 2 or no probe windows ship."""
     r_max = ckpt.recipe.r_max
     if r_max < 2 or not (Path(path) / "probe_windows.safetensors").is_file():
         return {}
-    bar = Progress("Training the A2 router probes (once per checkpoint)")
+    return load_or_train_probes(ckpt, r_max, S.seed, n_windows=S.probe_windows, tokens_per_window=S.probe_tokens,
+                                r_bar=min(ckpt.recipe.depth, r_max), answers=probe_answers(path, S.probe_windows),
+                                cache=TraceCache(), progress=progress, cache_only=cache_only)
+
+
+@st.cache_resource(max_entries=6, show_spinner=False)
+def probes(path: str, ckpt_id: str, device: str) -> dict:
+    """A2's router probes (argmax and KL labels), from recur_core's probe cache or trained now."""
+    bar = Progress("Training the A2 router probes (once per checkpoint)", "probe windows")
     try:
-        return load_or_train_probes(ckpt, r_max, S.seed, n_windows=S.probe_windows,
-                                    tokens_per_window=S.probe_tokens, cache=TraceCache(), progress=bar)
+        return _train_probes(_ckpt(path, ckpt_id, device), path, progress=bar)
     finally:
         bar.close()
 
@@ -174,17 +186,67 @@ def trace_loops(ckpt) -> int:
     return S.trace_loops(ckpt.recipe)
 
 
+def _eval_windows(ckpt):
+    return ckpt.windows("eval")[:S.windows]
+
+
 @st.cache_resource(max_entries=4, show_spinner=False)
 def eval_trace(path: str, ckpt_id: str, device: str) -> Trace:
     """The canonical trace: the first 128 eval windows to max(32, r_max) loops with A2's chances
     (the same key as `python -m recur_core.analyze`, so either one fills the disk cache)."""
     ckpt = _ckpt(path, ckpt_id, device)
     prb = probes(path, ckpt_id, device)
-    windows = ckpt.windows("eval")[:S.windows]
-    bar = Progress(f"Tracing {len(windows)} eval windows × {trace_loops(ckpt)} loops (cached on disk after this)")
+    windows = _eval_windows(ckpt)
+    bar = Progress(f"Tracing {len(windows)} eval windows × {trace_loops(ckpt)} loops (cached on disk after this)",
+                   "window-loops")
     try:
         return trace(ckpt, windows, trace_loops(ckpt), S.seed, topk=S.topk, probes=list(prb.values()),
                      cache=TraceCache(), progress=bar)
+    finally:
+        bar.close()
+
+
+def eval_trace_key(path: str, ckpt_id: str, device: str) -> tuple:
+    return "eval_trace", path, ckpt_id, device
+
+
+def eval_trace_ready(path: str, ckpt_id: str, device: str) -> bool:
+    """Whether the canonical trace can be had without a long wait: its background job finished, or
+    it and its probes are on disk (e.g. from `python -m recur_core.analyze`)."""
+    job = jobs.get(eval_trace_key(path, ckpt_id, device))
+    if job is not None:
+        return job.finished and not (job.error or job.stopped)
+    ckpt = _ckpt(path, ckpt_id, device)
+    prb = _train_probes(ckpt, path, cache_only=True)
+    return prb is not None and is_cached(ckpt, _eval_windows(ckpt), trace_loops(ckpt), S.seed, topk=S.topk,
+                                         probes=list(prb.values()), cache=TraceCache())
+
+
+def start_eval_trace(path: str, ckpt_id: str, device: str) -> jobs.Job:
+    """The background job that trains the probes and traces the eval windows into the disk cache."""
+    ckpt = _ckpt(path, ckpt_id, device)
+
+    def work(job: jobs.Job) -> None:
+        prb = _train_probes(ckpt, path, progress=job.progress("Training the A2 router probes", "probe windows"))
+        windows = _eval_windows(ckpt)
+        loops = trace_loops(ckpt)
+        trace(ckpt, windows, loops, S.seed, topk=S.topk, probes=list(prb.values()), cache=TraceCache(),
+              progress=job.progress(f"Tracing {len(windows)} eval windows × {loops} loops", "window-loops"))
+    return jobs.start(eval_trace_key(path, ckpt_id, device), work)
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def first_look_trace(path: str, ckpt_id: str, device: str) -> Trace:
+    """The first FIRST_LOOK_WINDOWS eval windows to r_max loops (every policy's cap), traced without
+    A2's probes (A0 / A1 only): what a page shows within seconds while the canonical trace runs in
+    the background."""
+    ckpt = _ckpt(path, ckpt_id, device)
+    windows = _eval_windows(ckpt)[:FIRST_LOOK_WINDOWS]
+    loops = min(trace_loops(ckpt), max(ckpt.recipe.r_max, 2))
+    bar = Progress(f"First look: tracing {len(windows)} eval windows × {loops} loops", "window-loops")
+    try:
+        return trace(ckpt, windows, loops, S.seed, topk=S.topk, cache=TraceCache(), progress=bar,
+                     batch_size=max(1, len(windows) // 2))  # two batches: both cores busy
     finally:
         bar.close()
 
@@ -194,19 +256,19 @@ def text_trace(path: str, ckpt_id: str, device: str, ids: tuple[int, ...], with_
     """Trace of one pasted text (token ids); with A2's chances when with_probes."""
     ckpt = _ckpt(path, ckpt_id, device)
     prb = list(probes(path, ckpt_id, device).values()) if with_probes else []
-    bar = Progress(f"Tracing {len(ids)} tokens × {trace_loops(ckpt)} loops")
+    bar = Progress(f"Tracing {len(ids)} tokens × {trace_loops(ckpt)} loops", "token-loops")
     try:
         return trace(ckpt, np.asarray(ids, dtype=np.int64), trace_loops(ckpt), S.seed, topk=S.topk, probes=prb,
-                     cache=TraceCache(), progress=bar)
+                     cache=TraceCache(), progress=lambda done, total: bar(done * len(ids), total * len(ids)))
     finally:
         bar.close()
 
 
 def source_trace(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None,
-                 with_probes: bool = True) -> Trace:
-    """The eval-window trace (ids None) or a pasted text's trace."""
+                 with_probes: bool = True, first_look: bool = False) -> Trace:
+    """The eval-window trace (ids None; its first look when first_look) or a pasted text's trace."""
     if ids is None:
-        return eval_trace(path, ckpt_id, device)
+        return first_look_trace(path, ckpt_id, device) if first_look else eval_trace(path, ckpt_id, device)
     return text_trace(path, ckpt_id, device, ids, with_probes)
 
 
@@ -272,11 +334,13 @@ def differences(curves: dict, boot: Bootstrap) -> dict[str, dict]:
 
 
 @st.cache_data(max_entries=16, show_spinner="Sweeping ε and τ over the trace…")
-def sweep_fast(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, r_max: int, r_bar: int) -> dict:
+def sweep_fast(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, r_max: int, r_bar: int,
+               first_look: bool = False) -> dict:
     """A0 / A1 / A2 allocation curves (fast path) with the matched-depth table, on the grids of
-    report.json (A1's ε grid holds every stop of the ε slider, so moving it only looks a point up)."""
-    tr = source_trace(path, ckpt_id, device, ids)
-    prb = probes(path, ckpt_id, device)
+    report.json (A1's ε grid holds every stop of the ε slider, so moving it only looks a point up);
+    first_look: A0 and A1 on the first look's windows (no probes yet)."""
+    tr = source_trace(path, ckpt_id, device, ids, first_look=first_look)
+    prb = {} if first_look else probes(path, ckpt_id, device)
     boot = Bootstrap(tr.n_windows, S.n_boot, S.seed)
     res = alloc.allocation(tr, boot, r_max, r_bar, probes=prb, gate=gate(path, ckpt_id, device))
     return {"report": res["report"], "curves": res["curves"], "diffs": differences(res["curves"], boot),
@@ -291,6 +355,29 @@ def _exact_inputs(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | N
         n = min(n_windows, full.n_windows)
         return ckpt, full.subset(range(n)), ckpt.windows("eval")[:n]
     return ckpt, text_trace(path, ckpt_id, device, ids, True), np.asarray(ids, dtype=np.int64)
+
+
+def exact_key(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, n_windows: int) -> tuple:
+    return "exact_sweep", path, ckpt_id, device, ids, n_windows
+
+
+def start_exact_sweep(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, r_max: int, r_bar: int,
+                      n_windows: int) -> jobs.Job:
+    """The background job that runs the exact plan into the harness's disk cache (read back by
+    sweep_exact). Its inputs come from recur_core's disk caches (the page has traced them)."""
+    ckpt = _ckpt(path, ckpt_id, device)
+
+    def work(job: jobs.Job) -> None:
+        prb = _train_probes(ckpt, path)
+        inputs = _eval_windows(ckpt)[:n_windows] if ids is None else np.asarray(ids, dtype=np.int64)
+        tr = trace(ckpt, _eval_windows(ckpt) if ids is None else inputs, trace_loops(ckpt), S.seed, topk=S.topk,
+                   probes=list(prb.values()), cache=TraceCache())
+        tr = tr.subset(range(min(n_windows, tr.n_windows))) if ids is None else tr
+        alloc.allocation(tr, Bootstrap(tr.n_windows, S.n_boot, S.seed), r_max, r_bar, probes=prb,
+                         exact=(ckpt, inputs), cache=TraceCache(),
+                         progress=job.progress(f"Exact masking harness on {tr.n_windows} window(s), one pass per round",
+                                               "window passes"))
+    return jobs.start(exact_key(path, ckpt_id, device, ids, n_windows), work)
 
 
 def exact_cached(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, r_max: int, r_bar: int,
@@ -326,18 +413,18 @@ def sweep_exact(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | Non
 
 # -- convergence, classes, elasticity --------------------------------------------------------------
 @st.cache_data(max_entries=16, show_spinner="Measuring convergence…")
-def convergence(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None) -> dict:
-    tr = source_trace(path, ckpt_id, device, ids, with_probes=ids is None)
+def convergence(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, first_look: bool = False) -> dict:
+    tr = source_trace(path, ckpt_id, device, ids, with_probes=ids is None, first_look=first_look)
     return analysis.convergence(tr, Bootstrap(tr.n_windows, S.n_boot, S.seed))
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
 def exit_depths(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, eps: float,
-                r_max: int) -> dict:
+                r_max: int, first_look: bool = False) -> dict:
     """A1's exit depth of every scored token at eps: depths and converged flags (flattened)."""
-    tr = source_trace(path, ckpt_id, device, ids, with_probes=ids is None)
+    tr = source_trace(path, ckpt_id, device, ids, with_probes=ids is None, first_look=first_look)
     out = outcome(tr, a1(eps, r_max))
-    scored = tr.has_target
+    scored = tr.scored
     return {"depth": out.depth[scored], "converged": out.converged[scored], "mean_loops": out.mean_loops,
             "loss": out.loss}
 
@@ -349,10 +436,10 @@ def vocab_classes(path: str, ckpt_id: str, vocab_size: int) -> np.ndarray:
 
 @st.cache_data(max_entries=32, show_spinner="Exit depth by token class…")
 def token_classes(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, eps: float,
-                  r_max: int, vocab_size: int) -> dict:
+                  r_max: int, vocab_size: int, first_look: bool = False) -> dict:
     """analysis.token_classes at A1(eps), plus the tokens of each class: one row per token id with
     its count and mean exit depth over the scored positions where it occurs."""
-    tr = source_trace(path, ckpt_id, device, ids, with_probes=ids is None)
+    tr = source_trace(path, ckpt_id, device, ids, with_probes=ids is None, first_look=first_look)
     classes = vocab_classes(path, ckpt_id, vocab_size)
     policy = a1(eps, r_max)
     summary = analysis.token_classes(tr, classes, policy, Bootstrap(tr.n_windows, S.n_boot, S.seed))
@@ -362,16 +449,18 @@ def token_classes(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | N
 
 
 @st.cache_data(max_entries=16, show_spinner="Loss at every depth…")
-def elasticity(path: str, ckpt_id: str, device: str) -> dict:
-    tr = eval_trace(path, ckpt_id, device)
+def elasticity(path: str, ckpt_id: str, device: str, first_look: bool = False) -> dict:
+    tr = source_trace(path, ckpt_id, device, None, first_look=first_look)
     return analysis.elasticity(tr, Bootstrap(tr.n_windows, S.n_boot, S.seed))
 
 
 @st.cache_data(max_entries=16, show_spinner="Paired differences…")
-def elasticity_difference(path: str, ckpt_id: str, ref_path: str, ref_id: str, device: str) -> dict:
+def elasticity_difference(path: str, ckpt_id: str, ref_path: str, ref_id: str, device: str,
+                          first_look: bool = False) -> dict:
     """Loss at each depth minus the reference checkpoint's, paired over the same eval windows
-    (ValueError when the two checkpoints do not share their eval windows)."""
-    tr, ref = eval_trace(path, ckpt_id, device), eval_trace(ref_path, ref_id, device)
+    (ValueError when the two checkpoints do not share their eval windows); first_look: on both
+    first looks."""
+    tr, ref = (source_trace(p, i, device, None, first_look=first_look) for p, i in ((path, ckpt_id), (ref_path, ref_id)))
     return analysis.elasticity_difference(tr, ref, Bootstrap(ref.n_windows, S.n_boot, S.seed))
 
 

@@ -11,7 +11,9 @@ from recur_core.decoding.decode import generate
 from recur_core.exits.policies import ConvergenceExit, LatentDiff, Uniform
 
 from . import compute
-from .strip import TokenView, legend_html, strip_html, tooltip
+from .strip import DepthScale, TokenView, legend_html, strip_html, tooltip
+from .text import examples_for, reads_programs
+from .views import delta
 
 POLICIES = {"a1": "A1 convergence exit: KL(p_i ‖ p_i−1) < ε",
             "latent": "Latent difference: ‖s_i − s_i−1‖ / ‖s_i‖ < δ (no coda or head per loop)",
@@ -52,23 +54,39 @@ def policy_label(kind: str, threshold) -> str:
     return {"a1": f"A1 ε = {threshold:.0e}", "latent": f"Latent δ = {threshold:g}", "a0": f"A0 r = {threshold}"}[kind]
 
 
-def legend(cap: int) -> str:
-    return legend_html(cap, "exit loop of each new token", not_converged=False)
+def legend(scale: DepthScale) -> str:
+    return legend_html(scale, "exit loop of each new token", not_converged=False)
 
 
-def strip(pieces, depths, cap: int, policy: str) -> str:
+def strip(pieces, depths, scale: DepthScale, policy: str) -> str:
     """New tokens coloured by the exit loop of the step that produced them."""
-    tokens = [TokenView(p, d, True, tooltip(i, p, d, True, cap, policy=policy))
+    tokens = [TokenView(p, d, True, tooltip(i, p, d, True, scale.r_max, policy=policy))
               for i, (p, d) in enumerate(zip(pieces, depths, strict=True))]
-    return strip_html(tokens, cap, policy=policy)
+    return strip_html(tokens, scale, policy=policy)
+
+
+PROSE_PROMPTS = ("Once upon a time, there was a little girl named Lily.\nTom had a red ball.\n"
+                 "The sun was hot and the dog was tired.\nMia found a box in the park.")
+
+
+def default_prompts(model: compute.SelectedCheckpoint) -> str:
+    """Prompts, one per line: for a hops checkpoint, held-out programs up to their first query (the
+    model writes the answer); prose otherwise."""
+    if not reads_programs(model) or not model.has_windows:
+        return PROSE_PROMPTS
+    programs = list(examples_for(model).values())[:4]
+    return "\n".join(p[:p.index("?") + 1] if "?" in p else p for p in programs)
 
 
 def speed_metrics(label: str, uniform_label: str, run, base, r_bar: int) -> None:
     """Three metrics side by side: the policy's tokens/s (and its ratio to uniform depth), uniform
     depth r_bar's tokens/s, and the policy's mean loops per new token against r_bar."""
     c = st.columns(3)
-    c[0].metric(f"{label} tokens/s", f"{run.tokens_per_s:.1f}", f"{run.tokens_per_s / base.tokens_per_s:.2f}× uniform r̄",
-                delta_color="off")
+    ratio = run.tokens_per_s / base.tokens_per_s
+    c[0].metric(f"{label} tokens/s", f"{run.tokens_per_s:.1f}",
+                **delta(ratio - 1, ".0%", f"faster than uniform r̄ ({ratio:.2f}×)",
+                        f"slower than uniform r̄ ({ratio:.2f}×)", "higher", "as fast as uniform r̄"))
     c[1].metric(f"{uniform_label} tokens/s", f"{base.tokens_per_s:.1f}")
-    c[2].metric("Mean loops per new token", f"{run.mean_loops:.2f}", f"{run.mean_loops - r_bar:+.2f} vs r̄",
-                delta_color="inverse")
+    c[2].metric("Mean loops per new token", f"{run.mean_loops:.2f}",
+                **delta(run.mean_loops - r_bar, ".2f", "more loops than r̄", "fewer loops than r̄", "lower",
+                        "as many loops as r̄"))

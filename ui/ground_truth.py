@@ -2,7 +2,9 @@
 
 Only for checkpoints that carry ground truth (training/hops.py; recur_core.analysis.ground_truth). The
 eval-set numbers are `recur_core.analysis.ground_truth.ground_truth_section` on the same trace and grids as
-`python -m recur_core.analyze`, so the page and report.json agree.
+`python -m recur_core.analyze`, so the page and report.json agree: exact (the masking harness, as
+real halting) by default, computed in the background into the harness's disk cache the first time,
+and the fast path one click away.
 """
 from __future__ import annotations
 
@@ -10,19 +12,32 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from recur_core.analysis.ground_truth import eos_id, ground_truth_section, load_ground_truth
+from recur_core.analysis.cache import TraceCache
+from recur_core.analysis.exact import exact_results
+from recur_core.analysis.ground_truth import (
+    eos_id,
+    ground_truth_section,
+    load_ground_truth,
+    operating_point_families,
+)
 from recur_core.analysis.stats import Bootstrap
+from recur_core.analysis.trace import trace
 from recur_core.settings import SETTINGS
-from training.hops import HopsTask, hop_counts, is_hops, random_program, token_hops
+from training.hops import HopsTask, is_hops, random_program
 
-from . import compute
-from .charts import FAMILY_COLORS, PALETTE, base_layout
-from .text import Encoded
+from . import compute, jobs, state
+from .charts import FAMILY_COLORS, FAMILY_NAMES, PALETTE, base_layout
 
-POLICY_NAMES = {"A1": "A1 convergence exit", "A2_argmax": "A2 router (argmax labels)",
-                "A2_kl": "A2 router (KL labels)", "latent": "latent rule (Huginn)"}
-POLICY_COLORS = {**FAMILY_COLORS, "latent": "#e45756"}
-EOS_PIECE = "␄"  # how the program's leading <|endoftext|> is drawn
+POLICY_NAMES = {**FAMILY_NAMES, "A1": "A1 convergence exit", "latent": "latent rule (Huginn)",
+                "huginn_kl": "KL, Huginn's direction", "huginn_entropy": "entropy difference (Huginn)",
+                "huginn_cosine": "cosine change (Huginn)", "huginn_argmax": "argmax stability (Huginn)"}
+POLICY_COLORS = {**FAMILY_COLORS, "latent": "#9d755d", "huginn_kl": "#ff9da6", "huginn_entropy": "#bab0ac",
+                 "huginn_cosine": "#eeca3b", "huginn_argmax": "#17becf"}  # one colour per policy, none shared
+
+
+def policy_name(key: str) -> str:
+    """A policy's name for people (report.json's key never shows)."""
+    return POLICY_NAMES.get(key, key.replace("_", " "))
 
 
 def fmt_rho(estimate: dict) -> str:
@@ -42,41 +57,81 @@ def task_of(model: compute.SelectedCheckpoint) -> HopsTask:
     return HopsTask.parse(dataset if is_hops(dataset) else "hops")
 
 
-@st.cache_data(max_entries=8, show_spinner="Scoring exits against the hop counts…")
-def section(path: str, ckpt_id: str, device: str, r_max: int, r_bar: int) -> dict:
-    """The report's ground_truth section on the canonical eval trace."""
-    tr = compute.eval_trace(path, ckpt_id, device)
+def _inputs(path: str, ckpt_id: str, device: str):
+    """(trace, hops, max_train_hops, eos, probes, windows) of the canonical eval trace, read through
+    recur_core and its disk cache (no Streamlit: the background job calls it too)."""
+    ckpt = compute._ckpt(path, ckpt_id, device)
+    prb = compute._train_probes(ckpt, path)
+    windows = ckpt.windows("eval")[:SETTINGS.windows]
+    tr = trace(ckpt, windows, compute.trace_loops(ckpt), SETTINGS.seed, topk=SETTINGS.topk, probes=list(prb.values()),
+               cache=TraceCache())
     hops, max_train = load_ground_truth(path)
-    eos = eos_id(compute.tokenizer(path, ckpt_id))
+    return ckpt, tr, hops, max_train, eos_id(compute.tokenizer(path, ckpt_id)), prb, windows
+
+
+def _section(path: str, ckpt_id: str, device: str, r_max: int, r_bar: int, exact: bool, progress=None) -> dict:
+    ckpt, tr, hops, max_train, eos, prb, windows = _inputs(path, ckpt_id, device)
     return ground_truth_section(tr, hops, max_train, eos, r_max, r_bar, Bootstrap(tr.n_windows, SETTINGS.n_boot, SETTINGS.seed),
-                                compute.probes(path, ckpt_id, device), SETTINGS.eps_grid, SETTINGS.tau_grid)
+                                prb, SETTINGS.eps_grid, SETTINGS.tau_grid, exact=(ckpt, windows) if exact else None,
+                                cache=TraceCache() if exact else False, progress=progress)
 
 
-def eval_programs(model: compute.SelectedCheckpoint, n: int = 32) -> list[str]:
-    """The first n held-out programs as text (EOS and padding removed)."""
-    ckpt = compute.checkpoint(model.path, model.device)
-    tok = compute.tokenizer(model.path, model.checkpoint_id)
-    eos = eos_id(tok)
-    return [tok.decode([i for i in w.tolist() if i != eos]) for w in ckpt.windows("eval")[:n]]
+@st.cache_data(max_entries=8, show_spinner="Scoring exits against the hop counts…")
+def section(path: str, ckpt_id: str, device: str, r_max: int, r_bar: int, exact: bool) -> dict:
+    """The report's ground_truth section on the canonical eval trace: exact (report.json's
+    `ground_truth`) or fast (`ground_truth_fast`)."""
+    return _section(path, ckpt_id, device, r_max, r_bar, exact)
 
 
-def add_random_program(model: compute.SelectedCheckpoint) -> None:
+_EXACT_READY: set[tuple] = set()
+
+
+def exact_key(path: str, ckpt_id: str, device: str) -> tuple:
+    return "exact_ground_truth", path, ckpt_id, device
+
+
+def exact_ready(path: str, ckpt_id: str, device: str, r_max: int) -> bool:
+    """Whether the exact section is in the harness's disk cache (e.g. from `python -m recur_core.analyze`)."""
+    key = exact_key(path, ckpt_id, device)
+    job = jobs.get(key)
+    if key in _EXACT_READY or (job is not None and job.finished and not (job.error or job.stopped)):
+        return True
+    ckpt, tr, _, _, _, prb, windows = _inputs(path, ckpt_id, device)
+    families = operating_point_families(min(r_max, tr.max_loops), prb, SETTINGS.eps_grid, SETTINGS.tau_grid)
+    flat = [p for family in families.values() for p in family]
+    if exact_results(ckpt, windows, flat, tr.max_loops, tr.seed, cache=TraceCache(), cache_only=True) is None:
+        return False
+    _EXACT_READY.add(key)  # on disk now: no need to read it all again on every rerun
+    return True
+
+
+def start_exact(path: str, ckpt_id: str, device: str, r_max: int, r_bar: int) -> jobs.Job:
+    """The background job that runs every policy's thresholds in the masking harness (cached on disk)."""
+    def work(job: jobs.Job) -> None:
+        _section(path, ckpt_id, device, r_max, r_bar, True,
+                 progress=job.progress("Exact masking harness, every policy's thresholds", "window passes"))
+    return jobs.start(exact_key(path, ckpt_id, device), work)
+
+
+def gap_sentence(exact: dict, fast: dict, policy: str = "A1") -> str:
+    """The fast path's overstatement in words, for one policy at its operating points."""
+    e, f = exact["policies"][policy], fast["policies"][policy]
+    return (f"Under real halting (exact), {policy_name(policy)} needs **{e['mean_loops']:.2f}** mean loops to come within "
+            f"{100 * exact['tolerance']:.0f} point of A0's answer accuracy at r̄ = {exact['r_bar']}; if every other "
+            f"token stayed at full depth (the fast path) it would need **{f['mean_loops']:.2f}**.")
+
+
+def add_random_program(model: compute.SelectedCheckpoint, programs_key: str) -> None:
     """Button callback: a new seeded program with the chosen max hop count, appended and picked."""
     seed = st.session_state.get("gt_seed", 0) + 1
     text = random_program(task_of(model), seed, int(st.session_state["gt_max_hops"])).text
     st.session_state["gt_seed"] = seed
-    st.session_state["gt_programs"] = [*st.session_state["gt_programs"], text]
-    st.session_state["gt_pick"] = len(st.session_state["gt_programs"]) - 1
+    st.session_state[programs_key] = [*st.session_state[programs_key], text]
+    state.set_kept("gt_pick", len(st.session_state[programs_key]) - 1, scope=model.path)
 
 
-def encode_program(model: compute.SelectedCheckpoint, text: str) -> tuple[Encoded, list[int]]:
-    """EOS + the program's tokens (one per statement, query, answer or `;`), as the model was
-    trained, and the hop count each token carries (answers only; 0 elsewhere)."""
-    tok = compute.tokenizer(model.path, model.checkpoint_id)
-    ids, hops = token_hops(tok, text)
-    pieces = [EOS_PIECE] + [tok.id_to_token(i) for i in ids[1:]]
-    n = model.max_seq_len
-    return Encoded(tuple(ids[:n]), tuple(pieces[:n]), len(ids), n), hops[:n]
+def hop_words(n: int) -> str:
+    return f"{n} hop" + ("" if n == 1 else "s")
 
 
 def ground_truth_notes(hops: list[int]) -> list[str]:
@@ -85,9 +140,9 @@ def ground_truth_notes(hops: list[int]) -> list[str]:
     notes = [""] * len(hops)
     for t in range(len(hops)):
         if t + 1 < len(hops) and hops[t + 1]:
-            notes[t] = f"ground truth: predicts an answer {hops[t + 1]} hops deep"
+            notes[t] = f"ground truth: predicts an answer {hop_words(hops[t + 1])} deep"
         elif hops[t]:
-            notes[t] = f"ground truth: answer token, {hops[t]} hops deep (predicted at the query before it)"
+            notes[t] = f"ground truth: answer token, {hop_words(hops[t])} deep (predicted at the query before it)"
     return notes
 
 
@@ -98,7 +153,7 @@ def exit_vs_hops(gt: dict) -> go.Figure:
     hops = np.asarray(gt["answers"]["hops"])
     for name, depths in gt["answers"]["exit_depth"].items():
         pol = gt["policies"][name]
-        label = f"{POLICY_NAMES.get(name, name)} · ρ = {fmt_rho(pol['spearman_exit_vs_hops'])}"
+        label = f"{policy_name(name)} · ρ = {fmt_rho(pol['spearman_exit_vs_hops'])}"
         fig.add_trace(go.Box(x=hops, y=depths, name=label, boxpoints="all", jitter=0.4, pointpos=0,
                              marker=dict(size=3, color=POLICY_COLORS.get(name, "#888")),
                              line=dict(color=POLICY_COLORS.get(name, "#888"))))
@@ -117,7 +172,7 @@ def accuracy_vs_loops(gt: dict) -> go.Figure:
     for i, h in enumerate(gt["hop_counts"]):
         past = h > gt["max_train_hops"]
         fig.add_trace(go.Scatter(x=loops, y=gt["uniform"]["accuracy_by_hops"][str(h)], mode="lines+markers",
-                                 name=f"{h} hop{'s' if h > 1 else ''}" + (" (unseen)" if past else ""),
+                                 name=hop_words(h) + (" (unseen)" if past else ""),
                                  line=dict(color=PALETTE[i % len(PALETTE)], dash="dash" if past else "solid"),
                                  marker=dict(size=4)))
     fig.add_vline(x=gt["r_bar"], line_dash="dot", line_color="#999", annotation_text=f"r̄ = {gt['r_bar']}")
@@ -126,28 +181,34 @@ def accuracy_vs_loops(gt: dict) -> go.Figure:
 
 
 # -- tables -----------------------------------------------------------------------------------------
-def policy_table(gt: dict):
-    """One row per policy at its operating point, with both baselines."""
+def policy_table(gt: dict, fast: dict | None = None):
+    """One row per policy at its operating point, with both baselines (and, beside an exact section,
+    the fast path's mean loops at its own operating point)."""
     import pandas as pd
     rows = []
     for name, pol in gt["policies"].items():
-        sp = pol["spearman_exit_vs_hops"]
-        rows.append({"policy": POLICY_NAMES.get(name, name), "threshold": pol["threshold"],
-                     "answer accuracy": pol["answer_accuracy"], "mean loops (all tokens)": pol["mean_loops"],
-                     "mean loops (answers)": pol["answer_mean_loops"],
-                     "vs A0 at r̄": pol["vs_a0_rbar_loops_ratio"],
-                     f"vs best uniform ({gt['best_uniform_depth']})": pol["vs_best_uniform_loops_ratio"],
-                     "Spearman(exit, hops)": sp["value"], "CI low": sp["ci_low"], "CI high": sp["ci_high"],
-                     "matches A0 at r̄": pol["matches_a0_rbar"]})
+        row = {"policy": policy_name(name), "threshold": pol["threshold"], "answer accuracy": pol["answer_accuracy"],
+               "mean loops": pol["mean_loops"]}
+        if fast is not None:
+            row["mean loops, fast path"] = fast["policies"][name]["mean_loops"]
+        row.update({"loops on answers": pol["answer_mean_loops"], "× A0 at r̄": pol["vs_a0_rbar_loops_ratio"],
+                    "× best uniform": pol["vs_best_uniform_loops_ratio"],
+                    "Spearman(exit, hops) [95% CI]": fmt_rho(pol["spearman_exit_vs_hops"]),
+                    "matches A0 at r̄": pol["matches_a0_rbar"]})
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
-def program_label(programs: list[str], i: int) -> str:
-    deepest = max(hop_counts(programs[i]) or [0])
-    return f"#{i} · deepest answer {deepest} hop{'s' if deepest != 1 else ''} · {programs[i][:40]}…"
-
-
-def answer_table(table):
-    """The query tokens of a program's token table: what each predicts, at which exit depth."""
-    rows = table[table.ground_truth.str.startswith("ground truth: predicts")]
-    return rows[["position", "ground_truth", "exit_depth", "top_prediction", "top_prob"]]
+def answer_table(table, hops: list[int]):
+    """The query tokens of a program's token table (position t predicts t + 1): its answer's hop
+    count, its exit depth, what it predicts there, the answer, and whether the prediction is right."""
+    import pandas as pd
+    at = [t for t in range(min(len(hops), len(table)) - 1) if hops[t + 1]]
+    rows = table.iloc[at]
+    answers = [table.token.iloc[t + 1] for t in at]
+    predicted = rows.top_prediction.tolist()
+    return pd.DataFrame({"position": at, "hops": [hop_words(hops[t + 1]) for t in at],
+                         "exit depth": rows.exit_depth.tolist(), "prediction": predicted, "answer": answers,
+                         "right": ["✓ right" if p.strip() == a.strip() else "✗ wrong"
+                                   for p, a in zip(predicted, answers, strict=True)],
+                         "p(prediction)": rows.top_prob.tolist()})

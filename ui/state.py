@@ -1,26 +1,66 @@
 """Session state and the controls shared between pages: the sidebar (checkpoint and device), the text
 form, the ε slider and the data-source switch.
 
+Streamlit forgets a widget's value once a run does not draw it (another page, a page stopped by an
+error), so every value a researcher sets lives in a plain session key that no run deletes, and the
+widget is (re)filled from it before it draws (`keep`). Values that only make sense for one
+checkpoint (a depth up to its r_max, a probe kind) are kept per checkpoint; the pasted text is kept
+per task and tokenizer (`checkpoints.task_of`: a hops program is not prose).
+
 Session keys (one browser tab = one session):
   checkpoint_path  the selected checkpoint folder (absolute; `require_model` opens it for every page)
   device           "cpu", "cuda", ...
-  text             the submitted text, shared by every page that reads pasted text
-  text_area        the text box's draft; eps_log10, source: shared widget values
+  text@<task>      the submitted text of that task, shared by every page that reads pasted text
+  eps_log10        A1's ε (log10), shared by every page's ε slider
+  kept:<key>@<scope>  a widget's value for one checkpoint (or task)
+  typed_paths, typed_path_error  folders added in the sidebar, and why the last one was refused
 """
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any, Callable
 
 import streamlit as st
 
 from recur_core import CheckpointError
 
-from . import compute
-from .checkpoints import default_path, describe, discover, expand
-from .text import EXAMPLES, Encoded, encode
+from . import compute, jobs
+from .checkpoints import default_path, describe, discover, expand, task_of
+from .text import Encoded, encode_for, examples_for
+from .views import plain_md
+
+_MISSING = object()
 
 
+# -- values that outlive their widgets --------------------------------------------------------------------
+def keep(key: str, default: Any, scope: str = "", store: str | None = None,
+         valid: Callable[[Any], bool] | None = None) -> dict:
+    """Keyword arguments (key, on_change, args) for a widget whose value outlives it: the value lives
+    in session key `store` (default kept:<key>@<scope>), which fills the widget before it draws
+    whenever the widget's own value is missing (Streamlit dropped it) or stale (set elsewhere, or
+    another scope's); the widget's on_change writes it back. `valid` rejects a stored value that no
+    longer fits (then `default`). Do not also pass the widget a default value."""
+    store = store or f"kept:{key}@{scope}"
+    value = st.session_state.get(store, default)
+    if valid is not None and not valid(value):
+        value = default
+    st.session_state[store] = value
+    if st.session_state.get(key, _MISSING) != value:
+        st.session_state[key] = value
+    return {"key": key, "on_change": _write_back, "args": (key, store)}
+
+
+def set_kept(key: str, value: Any, scope: str = "") -> None:
+    """Set a kept widget's value from a callback (before the widget draws again)."""
+    st.session_state[f"kept:{key}@{scope}"] = st.session_state[key] = value
+
+
+def _write_back(key: str, store: str) -> None:
+    st.session_state[store] = st.session_state[key]
+
+
+# -- sidebar ------------------------------------------------------------------------------------------
 def devices() -> list[str]:
     import torch
     out = ["cpu"]
@@ -31,16 +71,22 @@ def devices() -> list[str]:
     return out
 
 
-# -- sidebar ------------------------------------------------------------------------------------------
 def _add_typed_path() -> None:
+    """Add a typed folder and select it; a folder that cannot be used is refused with its reason,
+    and the selection and every setting stay as they were."""
     typed = st.session_state.get("typed_path_input", "").strip()
+    st.session_state["typed_path_error"] = None
     if not typed:
         return
     found = expand(Path(typed), explicit=True)  # a checkpoint, or the first one in a folder of them
+    entry = describe(found[0])
+    if not entry.ok:
+        st.session_state["typed_path_error"] = entry.error
+        return
     paths = st.session_state.setdefault("typed_paths", [])
     if typed not in paths:
         paths.append(typed)
-    st.session_state["checkpoint_path"] = describe(found[0]).path
+    st.session_state["checkpoint_path"] = entry.path
     st.session_state["typed_path_input"] = ""
 
 
@@ -67,9 +113,12 @@ def sidebar() -> None:
                 if entry.meta.get("memory_estimate"):
                     st.caption(entry.size_line(st.session_state.get("device", "cpu")))
             else:
-                st.error(entry.error)
+                st.error(plain_md(entry.error))
         st.text_input("Add a checkpoint folder", key="typed_path_input", on_change=_add_typed_path,
                       placeholder="/path/to/checkpoint", help="A checkpoint folder, or a folder of them.")
+        if st.session_state.get("typed_path_error"):
+            st.error("Not added: " + plain_md(st.session_state["typed_path_error"]) +
+                     "  \nThe selection and settings are unchanged.")
         options = devices()
         if st.session_state.get("device") not in options:
             st.session_state["device"] = options[0]
@@ -96,12 +145,12 @@ def require_model() -> compute.SelectedCheckpoint:
         st.stop()
     entry = describe(path)
     if not entry.ok:
-        st.error(f"**This checkpoint cannot be used.** {entry.error}  \nPick another one in the sidebar.")
+        st.error(f"**This checkpoint cannot be used.** {plain_md(entry.error)}  \nPick another one in the sidebar.")
         st.stop()
     try:
         model = compute.open_model(path, st.session_state.get("device", "cpu"))
     except (CheckpointError, OSError, ValueError, RuntimeError) as err:
-        st.error(f"**This checkpoint cannot be used.** {err}  \nPick another one in the sidebar.")
+        st.error(f"**This checkpoint cannot be used.** {plain_md(str(err))}  \nPick another one in the sidebar.")
         st.stop()
     if model.id_mismatch:
         st.warning(model.id_mismatch)
@@ -109,37 +158,59 @@ def require_model() -> compute.SelectedCheckpoint:
 
 
 # -- pasted text ----------------------------------------------------------------------------------------
-def _use_example() -> None:
-    name = st.session_state.get("example")
-    if name in EXAMPLES:
-        st.session_state["text_area"] = st.session_state["text"] = EXAMPLES[name]
+def task_scope(model: compute.SelectedCheckpoint) -> str:
+    """The scope of values kept per task and tokenizer (texts, prompts)."""
+    return task_of(model.meta, model.path)
 
 
-def _submit_text() -> None:
-    st.session_state["text"] = st.session_state.get("text_area", "")
+def text_key(model: compute.SelectedCheckpoint) -> str:
+    """The session key of the submitted text for this checkpoint's task and tokenizer."""
+    return f"text@{task_scope(model)}"
 
 
-def text_form(form_key: str) -> str:
-    """Example picker + a text box in a form; returns the submitted (shared) text."""
-    st.session_state.setdefault("text", next(iter(EXAMPLES.values())))
-    st.session_state.setdefault("text_area", st.session_state["text"])
-    st.selectbox("Example prompts", list(EXAMPLES), index=None, key="example", on_change=_use_example,
-                 placeholder="Pick an example (analysed at once)…")
+def current_text(model: compute.SelectedCheckpoint) -> str:
+    """The submitted text of this checkpoint's task (its first example until one is submitted)."""
+    return st.session_state.setdefault(text_key(model), next(iter(examples_for(model).values())))
+
+
+def _use_example(model: compute.SelectedCheckpoint, key: str) -> None:
+    examples = examples_for(model)
+    name = st.session_state.get(key)
+    if name in examples:
+        st.session_state[text_key(model)] = examples[name]
+
+
+def _submit_text(area_key: str, store: str) -> None:
+    st.session_state[store] = st.session_state.get(area_key, "")
+
+
+def text_form(model: compute.SelectedCheckpoint, form_key: str) -> str:
+    """Example picker + a text box in a form; returns the submitted text (shared by the pages, per
+    task). The box always opens on the submitted text, the one the page analyses."""
+    store, area = text_key(model), f"{form_key}_text"
+    submitted = current_text(model)
+    synced = st.session_state.setdefault("text_synced", {})
+    if st.session_state.get(area, _MISSING) is _MISSING or synced.get(area) != (store, submitted):
+        st.session_state[area] = submitted  # first show, dropped by Streamlit, or submitted elsewhere
+    synced[area] = (store, submitted)
+    example_key = f"example@{form_key}"
+    st.selectbox("Example prompts", list(examples_for(model)), index=None, key=example_key, on_change=_use_example,
+                 args=(model, example_key), placeholder="Pick an example (analysed at once)…")
     with st.form(form_key, border=False):
-        st.text_area("Text", key="text_area", height=110, placeholder="Paste or type text, then press Analyse")
+        st.text_area("Text", key=area, height=110, placeholder="Paste or type text, then press Analyse")
         # a callback, not the button's return value: it runs before the script, so a rerun cannot drop it
-        st.form_submit_button("Analyse", type="primary", on_click=_submit_text)
-    return st.session_state["text"]
+        st.form_submit_button("Analyse", type="primary", on_click=_submit_text, args=(area, store))
+    return st.session_state[store]
 
 
 def encoded_text(model: compute.SelectedCheckpoint, text: str | None = None) -> Encoded | None:
     """The shared text as token ids within the context, with the hint / truncation notice shown;
     None (after a hint) when there is no text."""
-    text = st.session_state.get("text", "") if text is None else text
+    text = current_text(model) if text is None else text
     if not text or not text.strip():
         st.info("The text is empty: type or paste some text (or pick an example) and press **Analyse**.")
         return None
-    enc = encode(model.path, model.checkpoint_id, text, model.max_seq_len)
+    enc = encode_for(model, text)
     if not enc.ids:
         st.info("The text has no tokens: type some words and press **Analyse**.")
         return None
@@ -151,27 +222,21 @@ def encoded_text(model: compute.SelectedCheckpoint, text: str | None = None) -> 
 def pasted_text(model: compute.SelectedCheckpoint, form_key: str) -> Encoded:
     """The text form and its encoding, for pages that analyse the pasted text; stops the page
     (after the hint) while there is no text to analyse."""
-    enc = encoded_text(model, text_form(form_key))
+    enc = encoded_text(model, text_form(model, form_key))
     if enc is None:
         st.stop()
     return enc
 
 
 # -- shared controls ------------------------------------------------------------------------------------
-def _share_eps(widget_key: str) -> None:
-    st.session_state["eps_log10"] = st.session_state[widget_key]
-
-
 def eps_slider(page: str = "other", help_text: str | None = None) -> float:
     """A1's threshold ε on a log scale; returns ε. One value for the whole session: each page has
     its own slider (key eps_slider_<page>) that starts from and writes back to session key eps_log10."""
-    key = f"eps_slider_{page}"
-    shared = st.session_state.setdefault("eps_log10", math.log10(compute.S.default_eps))
-    if st.session_state.get(key) != shared:  # first show on this page, or moved on another page since
-        st.session_state[key] = shared
+    kept = keep(f"eps_slider_{page}", math.log10(compute.S.default_eps), store="eps_log10",
+                valid=lambda v: v in compute.S.eps_log10)
     log10 = st.select_slider(
-        "A1 threshold ε: stop a token once KL(p_i ‖ p_{i−1}) < ε", options=compute.S.eps_log10, key=key,
-        on_change=_share_eps, args=(key,), format_func=lambda v: f"{10.0 ** v:.1e}",
+        "A1 threshold ε: stop a token once KL(p_i ‖ p_{i−1}) < ε", options=compute.S.eps_log10, **kept,
+        format_func=lambda v: f"{10.0 ** v:.1e}",
         help=help_text or "Log scale, 1e-7 … 10. Smaller ε: tokens loop longer. 1e-3 is the paper's threshold.")
     return 10.0 ** log10
 
@@ -185,7 +250,7 @@ def source_picker(model: compute.SelectedCheckpoint) -> tuple[int, ...] | None |
         enc = encoded_text(model)
         return False if enc is None else enc.ids
     choice = st.segmented_control(
-        "Data", ["eval", "text"], default="eval", key="source", persist_state="session", required=True,
+        "Data", ["eval", "text"], **keep("source", "eval"), required=True,
         format_func=lambda s: {"eval": f"Eval windows (first {compute.S.windows}, validation side)",
                                "text": "Pasted text"}[s])
     if choice != "text":
@@ -195,3 +260,20 @@ def source_picker(model: compute.SelectedCheckpoint) -> tuple[int, ...] | None |
         return False
     st.caption(f"Pasted text: {len(enc.ids)} tokens — change it on **Token exit depths**.")
     return enc.ids
+
+
+# -- the eval set: a first look while the full trace runs ------------------------------------------------
+def first_look(model: compute.SelectedCheckpoint, ids: tuple[int, ...] | None = None) -> bool:
+    """Whether a page on the eval windows (ids None) shows its first look: the canonical trace is
+    neither on disk nor done in the background yet."""
+    return ids is None and model.has_windows and not compute.eval_trace_ready(*model.key)
+
+
+def refine(model: compute.SelectedCheckpoint, where) -> None:
+    """Start (or follow) the background job that computes the canonical trace, its progress bar in
+    the container `where`; the page reruns with the full results when it ends."""
+    job = compute.start_eval_trace(*model.key)
+    with where:
+        jobs.watch(job, f"**First look**: the first {compute.FIRST_LOOK_WINDOWS} of {compute.S.windows} eval windows, "
+                        "A0 and A1 only. The full trace (with A2's probes) is computed in the background; the page "
+                        "refines in place when it is done. Stop keeps this first look.")

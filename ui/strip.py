@@ -3,13 +3,17 @@
 Each token is a <span data-testid="token" data-pos data-depth data-converged title=...>: test hooks
 and a native tooltip, no JavaScript (st.html sanitises scripts away). Spaces, tabs and newlines are
 drawn as visible marks (· → ↵) and newlines also break the line.
+
+Colours: the sequential scale spans the depths present (`DepthScale`: shallowest light, deepest
+dark), so a text whose tokens exit at 3, 4 and 5 gets three distinct colours, not three greens of a
+1…r_max scale; the legend says which depths the scale spans and marks r_max.
 """
 from __future__ import annotations
 
 import hashlib
 import html
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from plotly.colors import sample_colorscale
 
@@ -18,11 +22,26 @@ NOT_CONVERGED = "#e8467c"  # outside the scale: tokens stopped by r_max, not by 
 FONT = "ui-monospace, SFMono-Regular, Menlo, Consolas, monospace"
 
 
-def depth_color(depth: int, r_max: int) -> str:
-    """Hex colour of exit depth 1..r_max on the sequential scale (1 lightest)."""
-    frac = 0.0 if r_max <= 1 else (depth - 1) / (r_max - 1)
-    rgb = sample_colorscale(SCALE, [1.0 - min(max(frac, 0.0), 1.0)], colortype="tuple")[0]
-    return "#" + "".join(f"{round(255 * c):02x}" for c in rgb)
+@dataclass(frozen=True)
+class DepthScale:
+    """The colour scale of a strip: depths lo..hi (those present) over the sequential scale; r_max
+    is the cap, marked in the legend."""
+
+    lo: int
+    hi: int
+    r_max: int
+
+    @classmethod
+    def of(cls, depths: Iterable[int], r_max: int) -> DepthScale:
+        """The scale spanning `depths` (all depths when there are none)."""
+        present = [int(d) for d in depths]
+        return cls(min(present, default=1), max(present, default=r_max), r_max)
+
+    def color(self, depth: int) -> str:
+        """Hex colour of an exit depth (lo lightest, hi darkest; a single depth gets the middle)."""
+        frac = 0.5 if self.hi <= self.lo else (depth - self.lo) / (self.hi - self.lo)
+        rgb = sample_colorscale(SCALE, [1.0 - min(max(frac, 0.0), 1.0)], colortype="tuple")[0]
+        return "#" + "".join(f"{round(255 * c):02x}" for c in rgb)
 
 
 def text_color(background: str) -> str:
@@ -89,11 +108,11 @@ def ids_key(ids: Sequence[int]) -> str:
     return hashlib.sha1(",".join(str(int(i)) for i in ids).encode()).hexdigest()[:12]
 
 
-def strip_html(tokens: Sequence[TokenView], r_max: int, policy: str = "A1", selected: int | None = None,
+def strip_html(tokens: Sequence[TokenView], scale: DepthScale, policy: str = "A1", selected: int | None = None,
                ids: Sequence[int] = ()) -> str:
     spans = []
     for pos, t in enumerate(tokens):
-        bg = depth_color(t.depth, r_max) if t.converged else NOT_CONVERGED
+        bg = scale.color(t.depth) if t.converged else NOT_CONVERGED
         border = "2px dashed #7a0030" if not t.converged else "1px solid rgba(0,0,0,.08)"
         if pos == selected:
             border = "2px solid #ff7f0e"
@@ -108,20 +127,26 @@ def strip_html(tokens: Sequence[TokenView], r_max: int, policy: str = "A1", sele
             f'style="font-family:{FONT};font-size:0.92rem;line-height:1.9">{"".join(spans)}</div>')
 
 
-def legend_html(r_max: int, label: str = "exit depth (loops)", not_converged: bool = True) -> str:
-    """The depth scale; not_converged adds the mark of tokens the cap stopped (analysis strips)."""
-    step = 1 if r_max <= 16 else 4
+def legend_html(scale: DepthScale, label: str = "exit depth (loops)", not_converged: bool = True) -> str:
+    """The depth scale: one cell per depth the colours span, then r_max; not_converged adds the mark
+    of tokens the cap stopped (analysis strips)."""
+    step = 1 if scale.hi - scale.lo < 16 else 4
     cells = []
-    for d in range(1, r_max + 1):
-        bg = depth_color(d, r_max)
-        mark = str(d) if (d - 1) % step == 0 or d == r_max else ""
+    for d in range(scale.lo, scale.hi + 1):
+        bg = scale.color(d)
+        mark = str(d) if (d - scale.lo) % step == 0 or d == scale.hi else ""
         cells.append(f'<span title="{d} loop{"s" if d > 1 else ""}" style="display:inline-block;min-width:1.35em;'
                      f'text-align:center;background:{bg};color:{text_color(bg)};font-size:0.72rem;'
                      f'padding:1px 0">{mark or "&nbsp;"}</span>')
+    span = (f"colours span {scale.lo}–{scale.hi}, the depths present" if scale.hi > scale.lo else
+            f"every token at {scale.lo}")
+    cap = (f'<span data-testid="legend-r-max" style="display:inline-block;border:1px solid #999;border-radius:4px;'
+           f'font-size:0.72rem;padding:0 5px;margin-left:6px">r_max = {scale.r_max}</span>')
     never = (f'<span style="display:inline-block;background:{NOT_CONVERGED};color:#fff;border:2px dashed #7a0030;'
-             f'border-radius:4px;font-size:0.72rem;padding:0 6px;margin-left:10px">not converged by r_max = {r_max}'
-             '</span>') if not_converged else ""
-    return (f'<div data-testid="depth-legend" style="font-family:sans-serif;font-size:0.8rem;margin:2px 0 6px 0">'
-            f'<span style="margin-right:8px;opacity:.8">{html.escape(label)}:</span>'
+             f'border-radius:4px;font-size:0.72rem;padding:0 6px;margin-left:10px">not converged by r_max = '
+             f'{scale.r_max}</span>') if not_converged else ""
+    return (f'<div data-testid="depth-legend" data-lo="{scale.lo}" data-hi="{scale.hi}" data-r-max="{scale.r_max}" '
+            f'style="font-family:sans-serif;font-size:0.8rem;margin:2px 0 6px 0">'
+            f'<span style="margin-right:8px;opacity:.8">{html.escape(label)} ({span}):</span>'
             f'<span style="border-radius:4px;overflow:hidden;display:inline-block">{"".join(cells)}</span>'
-            f'{never}<span style="margin-left:10px;opacity:.7">· space  ↵ newline  → tab</span></div>')
+            f'{cap}{never}<span style="margin-left:10px;opacity:.7">· space  ↵ newline  → tab</span></div>')

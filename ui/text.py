@@ -1,7 +1,13 @@
-"""Pasted text -> token ids and the text each token covers (for display), within the model's context."""
+"""Pasted text -> token ids and the text each token covers (for display), within the model's context.
+
+A checkpoint trained on hops programs (training/hops.py) reads a program as it was trained: EOS, then
+one token per statement, query, answer or `;`; its examples are held-out programs, not prose.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from training.hops import EOS, hop_counts, is_hops, token_hops
 
 from . import compute
 
@@ -44,3 +50,51 @@ def encode(path: str, ckpt_id: str, text: str, max_len: int) -> Encoded:
         pieces.append(text[start:end] if end > start else "")
         covered = max(covered, end)
     return Encoded(tuple(ids[:max_len]), tuple(pieces[:max_len]), len(ids), max_len)
+
+
+# -- hops programs --------------------------------------------------------------------------------------
+EOS_PIECE = "␄"  # how a program's leading <|endoftext|> is drawn
+N_PROGRAM_EXAMPLES = 8
+
+
+def reads_programs(model: compute.SelectedCheckpoint) -> bool:
+    """Whether the checkpoint was trained on hops programs (its text is a program, not prose)."""
+    return is_hops(str((model.meta.get("train_config") or {}).get("dataset", "")))
+
+
+def eval_programs(model: compute.SelectedCheckpoint, n: int = 32) -> list[str]:
+    """The first n held-out programs as text (EOS and padding removed)."""
+    ckpt = compute.checkpoint(model.path, model.device)
+    tok = compute.tokenizer(model.path, model.checkpoint_id)
+    eos = tok.token_to_id(EOS)
+    return [tok.decode([i for i in w.tolist() if i != eos]) for w in ckpt.windows("eval")[:n]]
+
+
+def program_label(program: str, i: int) -> str:
+    deepest = max(hop_counts(program) or [0])
+    return f"#{i} · deepest answer {deepest} hop{'s' if deepest != 1 else ''} · {program[:40]}…"
+
+
+def examples_for(model: compute.SelectedCheckpoint) -> dict[str, str]:
+    """Example texts by name: held-out programs for a hops checkpoint, prose otherwise."""
+    if reads_programs(model) and model.has_windows:
+        programs = eval_programs(model, N_PROGRAM_EXAMPLES)
+        return {program_label(p, i): p for i, p in enumerate(programs)}
+    return EXAMPLES
+
+
+def encode_program(model: compute.SelectedCheckpoint, text: str) -> tuple[Encoded, list[int]]:
+    """EOS + the program's tokens, as the model was trained, and the hop count each token carries
+    (answers only; 0 elsewhere)."""
+    tok = compute.tokenizer(model.path, model.checkpoint_id)
+    ids, hops = token_hops(tok, text)
+    pieces = [EOS_PIECE] + [tok.id_to_token(i) for i in ids[1:]]
+    n = model.max_seq_len
+    return Encoded(tuple(ids[:n]), tuple(pieces[:n]), len(ids), n), hops[:n]
+
+
+def encode_for(model: compute.SelectedCheckpoint, text: str) -> Encoded:
+    """The text as this checkpoint reads it: a program for a hops checkpoint, else plain tokens."""
+    if reads_programs(model):
+        return encode_program(model, text)[0]
+    return encode(model.path, model.checkpoint_id, text, model.max_seq_len)

@@ -10,8 +10,39 @@ import streamlit as st
 from recur_core.analysis.trace import Trace
 
 from . import compute
-from .strip import TokenView, legend_html, plain_visible, strip_html, tooltip
+from .strip import DepthScale, TokenView, legend_html, plain_visible, strip_html, tooltip
 from .text import Encoded
+
+# -- user text shown safely ----------------------------------------------------------------------------
+_MD_SPECIAL = set("\\`*_{}[]()<>#+-.!|~$:=&\"'")
+
+
+def plain_md(text: str) -> str:
+    """Text to place inside Markdown (st.markdown, st.error, a caption) so that it shows as typed:
+    every Markdown / HTML character backslash-escaped, so a pasted `![x](url)` is not an image and
+    `<b>` is not a tag; newlines kept as line breaks."""
+    escaped = "".join(f"\\{c}" if c in _MD_SPECIAL else c for c in text)
+    return escaped.replace("\n", "  \n")
+
+
+# -- metric deltas ------------------------------------------------------------------------------------
+def delta(change: float, fmt: str, rise: str, fall: str, better: str, same: str) -> dict:
+    """st.metric keyword arguments for a change, honest at a glance: the arrow points up and the
+    colour is green when the change is an improvement, down and red when it is worse; no arrow and
+    grey when it rounds to nothing. The words say which way it went, so the arrow never contradicts
+    them: e.g. "3.36 more loops than r̄ = 4" (worse: red, down) or "24% slower than uniform r̄".
+    fmt: the magnitude's format ("0.2f", ".0%"); rise / fall: the words after it for a positive /
+    negative change; better: "higher" (accuracy, tokens/s) or "lower" (loss, loops); same: the words
+    for no change."""
+    if better not in ("higher", "lower"):
+        raise ValueError(f"better must be 'higher' or 'lower', got {better!r}")
+    size = f"{abs(change):{fmt}}"
+    if not math.isfinite(change) or not any(c in "123456789" for c in size):  # nothing, as shown
+        return {"delta": same, "delta_color": "off", "delta_arrow": "off"}
+    good = (change > 0) == (better == "higher")
+    # the string has no leading "-": Streamlit paints it green under "normal" and red under "inverse"
+    return {"delta": f"{size} {rise if change > 0 else fall}", "delta_arrow": "up" if good else "down",
+            "delta_color": "normal" if good else "inverse"}
 
 
 def _at_exit(values: np.ndarray, depth: np.ndarray) -> np.ndarray:
@@ -43,11 +74,18 @@ def strip_views(model: compute.SelectedCheckpoint, table: pd.DataFrame, policy: 
     return views
 
 
+def strip_scale(model: compute.SelectedCheckpoint, *tables: pd.DataFrame) -> DepthScale:
+    """One colour scale for strips shown together: the converged tokens' exit depths of all tables."""
+    return DepthScale.of((d for t in tables for d in t.exit_depth[t.converged]), model.r_max)
+
+
 def render_strip(model: compute.SelectedCheckpoint, table: pd.DataFrame, policy: str, selected: int | None = None,
-                 legend: bool = True) -> None:
+                 legend: bool = True, scale: DepthScale | None = None) -> None:
+    """A strip with its legend (legend=False: the caller drew a shared one, and passes its scale)."""
+    scale = scale or strip_scale(model, table)
     if legend:
-        st.html(legend_html(model.r_max))
-    st.html(strip_html(strip_views(model, table, policy), model.r_max, policy=policy, selected=selected,
+        st.html(legend_html(scale))
+    st.html(strip_html(strip_views(model, table, policy), scale, policy=policy, selected=selected,
                        ids=table.token_id.tolist()))
 
 

@@ -41,7 +41,7 @@ from .exact import exact_results
 from .harness import ExactResult, SweepWork
 from .matching import cheapest
 from .stats import Bootstrap
-from .trace import Trace
+from .trace import Trace, weighted_positions
 
 SPREAD_POINTS = 8  # exact points per family spread over its grid, before refinement
 MAX_ROUNDS = 8  # refinement rounds (a 35-point grid needs at most 6 to reach neighbours)
@@ -129,6 +129,7 @@ def exact_plan(ckpt_or_model, ids, families: dict[str, list[Policy]], fast: dict
     """Exact curves on the plan's points (module doc): one batched harness pass per round.
     cache_only: None if any round is not cached."""
     done: dict[str, dict[int, ExactResult]] = {name: {} for name in families}
+    weighted = weighted_positions(ckpt_or_model, ids)  # padding is not scored (recur_core.analysis.trace)
     pending = {name: (set(range(len(policies))) if name == "A0" else _seed_points(fast[name], fast["A0"]))
                for name, policies in families.items()}
     curves: dict[str, Curve] = {}
@@ -142,16 +143,19 @@ def exact_plan(ckpt_or_model, ids, families: dict[str, list[Policy]], fast: dict
             return None
         for (name, i), result in zip(batch, results, strict=True):
             done[name][i] = result
-        curves = {name: _exact_curve(name, families[name], done[name], boot) for name in families}
+        curves = {name: _exact_curve(name, families[name], done[name], boot, weighted) for name in families}
         pending = {name: (set() if name == "A0" else _refine(curves[name], done[name], curves["A0"], r_bar, boot))
                    for name in families}
     return curves
 
 
-def _exact_curve(name: str, policies: list[Policy], done: dict[int, ExactResult], boot: Bootstrap) -> Curve:
+def _exact_curve(name: str, policies: list[Policy], done: dict[int, ExactResult], boot: Bootstrap,
+                 weighted: np.ndarray) -> Curve:
+    """The family's curve over its exact points; weighted (N, T): the positions that are not padding."""
     at = sorted(done)
     return sweep(name, [policies[i] for i in at],
-                 [WindowSums.of(r.ce, r.exit_depth, r.converged, r.has_target) for r in (done[i] for i in at)], boot)
+                 [WindowSums.of(r.ce, r.exit_depth, r.converged, r.has_target & weighted) for r in (done[i] for i in at)],
+                 boot)
 
 
 def _seed_points(curve: Curve, a0: Curve) -> set[int]:

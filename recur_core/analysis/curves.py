@@ -44,8 +44,9 @@ class WindowSums:
     tokens: np.ndarray  # scored tokens
 
     @classmethod
-    def of(cls, ce: np.ndarray, depth: np.ndarray, converged: np.ndarray, has_target: np.ndarray) -> WindowSums:
-        scored = has_target & ~np.isnan(ce)
+    def of(cls, ce: np.ndarray, depth: np.ndarray, converged: np.ndarray, counted: np.ndarray) -> WindowSums:
+        """counted: (N, T) bool, the positions that may be scored (a target, not padding)."""
+        scored = counted & ~np.isnan(ce)
         return cls(np.where(scored, ce, 0.0).sum(1, dtype=np.float64), np.where(scored, depth, 0).sum(1),
                    (scored & converged).sum(1), scored.sum(1))
 
@@ -68,7 +69,7 @@ def fast_sums(tr: Trace, policy: Policy) -> WindowSums:
     """Score a policy from the uniform trace: each token's ce at its exit loop."""
     exits = policy.exits(tr)
     ce = np.take_along_axis(tr.ce, exits.depth[..., None] - 1, axis=-1)[..., 0]
-    return WindowSums.of(ce, exits.depth, exits.converged, tr.has_target)
+    return WindowSums.of(ce, exits.depth, exits.converged, tr.scored)
 
 
 @dataclass
@@ -234,23 +235,25 @@ def weighted_median_rows(hist: np.ndarray) -> np.ndarray:
 
 
 def convergence(tr: Trace, boot: Bootstrap, threshold: float = MOVING_KL) -> dict:
-    """Table 3 / Fig. 2, over all tokens: mean kl_prev, fraction moving (kl_prev > threshold),
-    mean relative state change, per loop; and the median loop from which tokens stay still."""
-    n = np.full(tr.n_windows, tr.seq_len, dtype=np.float64)[:, None]
+    """Table 3 / Fig. 2, over all tokens but padding (`Trace.weighted`): mean kl_prev, fraction
+    moving (kl_prev > threshold), mean relative state change, per loop; and the median loop from
+    which tokens stay still."""
+    w = tr.weighted[..., None]  # (N, T, 1)
+    n = w.sum(1, dtype=np.float64)  # (N, 1) tokens per window
     out = {"loops": list(range(1, tr.max_loops + 1)), "moving_threshold": threshold}
-    per_loop = {"mean_kl_prev": tr.kl_prev.sum(1, dtype=np.float64),
-                "frac_moving": (tr.kl_prev > threshold).sum(1).astype(np.float64),
-                "mean_state_change": tr.state_change.sum(1, dtype=np.float64)}
+    per_loop = {"mean_kl_prev": np.where(w, tr.kl_prev, 0).sum(1, dtype=np.float64),
+                "frac_moving": ((tr.kl_prev > threshold) & w).sum(1).astype(np.float64),
+                "mean_state_change": np.where(w, tr.state_change, 0).sum(1, dtype=np.float64)}
     for name, sums in per_loop.items():
         est = boot.summarise(boot.ratio(sums, np.broadcast_to(n, sums.shape)))
         out.update({name: est.value.tolist(), f"{name}_ci_low": est.ci_low.tolist(),
                     f"{name}_ci_high": est.ci_high.tolist()})
-    settle = settle_loop(tr.kl_prev, threshold)
+    settle = np.where(tr.weighted, settle_loop(tr.kl_prev, threshold), 0)  # 0: padding, left out below
     hist = np.stack([np.bincount(w, minlength=tr.max_loops + 2)[1:] for w in settle]).astype(np.float64)
     median = boot.summarise(weighted_median_rows(boot.weights @ hist))
     out.update({"median_convergence_loop": median.value, "median_convergence_loop_ci_low": median.ci_low,
                 "median_convergence_loop_ci_high": median.ci_high,
-                "frac_never_settled": float((settle > tr.max_loops).mean())})
+                "frac_never_settled": float((settle[tr.weighted] > tr.max_loops).mean())})
     return out
 
 
@@ -293,7 +296,7 @@ def token_classes(tr: Trace, classes_of_vocab: np.ndarray, policy: Policy, boot:
     cls = classes_of_vocab[tr.ids]
     out = {"policy": repr(policy)}
     for i, name in enumerate(TOKEN_CLASSES):
-        member = (cls == i) & tr.has_target
+        member = (cls == i) & tr.scored
         sums = np.where(member, exits.depth, 0).sum(1).astype(np.float64)
         counts = member.sum(1).astype(np.float64)
         est = boot.summarise(boot.ratio(sums, counts))
@@ -307,7 +310,7 @@ def token_exit_table(tr: Trace, classes_of_vocab: np.ndarray, policy: Policy) ->
     the fraction of its occurrences that converged before the cap (columns as arrays, sorted by
     class, then by count, descending)."""
     exits = policy.exits(tr)
-    scored = tr.has_target
+    scored = tr.scored
     ids, depth, converged = tr.ids[scored], exits.depth[scored], exits.converged[scored]
     token_id, inverse, count = np.unique(ids, return_inverse=True, return_counts=True)
     mean_depth = np.bincount(inverse, weights=depth, minlength=len(token_id)) / count

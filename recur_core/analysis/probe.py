@@ -46,7 +46,7 @@ from .curves import EPS_GRID, fast_sums
 from .ground_truth import TOLERANCE, correct_at
 from .matching import cheapest
 from .parallel import map_batches
-from .trace import Trace, progress_bar, resolve_cache, split_inputs, trace_batch
+from .trace import Trace, padding_token, progress_bar, resolve_cache, split_inputs, trace_batch, zero_weight_mask
 
 LABEL_KINDS = ("argmax", "kl", "argmax_any", "kl_any")
 PROBE_FORMAT_VERSION = 2
@@ -156,7 +156,8 @@ def harvest(ckpt_or_model, windows, max_loops: int, seed: int = 0, *, tokens_per
         close()
     arrays = {name: torch.cat([o[name] for o in traced]).numpy() for name in traced[0]}
     tr = Trace(ids=inputs.numpy(), targets=targets.numpy(), **arrays, max_loops=max_loops, seed=seed,
-               checkpoint_id=ckpt_id)
+               checkpoint_id=ckpt_id,
+               zero_weight=zero_weight_mask(inputs.numpy(), targets.numpy(), padding_token(ckpt_or_model)))
     return Harvest(*(np.concatenate(a) for a in zip(*parts, strict=True)), label_eps=label_eps, trace=tr)
 
 
@@ -295,7 +296,8 @@ def a1_matched_eps(tr: Trace, r_bar: int, r_max: int, answers: np.ndarray | None
 def load_or_train_probes(ckpt: Checkpoint, max_loops: int, seed: int = 0, *, kinds=LABEL_KINDS,
                          label_eps: float | str = DEFAULT_LABEL_EPS, r_bar: int | None = None, n_windows: int = 32,
                          tokens_per_window: int = 64, l2: float = 1e-3, heldout_fraction: float = 0.25,
-                         answers: np.ndarray | None = None, cache=True, progress=None) -> ProbeSet:
+                         answers: np.ndarray | None = None, cache=True, progress=None,
+                         cache_only: bool = False) -> ProbeSet | None:
     """Probes of each label kind for a checkpoint, from its first n_windows probe windows; loaded
     from <cache>/<ckpt id>/probes/ when saved with the same settings, else harvested and trained.
 
@@ -304,6 +306,7 @@ def load_or_train_probes(ckpt: Checkpoint, max_loops: int, seed: int = 0, *, kin
     ((n_windows, T) bool: the probe windows' answer tokens with ground truth) is given; each probe
     records the ε it used (`probe.label_eps`, and `metrics["label_eps_rule"]`). Kinds whose labels
     are all of one class are left out, with the reason in the result's `refused` (and a warning).
+    cache_only: None instead of training when a kind is not saved (a refused kind is never saved).
     """
     windows = ckpt.windows("probe")[:n_windows]
     if r_bar is None:
@@ -322,6 +325,8 @@ def load_or_train_probes(ckpt: Checkpoint, max_loops: int, seed: int = 0, *, kin
         if probes[kind] is None:
             missing.append((kind, path, key))
     refused = {}
+    if missing and cache_only:
+        return None
     if missing:
         data = harvest(ckpt, windows, max_loops, seed, tokens_per_window=tokens_per_window, progress=progress)
         rule = f"fixed {label_eps}"

@@ -22,6 +22,12 @@ Inputs: `ids` of shape (N, T + 1) are windows, as saved in checkpoints: the mode
 and is scored against w[:, 1:]. A 1-D `ids` of length T is one text (e.g. pasted): the model reads
 all T tokens and the last one has no target (ce NaN there).
 
+Padding: positions that carried zero loss weight in training are excluded from every statistic.
+A checkpoint trained on the hops task (training/hops.py) pads each program window with EOS and
+weighs padding-predicting-padding 0; `trace` marks those positions in `Trace.zero_weight`, and
+`Trace.scored` (a target, nonzero weight) is what every loss, KL and class statistic counts.
+Other checkpoints weighed every position alike: nothing is marked.
+
 Noise: window n (its row index in `ids`) starts from noise drawn by a generator seeded with
 seed_for(seed, n) (LoopedLM.seeded_state), so a window's trace does not depend on how windows are batched, and the exact
 harness (recur_core.analysis.harness) can reproduce the same noise.
@@ -75,6 +81,7 @@ class Trace:
     kl_prev_reverse: np.ndarray | None = None  # always set by trace(); optional for hand-made traces
     cosine_change: np.ndarray | None = None
     exit_lambda: np.ndarray | None = None  # the exit gate's lambda (N, T, L), models with a gate only
+    zero_weight: np.ndarray | None = None  # (N, T) bool: padding, zero loss weight in training (module doc)
 
     @property
     def n_windows(self) -> int:
@@ -91,6 +98,16 @@ class Trace:
     @property
     def has_target(self) -> np.ndarray:
         return self.targets != NO_TARGET
+
+    @property
+    def weighted(self) -> np.ndarray:
+        """(N, T) bool: positions that carried loss weight in training (all but padding)."""
+        return np.ones(self.ids.shape, dtype=bool) if self.zero_weight is None else ~self.zero_weight
+
+    @property
+    def scored(self) -> np.ndarray:
+        """(N, T) bool: the positions every loss and exit statistic counts (a target, not padding)."""
+        return self.has_target & self.weighted
 
     def subset(self, windows) -> Trace:
         """The trace of some windows (rows); scalars and probes' chances follow."""
@@ -114,6 +131,7 @@ class Trace:
         window, position, loop = np.meshgrid(np.arange(N), np.arange(T), np.arange(1, L + 1), indexing="ij")
         cols = {"window": window.ravel(), "position": position.ravel(), "loop": loop.ravel(),
                 "token_id": np.repeat(self.ids.ravel(), L), "target": np.repeat(self.targets.ravel(), L)}
+        cols["scored"] = np.repeat(self.scored.ravel(), L)
         cols.update({name: getattr(self, name).ravel() for name in (*LOOP_FIELDS, GATE_FIELD)
                      if getattr(self, name) is not None})
         for j in range(self.topk):
@@ -198,13 +216,15 @@ def resolve_cache(cache) -> TraceCache | None:
 
 def progress_bar(progress, total: int, desc: str):
     """A callable(n_done) over `total` steps from `progress`: True (a tqdm bar), a callable
-    (done, total) -> None, or None / False (silent). Returns (update, close)."""
+    (done, total) -> None, or None / False (silent). Returns (update, close). A callable hears
+    (0, total) at once, so a UI shows that the work has begun before its first step ends."""
     if progress is True:
         from tqdm import tqdm
         bar = tqdm(total=total, desc=desc, dynamic_ncols=True)
         return bar.update, bar.close
     if callable(progress):
         done = [0]
+        progress(0, total)
 
         def update(n):
             done[0] += n
@@ -233,16 +253,54 @@ def trace(ckpt_or_model: Checkpoint | LoopedLM, ids, max_loops: int, seed: int =
     probe_ids = tuple(p.probe_id for p in probes)
     key = trace_key(ckpt_id, ids_np, max_loops, seed, topk, TRACE_FORMAT_VERSION, probe_ids)
     shapes = expected_shapes(inputs.shape, max_loops, topk, probe_ids, model.exit_gate is not None)
+    pad = padding_token(ckpt_or_model)
     if store is not None:
         hit = store.load(store.trace_path(ckpt_id, key), key, shapes)
         if hit is not None:
-            return _from_arrays(hit[0], max_loops, seed, ckpt_id)
+            return _from_arrays(hit[0], max_loops, seed, ckpt_id, pad)
     arrays = _compute(model, inputs, targets, max_loops, seed, topk, probes, batch_size, progress)
     if store is not None:
         store.save(store.trace_path(ckpt_id, key), key, arrays,
                    {"max_loops": max_loops, "seed": seed, "topk": topk, "checkpoint_id": ckpt_id,
                     "format_version": TRACE_FORMAT_VERSION})
-    return _from_arrays(arrays, max_loops, seed, ckpt_id)
+    return _from_arrays(arrays, max_loops, seed, ckpt_id, pad)
+
+
+def padding_token(ckpt_or_model) -> int | None:
+    """The token whose padding positions (padding predicting padding) had zero loss weight in
+    training: EOS for a checkpoint trained on the hops task, whose windows are programs padded with
+    EOS (training/hops.py); None for anything else, a bare model included (every position counts)."""
+    if not isinstance(ckpt_or_model, Checkpoint):
+        return None
+    dataset = str((ckpt_or_model.meta.get("train_config") or {}).get("dataset", ""))
+    if dataset != "hops" and not dataset.startswith("hops:"):
+        return None
+    return ckpt_or_model.tokenizer().token_to_id("<|endoftext|>")
+
+
+def weighted_positions(ckpt_or_model, ids) -> np.ndarray:
+    """(N, T) bool: the positions of windows (N, T + 1) or a text (T,) that are not padding
+    (`Trace.weighted` without tracing; the exact harness scores the same positions)."""
+    inputs, targets = (t.numpy() for t in split_inputs(np.asarray(ids.cpu() if torch.is_tensor(ids) else ids)))
+    zero = zero_weight_mask(inputs, targets, padding_token(ckpt_or_model))
+    return np.ones(inputs.shape, dtype=bool) if zero is None else ~zero
+
+
+def zero_weight_mask(ids: np.ndarray, targets: np.ndarray, pad: int | None) -> np.ndarray | None:
+    """(N, T) bool padding positions (input and target both `pad`), or None when nothing is padding."""
+    return None if pad is None else (ids == pad) & (targets == pad)
+
+
+def is_cached(ckpt_or_model: Checkpoint | LoopedLM, ids, max_loops: int, seed: int = 0, *, topk: int = 5,
+              probes: Sequence = (), cache=True) -> bool:
+    """Whether `trace` with these arguments would be read from the cache (a file under its key)."""
+    store = resolve_cache(cache)
+    if store is None:
+        return False
+    ckpt_id = model_id(ckpt_or_model)
+    ids_np = np.asarray(ids.cpu() if torch.is_tensor(ids) else ids, dtype=np.int64)
+    key = trace_key(ckpt_id, ids_np, max_loops, seed, topk, TRACE_FORMAT_VERSION, tuple(p.probe_id for p in probes))
+    return store.trace_path(ckpt_id, key).is_file()
 
 
 def expected_shapes(input_shape, max_loops: int, topk: int, probe_ids: Sequence[str],
@@ -278,8 +336,10 @@ def _compute(model, inputs, targets, max_loops, seed, topk, probes, batch_size, 
     return arrays
 
 
-def _from_arrays(arrays: dict[str, np.ndarray], max_loops: int, seed: int, ckpt_id: str) -> Trace:
+def _from_arrays(arrays: dict[str, np.ndarray], max_loops: int, seed: int, ckpt_id: str,
+                 pad: int | None = None) -> Trace:
     prefix = "router_chance/"
     chance = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
     plain = {k: v for k, v in arrays.items() if not k.startswith(prefix)}
-    return Trace(**plain, max_loops=max_loops, seed=seed, checkpoint_id=ckpt_id, router_chance=chance)
+    return Trace(**plain, max_loops=max_loops, seed=seed, checkpoint_id=ckpt_id, router_chance=chance,
+                 zero_weight=zero_weight_mask(plain["ids"], plain["targets"], pad))

@@ -1,0 +1,126 @@
+"""Long computations in the background, so a page answers while they run.
+
+A page that needs minutes of work (tracing the eval windows, the exact harness) starts a `Job`: a
+thread that calls recur_core with a progress callback and fills recur_core's disk cache. The page
+draws what it already has (a first look on fewer windows, or the fast path), and `watch` shows the
+job's progress bar (what it computes, done / total) with a Stop button, polling once a second; when
+the job ends, the page reruns and reads the finished result from the cache. Widget changes on the
+page do not restart the job; Stop ends it at its next step and keeps what the page shows.
+
+Jobs are per server process and keyed by what they compute (checkpoint, device, inputs), so two
+tabs asking for the same trace share one job. The thread never calls Streamlit.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable
+
+import streamlit as st
+
+
+class Stopped(Exception):
+    """Raised inside a job's progress callback once Stop was pressed."""
+
+
+@dataclass
+class Job:
+    """One background computation: its stage (what is being computed now) and progress."""
+
+    key: tuple
+    stage: str = "starting"
+    done: int = 0
+    total: int = 0
+    unit: str = ""
+    error: str | None = None
+    stopped: bool = False
+    finished: bool = False
+    started: float = field(default_factory=time.monotonic)
+    stop_event: threading.Event = field(default_factory=threading.Event)
+    work: Callable[[Job], None] | None = None
+
+    def progress(self, stage: str, unit: str = "") -> Callable[[int, int], None]:
+        """A recur_core progress callback (done, total) for one stage of the job."""
+        def update(done: int, total: int) -> None:
+            if self.stop_event.is_set():
+                raise Stopped
+            self.stage, self.unit, self.done, self.total = stage, unit, done, total
+        return update
+
+    @property
+    def running(self) -> bool:
+        return not self.finished
+
+    def fraction(self) -> float:
+        return min(self.done / self.total, 1.0) if self.total else 0.0
+
+
+_JOBS: dict[tuple, Job] = {}
+_LOCK = threading.Lock()
+
+
+def start(key: tuple, work: Callable[[Job], None], again: bool = False) -> Job:
+    """The job computing `key` (running, finished, stopped or failed), or a new thread running
+    work(job); again: start a stopped or failed one anew."""
+    with _LOCK:
+        job = _JOBS.get(key)
+        if job is not None and (job.running or not again or not (job.stopped or job.error)):
+            return job
+        job = _JOBS[key] = Job(key, work=work)
+
+    def run() -> None:
+        try:
+            work(job)
+        except Stopped:
+            job.stopped = True
+        except Exception as err:  # noqa: BLE001  shown on the page, with the stack in the server log
+            traceback.print_exc()
+            job.error = f"{type(err).__name__}: {err}"
+        finally:
+            job.finished = True
+
+    threading.Thread(target=run, name=f"recur-job-{key[0]}", daemon=True).start()
+    return job
+
+
+def get(key: tuple) -> Job | None:
+    return _JOBS.get(key)
+
+
+def wait_all(timeout: float = 3600.0) -> bool:
+    """Block until no job is running (for tests and scripts driving the app); False on timeout."""
+    deadline = time.monotonic() + timeout
+    while any(job.running for job in list(_JOBS.values())):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def watch(job: Job, what: str) -> None:
+    """The job's progress bar and Stop button, redrawn every second; reruns the page once the job
+    is over (then the page reads the finished result). `what`: the sentence above the bar."""
+    @st.fragment(run_every=1.0)
+    def panel() -> None:
+        if job.finished:
+            if not (job.error or job.stopped):
+                st.rerun(scope="app")
+            if job.error:
+                st.error(f"The computation failed: {job.error}")
+            else:
+                st.info(f"Stopped at {job.stage} {job.done:,} / {job.total:,}: the page shows what was computed "
+                        "before.")
+            if st.button("Resume" if job.stopped else "Try again", key=f"again_{abs(hash(job.key))}"):
+                start(job.key, job.work, again=True)
+                st.rerun(scope="app")
+            return
+        st.caption(what)
+        unit = f" {job.unit}" if job.unit else ""
+        elapsed = time.monotonic() - job.started
+        st.progress(job.fraction(), text=f"{job.stage}: {job.done:,} / {job.total:,}{unit} · {elapsed:.0f} s")
+        if st.button("Stop", key=f"stop_{abs(hash(job.key))}", help="Stop this computation; the page keeps what it "
+                                                                    "shows now."):
+            job.stop_event.set()
+    panel()

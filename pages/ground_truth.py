@@ -24,21 +24,23 @@ if state.first_look(m):
 
 path = st.segmented_control(
     "Path", ["exact", "fast"], required=True, **state.keep("gt_path", "exact"),
-    format_func={"exact": "Exact (masking harness: halted tokens stay in context, as in real decoding)",
+    format_func={"exact": "Exact (what real decoding gets: halted tokens stay in context)",
                  "fast": "Fast (every other token at full depth)"}.get)
 fast = ground_truth.section(*m.key, m.r_max, m.r_bar, False)
-exact_ready = ground_truth.exact_ready(*m.key, m.r_max)
+exact_ready = ground_truth.exact_ready(*m.key, m.r_max, m.r_bar)
 if path == "exact" and not exact_ready:
     job = ground_truth.start_exact(*m.key, m.r_max, m.r_bar)
-    jobs.watch(job, "The exact figures are computed in the masking harness (every policy's thresholds, once per "
-                    "checkpoint, then cached on disk). Meanwhile the **fast path** is shown below.")
+    jobs.watch(job, "The exact figures are computed once per checkpoint, then cached on disk: every policy's "
+                    "thresholds in the masking harness, then the readout rules (A1, Huginn's KL / entropy / argmax) "
+                    "decoded near their operating points. Meanwhile the **fast path** is shown below.")
 gt = ground_truth.section(*m.key, m.r_max, m.r_bar, True) if path == "exact" and exact_ready else fast
 if exact_ready:
     exact = gt if gt is not fast else ground_truth.section(*m.key, m.r_max, m.r_bar, True)
     st.markdown(ground_truth.gap_sentence(exact, fast))
 st.caption(f"Showing the **{gt['path']} path**. " + (
-    "Exact: every policy runs in the masking harness, where a halted token stays in the context with its exit "
-    "state, as in real decoding (report.json's `ground_truth`)." if gt["path"] == "exact" else
+    "Exact: what real decoding gets, a halted token staying in the context with its exit state. State rules come "
+    "from the masking harness, which equals decoding for them; readout rules (A1, Huginn's KL / entropy / argmax) "
+    "are decoded token by token (report.json's `ground_truth`)." if gt["path"] == "exact" else
     "Fast: each answer is read off the uniform trace at its exit loop, as if every other token had looped to full "
     "depth; it overstates the saving (report.json's `ground_truth_fast`)."))
 

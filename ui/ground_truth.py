@@ -13,12 +13,10 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from recur_core.analysis.cache import TraceCache
-from recur_core.analysis.exact import exact_results
 from recur_core.analysis.ground_truth import (
     eos_id,
     ground_truth_section,
     load_ground_truth,
-    operating_point_families,
 )
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
@@ -69,11 +67,12 @@ def _inputs(path: str, ckpt_id: str, device: str):
     return ckpt, tr, hops, max_train, eos_id(compute.tokenizer(path, ckpt_id)), prb, windows
 
 
-def _section(path: str, ckpt_id: str, device: str, r_max: int, r_bar: int, exact: bool, progress=None) -> dict:
+def _section(path: str, ckpt_id: str, device: str, r_max: int, r_bar: int, exact: bool, progress=None,
+             cache_only: bool = False) -> dict | None:
     ckpt, tr, hops, max_train, eos, prb, windows = _inputs(path, ckpt_id, device)
     return ground_truth_section(tr, hops, max_train, eos, r_max, r_bar, Bootstrap(tr.n_windows, SETTINGS.n_boot, SETTINGS.seed),
                                 prb, SETTINGS.eps_grid, SETTINGS.tau_grid, exact=(ckpt, windows) if exact else None,
-                                cache=TraceCache() if exact else False, progress=progress)
+                                cache=TraceCache() if exact else False, progress=progress, cache_only=cache_only)
 
 
 @st.cache_data(max_entries=8, show_spinner="Scoring exits against the hop counts…")
@@ -90,26 +89,26 @@ def exact_key(path: str, ckpt_id: str, device: str) -> tuple:
     return "exact_ground_truth", path, ckpt_id, device
 
 
-def exact_ready(path: str, ckpt_id: str, device: str, r_max: int) -> bool:
-    """Whether the exact section is in the harness's disk cache (e.g. from `python -m recur_core.analyze`)."""
+def exact_ready(path: str, ckpt_id: str, device: str, r_max: int, r_bar: int) -> bool:
+    """Whether the exact section is in the disk cache (the harness's sweep and the readout rules'
+    decoding, e.g. from `python -m recur_core.analyze`)."""
     key = exact_key(path, ckpt_id, device)
     job = jobs.get(key)
     if key in _EXACT_READY or (job is not None and job.finished and not (job.error or job.stopped)):
         return True
-    ckpt, tr, _, _, _, prb, windows = _inputs(path, ckpt_id, device)
-    families = operating_point_families(min(r_max, tr.max_loops), prb, SETTINGS.eps_grid, SETTINGS.tau_grid)
-    flat = [p for family in families.values() for p in family]
-    if exact_results(ckpt, windows, flat, tr.max_loops, tr.seed, cache=TraceCache(), cache_only=True) is None:
+    if _section(path, ckpt_id, device, r_max, r_bar, True, cache_only=True) is None:
         return False
     _EXACT_READY.add(key)  # on disk now: no need to read it all again on every rerun
     return True
 
 
 def start_exact(path: str, ckpt_id: str, device: str, r_max: int, r_bar: int) -> jobs.Job:
-    """The background job that runs every policy's thresholds in the masking harness (cached on disk)."""
+    """The background job that runs every policy's thresholds in the masking harness, then decodes the
+    readout rules near their operating points (all cached on disk)."""
     def work(job: jobs.Job) -> None:
         _section(path, ckpt_id, device, r_max, r_bar, True,
-                 progress=job.progress("Exact masking harness, every policy's thresholds", "window passes"))
+                 progress=job.progress("Exact: every policy in the masking harness, then readout rules decoded",
+                                       "windows"))
     return jobs.start(exact_key(path, ckpt_id, device), work)
 
 

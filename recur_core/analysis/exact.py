@@ -53,10 +53,11 @@ def exact_results(ckpt_or_model, ids, policies: list[Policy], max_loops: int, se
 
 
 def decoded_results(ckpt_or_model, ids, policy: Policy, max_loops: int, seed: int, *,
-                    cache=False, progress=None) -> tuple[np.ndarray, np.ndarray]:
+                    cache=False, progress=None, cache_only: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
     """(exit_loop (N, T), argmax (N, T)) of `policy` in teacher-forced decoding of windows (N, T + 1),
     token by token under the "recompute" KV rule, window n with the trace's noise row n.
-    progress: as trace's (True: a bar; a callable(done, total); None)."""
+    progress: as trace's (True: a bar; a callable(done, total); None). cache_only: return None
+    instead of decoding when the result is not cached."""
     ckpt_id = model_id(ckpt_or_model)
     store = resolve_cache(cache)
     ids_np = np.asarray(ids.cpu() if hasattr(ids, "cpu") else ids, dtype=np.int64)
@@ -66,6 +67,8 @@ def decoded_results(ckpt_or_model, ids, policy: Policy, max_loops: int, seed: in
     hit = None if store is None else store.load(path, key, {f: shape for f in ("exit_loop", "argmax", "targets")})
     if hit is not None:
         return hit[0]["exit_loop"], hit[0]["argmax"]
+    if cache_only:
+        return None
     update, close = progress_bar(progress, shape[0], f"decoding {policy!r} (windows)")
     seen = [0]
 

@@ -172,14 +172,21 @@ class Outcome:
         return cls(result.exit_depth, result.argmax == result.targets)
 
 
+class NotCached(LookupError):
+    """Raised with cache_only when an exact result is not in the disk cache."""
+
+
 def policy_outcomes(tr: Trace, families: dict[str, list[Policy]], exact=None, cache=False,
-                    progress=None) -> dict[str, list[Outcome]]:
+                    progress=None, cache_only: bool = False) -> dict[str, list[Outcome]]:
     """Every policy's Outcome, fast (exact=None) or exact (exact=(ckpt or model, ids) of the
     traced windows: every threshold of every family in one batched, cached harness pass)."""
     if exact is None:
         return {name: [Outcome.fast(tr, p) for p in family] for name, family in families.items()}
     flat = [p for family in families.values() for p in family]
-    results = iter(exact_results(*exact, flat, tr.max_loops, tr.seed, cache=cache, progress=progress))
+    results = exact_results(*exact, flat, tr.max_loops, tr.seed, cache=cache, progress=progress, cache_only=cache_only)
+    if results is None:
+        raise NotCached("the masking harness's results")
+    results = iter(results)
     return {name: [Outcome.exact(next(results)) for _ in family] for name, family in families.items()}
 
 
@@ -201,13 +208,23 @@ class _Answers:
 def ground_truth_section(tr: Trace, hops: np.ndarray, max_train_hops: int, pad_id: int, r_max: int,
                          r_bar: int, boot: Bootstrap, probes: dict | None = None, eps_grid=(), tau_grid=(),
                          tolerance: float = TOLERANCE, exact=None, cache=False, progress=None,
-                         families: dict[str, list[Policy]] | None = None) -> dict:
+                         families: dict[str, list[Policy]] | None = None, cache_only: bool = False) -> dict | None:
     """The `ground_truth` section of report.json (keys: docs/REPORT_KEYS.md): exact with
     exact=(ckpt or model, ids) of the traced windows, else fast. The target accuracy and the best
     uniform depth are taken on the trained hop counts (1 .. max_train_hops); longer chains are
     extrapolation, reported on their own with answer counts and CIs. Uniform depth comes from the
     trace, which is what the harness computes for it (nothing freezes before the last loop).
-    families: the policies to find operating points for (default operating_point_families)."""
+    families: the policies to find operating points for (default operating_point_families).
+    cache_only: return None instead of computing an exact result that is not in the disk cache."""
+    try:
+        return _section(tr, hops, max_train_hops, pad_id, r_max, r_bar, boot, probes, eps_grid, tau_grid, tolerance,
+                        exact, cache, progress, families, cache_only)
+    except NotCached:
+        return None
+
+
+def _section(tr, hops, max_train_hops, pad_id, r_max, r_bar, boot, probes, eps_grid, tau_grid, tolerance, exact,
+             cache, progress, families, cache_only) -> dict:
     ans = _Answers(tr, hops, max_train_hops, boot)
     ah, program = ans.hops, program_mask(tr, pad_id)
     r_max = min(r_max, tr.max_loops)
@@ -220,7 +237,7 @@ def ground_truth_section(tr: Trace, hops: np.ndarray, max_train_hops: int, pad_i
 
     families = families or operating_point_families(r_max, probes, eps_grid, tau_grid)
     policies, answer_exits = {}, {}
-    for name, outcomes in policy_outcomes(tr, families, exact, cache, progress).items():
+    for name, outcomes in policy_outcomes(tr, families, exact, cache, progress, cache_only).items():
         family = families[name]
         points = [_point(p, o, ans, program) for p, o in zip(family, outcomes, strict=True)]
         at = cheapest(range(len(points)), lambda i, points=points: points[i]["answer_accuracy"] >= target,
@@ -230,7 +247,7 @@ def ground_truth_section(tr: Trace, hops: np.ndarray, max_train_hops: int, pad_i
         outcome, order = outcomes[at], _evaluated_by(family, exact)
         extra = {}
         if order == "decoding":  # the harness's point is where decoding's walk starts
-            walk = _DecodingWalk(exact, family, points, tr, ans, program, target, cache, progress)
+            walk = _DecodingWalk(exact, family, points, tr, ans, program, target, cache, progress, cache_only)
             extra = {"harness_point": {k: points[at][k] for k in ("threshold", "mean_loops", "answer_accuracy")}}
             at, matched, outcome = walk.operating_point(at)
             extra["decoding_points"] = walk.points()
@@ -290,16 +307,19 @@ class _DecodingWalk:
     programs on 2 CPU cores)."""
 
     def __init__(self, exact, family: list[Policy], harness_points: list[dict], tr: Trace, ans: _Answers,
-                 program: np.ndarray, target: float, cache, progress=None):
+                 program: np.ndarray, target: float, cache, progress=None, cache_only: bool = False):
         self.exact, self.family, self.tr, self.ans, self.program = exact, family, tr, ans, program
-        self.target, self.cache, self.progress = target, cache, progress
+        self.target, self.cache, self.progress, self.cache_only = target, cache, progress, cache_only
         self.order = sorted(range(len(family)), key=lambda i: -harness_points[i]["mean_loops"])
         self.done: dict[int, tuple[Outcome, dict]] = {}
 
     def evaluate(self, i: int) -> tuple[Outcome, dict]:
         if i not in self.done:
-            exit_loop, argmax = decoded_results(*self.exact, self.family[i], self.tr.max_loops, self.tr.seed,
-                                                cache=self.cache, progress=self.progress)
+            decoded = decoded_results(*self.exact, self.family[i], self.tr.max_loops, self.tr.seed,
+                                      cache=self.cache, progress=self.progress, cache_only=self.cache_only)
+            if decoded is None:
+                raise NotCached(f"teacher-forced decoding of {self.family[i]!r}")
+            exit_loop, argmax = decoded
             outcome = Outcome(exit_loop, argmax == self.tr.targets)
             self.done[i] = outcome, _point(self.family[i], outcome, self.ans, self.program)
         return self.done[i]

@@ -8,7 +8,7 @@ from tiny import make_tiny_hops_checkpoint
 
 from recur_core.analysis.ground_truth import load_ground_truth, spearman
 from recur_core.model.checkpoint import read_safetensors
-from training.hops_card import goals, learned_line
+from training.hops_card import beside_section, goals, learned_line
 
 ANALYZE_ARGS = ["--windows", "12", "--max-loops", "6", "--n-boot", "40", "--probe-windows", "8",
                 "--probe-tokens", "16", "--no-cache", "--batch-size", "12"]
@@ -183,6 +183,20 @@ def test_export_writes_the_hops_card(hops_ckpt, tmp_path):
     rb = gt["r_bar"]
     lowest = min(gt["uniform"]["accuracy_by_hops"][str(h)][rb - 1] for h in gt["hop_counts"] if h <= 3)
     assert card["goals"][0]["met"] == (lowest >= 0.95)
+    # a per-token-depth checkpoint is also judged on issue 27's bound (0.4x), from the same best policy
+    assert gt["depth_mode"] == "per_step"
+    per_token = goals({**gt, "depth_mode": "per_token"})
+    assert len(per_token) == 5 and per_token[4][1] == per_token[3][1] and "0.4×" in per_token[4][0]
+    assert per_token[4][2] <= per_token[3][2]  # within 0.4x implies within 0.5x
+    # the side-by-side section prints both checkpoints' numbers from their card.json
+    other = json.loads(json.dumps(gt))
+    other["policies"]["A1"]["mean_loops"] = 9.87
+    other["uniform"]["accuracy_by_hops"]["1"][0] = 0.125
+    text = beside_section("mine", gt, "theirs", other, same_programs=True)
+    assert "## Beside `theirs`" in text and "the same 128 eval programs" in text
+    assert f"| A1 | {gt['policies']['A1']['mean_loops']:.2f} / 9.87 |" in text
+    assert f"| 1 | {100 * gt['uniform']['accuracy_by_hops']['1'][0]:.0f} / 12 |" in text
+    assert "**different** eval programs" in beside_section("mine", gt, "theirs", other, same_programs=False)
 
 
 def test_card_status_names_the_hop_counts_learned():

@@ -147,6 +147,28 @@ def test_sweep_equals_one_run_per_policy(ckpt, windows):
     assert work.token_loops <= work.attention_pairs <= work.token_loops * windows.shape[1]
 
 
+def test_policies_that_halt_alike_run_once(ckpt, windows):
+    """Two routers whose probes differ only in name (label kinds that fit equal weights) share one run:
+    the same work as one of them, and the same results."""
+    from recur_core.analysis.harness import SweepWork, run_exact_sweep
+    from recur_core.exits.policies import LinearRouter
+    named = [RandomProbe(ckpt.config.d_model), RandomProbe(ckpt.config.d_model)]
+    named[1].probe_id = "random-test-probe-other-kind"
+    for probe in named:
+        probe.rule_id = "same-weights"
+    pair = [LinearRouter(named[0], 0.3, r_max=R_MAX), LinearRouter(named[1], 0.3, r_max=R_MAX)]
+    assert repr(pair[0]) != repr(pair[1]) and pair[0].rule_key == pair[1].rule_key
+    one_work, two_work = SweepWork(), SweepWork()
+    one = run_exact_sweep(ckpt, windows, pair[:1], R_MAX, seed=2, work=one_work)
+    two = run_exact_sweep(ckpt, windows, pair, R_MAX, seed=2, work=two_work)
+    assert one_work.as_dict() == two_work.as_dict()
+    for got in two:
+        np.testing.assert_array_equal(got.exit_depth, one[0].exit_depth)
+        np.testing.assert_array_equal(got.ce, one[0].ce)
+    other = RandomProbe(ckpt.config.d_model)  # without rule_id: told apart by name
+    assert LinearRouter(other, 0.3).rule_key != pair[0].rule_key
+
+
 def test_bench_exact_prints_the_floor(tiny_ckpt, tmp_path):
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "RECUR_CACHE_DIR": str(tmp_path / "cache")}

@@ -68,7 +68,8 @@ def test_s1_preset_trains_offline_on_local_fineweb_edu_with_the_shipped_tokenize
     ckpt = load_checkpoint(tmp_path / "run" / "best")
     assert ckpt.config.vocab_size == 49_152 and ckpt.tokenizer().token_to_id("<|endoftext|>") == 0
     assert (ckpt.config.n_prelude, ckpt.config.n_core, ckpt.config.n_coda) == (2, 4, 2)  # the s1 split
-    assert ckpt.meta["recipe"] == {"r_bar": 8.0, "r_max": 32, "k": 8, "sigma": 0.5, "sampler_mean": "r_bar"}
+    assert ckpt.meta["recipe"] == {"r_bar": 8.0, "r_max": 32, "k": 8, "sigma": 0.5, "sampler_mean": "r_bar",
+                                   "depth_mode": "per_step", "token_share": 0.0}
     assert ckpt.meta["train_config"]["tokenizer"] == "smollm2" and ckpt.meta["step"] in (2, 4)
     assert ckpt.windows("eval").shape == (128, 17)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -24,7 +24,8 @@ def test_recipe_reads_meta_and_fills_missing_fields_by_one_rule():
     assert old.sampler_mean == "r_bar" and old.defaulted == ("sampler_mean",)
     # the paper's table: r_max = 4 r_bar, k = r_bar, sigma 0.5; nothing recorded: S1 (8 / 32)
     assert Recipe.from_meta({"recipe": {"r_bar": 3}}).to_meta() == {
-        "r_bar": 3.0, "r_max": 12, "k": 3, "sigma": 0.5, "sampler_mean": "r_bar"}
+        "r_bar": 3.0, "r_max": 12, "k": 3, "sigma": 0.5, "sampler_mean": "r_bar", "depth_mode": "per_step",
+        "token_share": 0.0}
     assert (Recipe.from_meta({"recipe": {"r_max": 16}}).r_bar, Recipe.from_meta({}).r_max) == (4.0, 32)
     assert Recipe.from_meta(None).defaulted == ("r_bar", "r_max", "k", "sigma", "sampler_mean")
     assert Recipe.from_meta({"recipe": {"r_bar": 40, "r_max": 16}}).depth == 16  # r̄ as a loop count, capped

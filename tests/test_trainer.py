@@ -30,7 +30,8 @@ def test_short_run_loss_falls_and_checkpoint_is_complete(tiny_ckpt):
     evals = [r for r in rows if r["event"] == "eval"]
     assert set(evals[-1]["loss_by_depth"]) == {"1", "2", "3", "4", "6", "8"}
     ckpt = load_checkpoint(tiny_ckpt)
-    assert ckpt.meta["recipe"] == {"r_bar": 3.0, "r_max": 8, "k": 2, "sigma": 0.5, "sampler_mean": "r_bar"}
+    assert ckpt.meta["recipe"] == {"r_bar": 3.0, "r_max": 8, "k": 2, "sigma": 0.5, "sampler_mean": "r_bar",
+                                   "depth_mode": "per_step", "token_share": 0.0}
     assert ckpt.meta["checkpoint_id"] == ckpt.checkpoint_id
     assert {"preset", "overrides", "step", "tokens_seen", "data", "code_revision", "last_eval"} <= set(ckpt.meta)
     assert ckpt.windows("eval").shape == (128, 33) and ckpt.windows("probe").shape == (128, 33)

@@ -9,6 +9,12 @@ The mean m is a recorded recipe field, `sampler_mean` (a deviation from the pape
             of the paper's configuration table (ours; every shipped checkpoint used it);
   "huginn"  m = r_bar, as Huginn's code passes the nominal mean itself: E[r] = r_bar + 1.
 At r_bar 4 "r_bar" draws r = 1 about 10% of the steps, "huginn" about 6%.
+
+Per-token depth (recipe depth_mode "per_token", ours, issue 27): the step still draws r as above, and
+then each token draws its own depth: r itself, or with probability `token_share` a depth uniform on
+1..r. A token past its depth is frozen as the exact harness freezes a halted token
+(LoopedLM.forward's token_loops), so the model cannot count on any other token being deep. The
+step's cost stays that of r loops, and E[depth] = r (1 - share) + share (r + 1) / 2.
 """
 from __future__ import annotations
 
@@ -39,3 +45,19 @@ def sample_depth(step: int, r_bar: float, r_max: int, sigma: float = 0.5, seed: 
     rate = torch.empty(1, dtype=torch.float64).log_normal_(mu, sigma, generator=g)
     r = int(torch.poisson(rate, generator=g).item()) + 1
     return min(r, r_max)
+
+
+TOKEN_SEED_OFFSET = 104_729  # the per-token depth stream, apart from the step's r and the state noise
+
+
+def sample_token_depths(step: int, r: int, shape: tuple[int, int], token_share: float, seed: int = 0,
+                        rank: int = 0) -> torch.Tensor:
+    """Per-token loops (B, T) int64 for step `step` whose drawn depth is r: each token keeps r, or with
+    probability token_share draws uniformly from 1..r. Seeded by (seed, step, rank): a rank's batch
+    rows get their own depths, and a resumed run draws the same ones."""
+    if not 0.0 <= token_share <= 1.0:
+        raise ValueError(f"token_share must be within [0, 1], got {token_share}")
+    g = torch.Generator().manual_seed(seed_for(seed, TOKEN_SEED_OFFSET + step) * 64 + rank)
+    shallow = torch.rand(shape, generator=g) < token_share
+    uniform = torch.randint(1, r + 1, shape, generator=g)
+    return torch.where(shallow, uniform, torch.full(shape, r))

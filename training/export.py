@@ -237,11 +237,12 @@ settings of `recur_core/settings.py` (noise seed {SETTINGS.seed}, 95% bootstrap 
 
 
 def export(src: Path, dst: Path, command: str, machine: str, compare: Path | None = None) -> dict:
-    """compare: a shipped checkpoint trained with another r̄, for the saturation section. A
-    checkpoint with ground truth (multi-hop programs) gets its own card (training/hops_card.py)."""
+    """compare: a shipped checkpoint trained with another r̄, for the saturation section (for a
+    checkpoint with ground truth, multi-hop programs, which gets its own card from
+    training/hops_card.py: a hops checkpoint to set beside it)."""
     if (src / GROUND_TRUTH).is_file():
         from .hops_card import export_hops
-        return export_hops(src, dst, command, machine)
+        return export_hops(src, dst, command, machine, compare)
     ckpt = load_checkpoint(src)
     meta = {**ckpt.meta, "vocab_size": ckpt.config.vocab_size}
     m = measure(src)
@@ -283,7 +284,8 @@ def main(argv=None):
     p.add_argument("--command", required=True, help="the exact training command, for the card")
     p.add_argument("--machine", default=None, help="the training machine, for the card (default: this one)")
     p.add_argument("--compare", type=Path, help="a shipped checkpoint trained with another r̄: adds the "
-                                                "saturation-hypothesis section to the card")
+                                                "saturation-hypothesis section to the card (for a hops "
+                                                "checkpoint: a hops checkpoint to set beside it)")
     args = p.parse_args(argv)
     machine = args.machine or this_machine()
     print(json.dumps(export(args.src, args.dst, args.command, machine, args.compare), indent=2))

@@ -61,13 +61,15 @@ def measure(ckpt_dir: Path, n_boot: int = SETTINGS.n_boot, max_train: int | None
     texts = [tok.decode([i for i in w.tolist() if i != tok.token_to_id("<|endoftext|>")]) for w in ckpt.windows("eval")]
     exact["chance_accuracy"] = float(np.mean([c for t in texts for c in elimination_chance(t)]))
     exact["probes_refused"] = probes.refused
+    exact["depth_mode"] = ckpt.recipe.depth_mode
     exact["fast"] = {k: v for k, v in fast.items() if k != "answers"}
     exact["fast_minus_exact"] = operating_point_gaps(fast, exact)
     return json_safe(exact)
 
 
 def goals(gt: dict) -> list[tuple[str, str, bool]]:
-    """(goal, measured, met) for the goals of issue 10 that are pass/fail."""
+    """(goal, measured, met) for the goals of issue 10 that are pass/fail, and for a checkpoint
+    trained with per-token depth issue 27's first goal (≤ 0.4× the best uniform depth)."""
     acc = gt["uniform"]["accuracy_by_hops"]
     rb, H = gt["r_bar"], gt["max_train_hops"]
     trained = [h for h in gt["hop_counts"] if h <= H]
@@ -76,6 +78,15 @@ def goals(gt: dict) -> list[tuple[str, str, bool]]:
     a1 = gt["policies"]["A1"]["spearman_exit_vs_hops"]
     best = min(gt["policies"].items(), key=lambda kv: (not kv[1]["matches_a0_rbar"], kv[1]["mean_loops"]))
     ratio = best[1]["vs_best_uniform_loops_ratio"]
+    best_line = (f"{best[0]}: {best[1]['mean_loops']:.2f} loops vs uniform {gt['best_uniform_depth']} "
+                 f"({'n/a' if ratio is None else format(ratio, '.2f')}×)"
+                 + ("" if best[1]["matches_a0_rbar"] else ", and it does not match A0@r̄"))
+
+    def within(bound: float) -> bool:
+        return bool(best[1]["matches_a0_rbar"] and ratio is not None and ratio <= bound)
+
+    per_token = [("per-token depth: a policy matches A0@r̄ within 1 point with mean loops ≤ 0.4× the smallest "
+                  "uniform depth reaching it", best_line, within(0.4))] if gt.get("depth_mode") == "per_token" else []
     return [
         (f"answer accuracy at r̄ = {rb} ≥ 95% for every hop count ≤ {H}",
          f"lowest {min(at_rbar.values()):.1%} (at {min(at_rbar, key=at_rbar.get)} hops)", min(at_rbar.values()) >= 0.95),
@@ -86,14 +97,51 @@ def goals(gt: dict) -> list[tuple[str, str, bool]]:
          "n/a" if a1["value"] is None else f"{a1['value']:.3f} [{a1['ci_low']:.3f}, {a1['ci_high']:.3f}]",
          a1["value"] is not None and a1["value"] >= 0.7),
         ("a policy matches A0@r̄ within 1 point with mean loops ≤ 0.5× the smallest uniform depth reaching it",
-         f"{best[0]}: {best[1]['mean_loops']:.2f} loops vs uniform {gt['best_uniform_depth']} "
-         f"({'n/a' if ratio is None else format(ratio, '.2f')}×)" + ("" if best[1]["matches_a0_rbar"] else
-                                                                     ", and it does not match A0@r̄"),
-         bool(best[1]["matches_a0_rbar"] and ratio is not None and ratio <= 0.5)),
+         best_line, within(0.5)),
+        *per_token,
     ]
 
 
-def card(name: str, meta: dict, gt: dict, command: str, machine: str) -> str:
+BESIDE_LOOPS = (1, 2, 3, 4, 6, 8)
+
+
+def beside_section(name: str, gt: dict, other_name: str, other: dict, same_programs: bool) -> str:
+    """The card's comparison with another hops checkpoint (its shipped card.json's ground truth):
+    answer accuracy per hop count at uniform depths, and each policy's exact operating point."""
+    programs = ("the same 128 eval programs" if same_programs else
+                "**different** eval programs (the two tasks' generators differ), so compare with care")
+    cols = [r for r in BESIDE_LOOPS if r <= min(gt["r_max"], other["r_max"])]
+    rows = ["| hops | " + " | ".join(f"{r} loops" for r in cols) + " |", "|---|" + "---|" * len(cols)]
+    acc, other_acc = gt["uniform"]["accuracy_by_hops"], other["uniform"]["accuracy_by_hops"]
+    for h in gt["hop_counts"]:
+        if str(h) in other_acc:
+            mark = "" if h <= gt["max_train_hops"] else " (unseen)"
+            rows.append(f"| {h}{mark} | " + " | ".join(
+                f"{100 * acc[str(h)][r - 1]:.0f} / {100 * other_acc[str(h)][r - 1]:.0f}" for r in cols) + " |")
+    pol = ["| policy | mean loops | × best uniform | Spearman(exit, hops) | answer acc. |", "|---|---|---|---|---|"]
+    for pname, p in gt["policies"].items():
+        q = other["policies"].get(pname)
+        if q is None:
+            continue
+        pol.append(f"| {pname} | {p['mean_loops']:.2f} / {q['mean_loops']:.2f} | {_ratio(p)} / {_ratio(q)} | "
+                   f"{_rho(p)} / {_rho(q)} | {100 * p['answer_accuracy']:.1f}% / {100 * q['answer_accuracy']:.1f}% |")
+    return f"""## Beside `{other_name}`
+
+Each cell: `{name}` / `{other_name}`, on {programs}. Best uniform depth (the smallest reaching A0@r̄'s
+accuracy within 1 point on the trained hop counts): **{gt['best_uniform_depth']}** / **{other['best_uniform_depth']}**
+loops; target accuracy {100 * gt['target_accuracy']:.1f}% / {100 * other['target_accuracy']:.1f}%.
+
+Answer accuracy (%) at uniform depth:
+
+{chr(10).join(rows)}
+
+Exact operating points (as in the policy table above):
+
+{chr(10).join(pol)}
+"""
+
+
+def card(name: str, meta: dict, gt: dict, command: str, machine: str, beside: str = "") -> str:
     tc, shape = meta["train_config"], shape_of(meta["train_config"])
     acc = gt["uniform"]["accuracy_by_hops"]
     loops = [r for r in TABLE_LOOPS if r <= gt["r_max"]]
@@ -189,6 +237,7 @@ percent of them); Spearman is over answer tokens, with a 95% bootstrap CI over p
 
 {extra or '- (no eval program goes past the trained hop counts)'}
 
+{beside}
 ## Against the goals
 
 {chr(10).join(goal_rows)}
@@ -197,6 +246,16 @@ percent of them); Spearman is over answer tokens, with a 95% bootstrap CI over p
 
 Weights, tokenizer and the generated programs are ours (no third-party data).
 """
+
+
+def _ratio(policy: dict) -> str:
+    x = policy["vs_best_uniform_loops_ratio"]
+    return "n/a" if x is None else f"{x:.2f}×"
+
+
+def _rho(policy: dict) -> str:
+    x = policy["spearman_exit_vs_hops"]["value"]
+    return "n/a" if x is None else f"{x:.3f}"
 
 
 def _pct_ci(est: dict) -> str:
@@ -226,8 +285,9 @@ def trained_hops_of(src: Path, task, saved: int) -> int:
     return min(saved, trained_hops(task, int(json.loads(state.read_text())["data"]["position"])))
 
 
-def export_hops(src: Path, dst: Path, command: str, machine: str) -> dict:
-    """Ship a multi-hop checkpoint: its files plus the ground truth, with the card measured here."""
+def export_hops(src: Path, dst: Path, command: str, machine: str, compare: Path | None = None) -> dict:
+    """Ship a multi-hop checkpoint: its files plus the ground truth, with the card measured here;
+    compare: a shipped hops checkpoint to set beside it (from its card.json)."""
     from recur_core.analysis.ground_truth import GROUND_TRUTH
     from training.hops import HopsTask, window_hops
 
@@ -240,13 +300,18 @@ def export_hops(src: Path, dst: Path, command: str, machine: str) -> dict:
     gt = measure(src, max_train=max_train)
     verdicts = [{"goal": g, "measured": m, "met": ok} for g, m, ok in goals(gt)]
     summary = {k: v for k, v in gt.items() if k != "answers"}
+    beside = ""
+    if compare is not None:
+        other = json.loads((compare / "card.json").read_text())["ground_truth"]
+        same = torch.equal(ckpt.windows("eval"), load_checkpoint(compare).windows("eval"))
+        beside = beside_section(dst.name, gt, compare.name, other, same)
 
     def write(tmp: Path):
         for name in SHIPPED_FILES:
             shutil.copyfile(src / name, tmp / name)
         save_file({"hops": torch.from_numpy(hops), "probe_hops": window_hops(ckpt.tokenizer(), ckpt.windows("probe")),
                    "max_train_hops": torch.tensor([max_train])}, str(tmp / GROUND_TRUTH))
-        (tmp / "README.md").write_text(card(dst.name, meta, gt, command, machine))
+        (tmp / "README.md").write_text(card(dst.name, meta, gt, command, machine, beside))
         (tmp / "card.json").write_text(json.dumps({"ground_truth": summary, "goals": verdicts}, indent=2) + "\n")
 
     atomic_write_dir(dst, write)

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, fields
 
 from recur_core.model.config import VOCAB_FROM_TOKENIZER, ModelConfig
-from recur_core.model.recipe import SAMPLER_MEANS, Recipe
+from recur_core.model.recipe import DEPTH_MODES, SAMPLER_MEANS, Recipe
 
 # shipped in training/tokenizers/ (Apache-2.0); the same as the hub's HuggingFaceTB/SmolLM2-135M tokenizer
 SMOLLM2_TOKENIZER = "smollm2"
@@ -31,6 +31,8 @@ class TrainConfig:
     backprop_depth: int = 4  # k: loops that get gradients
     sigma: float = 0.5
     sampler_mean: str = "r_bar"  # "r_bar": E[r] = r_bar (ours); "huginn": E[r] = r_bar + 1 (Huginn's code)
+    depth_mode: str = "per_step"  # the paper's; "per_token": each token draws its own depth (depth_sampler.py)
+    token_share: float = 0.5  # per_token only: the share of tokens whose depth is uniform on 1..r (ours)
     # data
     dataset: str = "roneneldan/TinyStories"
     dataset_config: str = ""
@@ -56,10 +58,16 @@ class TrainConfig:
     def __post_init__(self):
         if self.sampler_mean not in SAMPLER_MEANS:
             raise ValueError(f"sampler_mean must be one of {', '.join(SAMPLER_MEANS)}, got {self.sampler_mean!r}")
+        if self.depth_mode not in DEPTH_MODES:
+            raise ValueError(f"depth_mode must be one of {', '.join(DEPTH_MODES)}, got {self.depth_mode!r}")
+        if not 0.0 <= self.token_share <= 1.0:
+            raise ValueError(f"token_share must be within [0, 1], got {self.token_share}")
 
     def recipe(self) -> Recipe:
         """The randomized-depth recipe, as meta.json records it."""
-        return Recipe(float(self.r_bar), self.r_max, self.backprop_depth, self.sigma, self.sampler_mean)
+        per_token = self.depth_mode == "per_token"
+        return Recipe(float(self.r_bar), self.r_max, self.backprop_depth, self.sigma, self.sampler_mean,
+                      self.depth_mode, self.token_share if per_token else 0.0)
 
     @property
     def seq_len(self) -> int:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from recur_core.model.checkpoint import CheckpointError
+
 from .data import MAX_HOLDOUT_SHARE, VAL_PER_MILLE, DataError, DataSpec
 from .presets import PRESETS
 from .trainer import Trainer
@@ -29,6 +31,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                   "the text when that is too small)")
     p.add_argument("--out", type=Path, help="run directory (default: runs/<preset>)")
     p.add_argument("--max-tokens", type=int, help="training budget in tokens (sets the cosine schedule)")
+    p.add_argument("--init-from", type=Path, metavar="DIR",
+                   help="start from this checkpoint's weights (same shape and tokenizer; fresh optimizer and "
+                        "schedule), e.g. to fine-tune with --set depth_mode=per_token; meta.json records it")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     p.add_argument("--stop-at-step", type=int, help="save and stop after this step, as if interrupted; "
                                                     "--resume continues exactly where it stopped")
@@ -61,10 +66,10 @@ def main(argv=None) -> None:
     data = DataSpec(train=args.data or cfg.dataset, val=args.val_data, hub_config=cfg.dataset_config)
     out = args.out or Path("runs") / args.preset
     trainer = Trainer(args.preset, cfg, overrides, data, out, resume=args.resume,
-                      stop_at_step=args.stop_at_step, progress=not args.no_progress)
+                      stop_at_step=args.stop_at_step, progress=not args.no_progress, init_from=args.init_from)
     try:
         trainer.train()
-    except (FileExistsError, FileNotFoundError, DataError) as err:
+    except (FileExistsError, FileNotFoundError, DataError, CheckpointError) as err:
         raise SystemExit(f"training.run {args.preset}: {err}") from None
 
 

@@ -32,6 +32,7 @@ from recur_core.model.checkpoint import (
     METRICS,
     PROBE_WINDOWS,
     TOKENIZER,
+    CheckpointError,
     read_meta,
     recover_interrupted,
     save_checkpoint,
@@ -57,7 +58,7 @@ from .data import (
     take_windows,
     token_counts,
 )
-from .depth_sampler import sample_depth
+from .depth_sampler import sample_depth, sample_token_depths
 from .metrics_log import append as append_metrics
 from .presets import TrainConfig
 from .sources import file_record
@@ -183,9 +184,11 @@ def validation_line(v: dict) -> str:
 # -- the run -------------------------------------------------------------------------------
 class Trainer:
     def __init__(self, preset: str, cfg: TrainConfig, overrides: dict, data: DataSpec, out: Path,
-                 resume: bool = False, stop_at_step: int | None = None, progress: bool = True):
+                 resume: bool = False, stop_at_step: int | None = None, progress: bool = True,
+                 init_from: Path | None = None):
         self.preset, self.cfg, self.overrides, self.data, self.out = preset, cfg, overrides, data, Path(out)
         self.resume, self.stop_at_step, self.progress = resume, stop_at_step, progress
+        self.init_from, self.init_record = init_from, None
         self.rank, self.world, self.device = setup_distributed()
         self.is_main = self.rank == 0
         self.step, self.tokens_seen, self.best_eval, self.last_eval = 0, 0, math.inf, {}
@@ -234,6 +237,8 @@ class Trainer:
         self.opt = make_optimizer(self.model, cfg, self.device)
         if self.resume:
             self._load_latest()
+        elif self.init_from is not None:
+            self._load_initial_weights()
         self.ddp = (torch.nn.parallel.DistributedDataParallel(self.model) if self.world > 1 else self.model)
         self.total_steps = max(1, cfg.max_tokens // cfg.tokens_per_step(self.world))
 
@@ -349,6 +354,19 @@ class Trainer:
         dist.barrier()
         return load_tokenizer(str(path))
 
+    def _load_initial_weights(self) -> None:
+        """--init-from: start from another checkpoint's weights (same model shape and tokenizer), with
+        a fresh optimizer, schedule and data stream; meta.json records where the weights came from."""
+        ckpt = load_checkpoint(self.init_from, device=self.device)
+        if ckpt.config != self.model.cfg:
+            raise CheckpointError(f"--init-from {self.init_from}: its model config differs from this run's: "
+                             f"{ckpt.config} vs {self.model.cfg}")
+        if ckpt.tokenizer().to_str() != self.tokenizer.to_str():
+            raise CheckpointError(f"--init-from {self.init_from}: its tokenizer differs from this run's")
+        self.model.load_state_dict(ckpt.model.state_dict())
+        self.init_record = {"path": str(self.init_from), "checkpoint_id": ckpt.checkpoint_id,
+                            "recipe": ckpt.recipe.to_meta(), "step": ckpt.meta.get("step")}
+
     def _load_latest(self) -> None:
         ckpt = load_checkpoint(self._latest(), device=self.device)
         if ckpt.config != self.model.cfg:
@@ -359,6 +377,7 @@ class Trainer:
         self.step, self.tokens_seen = info["step"], info["tokens_seen"]
         self.best_eval, self.last_eval = info["best_eval"], ckpt.meta.get("last_eval", {})
         self.wall_s = info.get("wall_s", 0.0)
+        self.init_record = ckpt.meta.get("init_from")
         self.train_windows.load_state(info["data"])
         if self.is_main:  # the live log continues from the checkpoint's copy
             (self.out / METRICS).write_bytes((self._latest() / METRICS).read_bytes())
@@ -382,6 +401,7 @@ class Trainer:
             "last_eval": {str(d): v for d, v in self.last_eval.items()}, "best_eval_r_bar": self.best_eval,
             "epochs": self.train_windows.epoch, "wall_seconds": round(self.wall_s, 1),
             "n_params": self.model.num_params(), "world_size": self.world,
+            **({"init_from": self.init_record} if self.init_record else {}),
         }
 
     def save(self, which: str) -> None:
@@ -418,8 +438,12 @@ class Trainer:
         batch = self.train_windows.next_batch(cfg.batch_size * self.world)[self.rank::self.world].to(self.device)
         inputs, targets = batch[:, :-1], batch[:, 1:]
         gen = torch.Generator().manual_seed(seed_for(cfg.seed, self.step) * 64 + self.rank)
+        token_loops = None
+        if cfg.depth_mode == "per_token":
+            token_loops = sample_token_depths(self.step, r, tuple(inputs.shape), cfg.token_share, cfg.seed,
+                                              self.rank).to(self.device)
         with autocast_context(self.device, cfg.autocast):
-            logits = self.ddp(inputs, r, gen, backprop_depth=cfg.backprop_depth)
+            logits = self.ddp(inputs, r, gen, backprop_depth=cfg.backprop_depth, token_loops=token_loops)
         if hasattr(self.train_windows, "loss_weights"):  # e.g. answers weighted above other tokens
             weights = self.train_windows.loss_weights(inputs, targets).to(self.device).flatten()
             ce = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none")
@@ -434,7 +458,10 @@ class Trainer:
         if not torch.isfinite(grad_norm):
             raise NonFiniteLoss(f"gradient norm became {grad_norm.item()} at step {self.step} (r = {r})")
         self.opt.step()
-        return {"loss": loss.item(), "r": r, "lr": lr, "grad_norm": grad_norm.item()}
+        stats = {"loss": loss.item(), "r": r, "lr": lr, "grad_norm": grad_norm.item()}
+        if token_loops is not None:  # mean loops per token this step
+            stats["mean_token_loops"] = token_loops.float().mean().item()
+        return stats
 
     def _request_stop(self, signum, frame):
         self._stop_requested = True

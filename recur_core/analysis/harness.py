@@ -98,13 +98,21 @@ def run_exact(ckpt_or_model: Checkpoint | LoopedLM, ids, policy: Policy, max_loo
 def run_exact_sweep(ckpt_or_model: Checkpoint | LoopedLM, ids, policies: list[Policy], max_loops: int,
                     seed: int = 0, *, batch_size: int = 16, window_group: int = 8, progress=None,
                     work: SweepWork | None = None) -> list[ExactResult]:
-    """Evaluate every policy exactly (one ExactResult each, in order) in one batched pass.
+    """Evaluate every policy exactly (one ExactResult each, in order) in one batched pass; policies with
+    equal `rule_key`s halt alike and run once.
 
     Groups of window_group windows (which bound the memory of their lanes) run in parallel on a
     CPU (recur_core.analysis.parallel); `work`, if given, is filled with the amount of computation done.
     """
     if not policies:
         return []
+    keys = [p.rule_key for p in policies]
+    distinct = sorted({k: i for i, k in reversed(list(enumerate(keys)))}.values())  # first of each rule
+    if len(distinct) < len(policies):  # policies that halt alike (e.g. equal probes) run once
+        results = run_exact_sweep(ckpt_or_model, ids, [policies[i] for i in distinct], max_loops, seed,
+                                  batch_size=batch_size, window_group=window_group, progress=progress, work=work)
+        by_key = {keys[i]: r for i, r in zip(distinct, results, strict=True)}
+        return [by_key[k] for k in keys]
     model, _ = resolve_model(ckpt_or_model)
     inputs, targets = split_inputs(ids)
     N, T = inputs.shape

@@ -75,6 +75,14 @@ class Probe:
             h.update(t.detach().cpu().float().numpy().tobytes())
         return f"{self.label_kind}-{h.hexdigest()[:12]}"
 
+    @property
+    def rule_id(self) -> str:
+        """Content hash of the parameters alone: probes with equal rule_ids give equal chances."""
+        h = hashlib.sha256(json.dumps(self.bias).encode())
+        for t in (self.weight, self.mean, self.std):
+            h.update(t.detach().cpu().float().numpy().tobytes())
+        return h.hexdigest()[:16]
+
     def logit(self, features: torch.Tensor) -> torch.Tensor:
         """Logits of standardised-then-weighted features (..., d + 1)."""
         x = (features.float() - self.mean.to(features.device)) / self.std.to(features.device)

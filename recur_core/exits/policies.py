@@ -92,6 +92,11 @@ class Policy:
     def threshold(self) -> float:
         return getattr(self, self.threshold_name)
 
+    @property
+    def rule_key(self) -> str:
+        """Equal keys halt the same tokens on the same run (the harness evaluates such policies once)."""
+        return repr(self)
+
     def private(self) -> "Policy":
         """The policy for one run of its own (one sequence, one batch): itself, or for a rule that
         remembers earlier loops a copy with empty memory, so runs that interleave or go on in
@@ -244,6 +249,13 @@ class LinearRouter(Policy):
     def __repr__(self) -> str:
         return (f"LinearRouter(probe={self.probe.probe_id}, tau={self.tau}, min_loops={self.min_loops}, "
                 f"r_max={self.r_max})")
+
+    @property
+    def rule_key(self) -> str:
+        """Probes of two label kinds can fit the same weights (on demo "kl" and "kl_any" do): the
+        key is the probe's parameters (`rule_id`), not its name."""
+        rule_id = getattr(self.probe, "rule_id", self.probe.probe_id)
+        return f"LinearRouter({rule_id}, {self.tau}, {self.min_loops}, {self.r_max})"
 
 
 # -- Huginn's exit criteria ------------------------------------------------------------------------

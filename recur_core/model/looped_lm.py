@@ -382,20 +382,36 @@ class LoopedLM(nn.Module):
 
     # -- composition --------------------------------------------------------------------
     def forward(self, ids: torch.Tensor, loops: int, generator: torch.Generator | None = None,
-                backprop_depth: int | None = None) -> torch.Tensor:
+                backprop_depth: int | None = None, token_loops: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, T, V) after `loops` core loops from seeded noise.
 
         backprop_depth k: truncated backprop through depth, the first loops - k loops run under
         no_grad and only the last k loops (plus prelude, coda and head) get gradients.
+        token_loops: optional (B, T) per-token depths, each <= loops (training's per-token depth
+        mode). A token past its depth is frozen as the exact harness freezes a halted token: its
+        state stops, and later tokens read its keys at that exit state. Its backprop covers its own
+        last k loops. With every depth equal to `loops` this is exactly the call without it.
         """
         e = self.prelude(ids)
         state = self.start_state(self.init_state(ids.shape[0], ids.shape[1], generator, device=ids.device), e)
-        no_grad_loops = 0 if backprop_depth is None else max(loops - backprop_depth, 0)
+        k = loops if backprop_depth is None else backprop_depth
+        if token_loops is None:
+            no_grad_loops = max(loops - k, 0)
+            with torch.no_grad():
+                for _ in range(no_grad_loops):
+                    state = self.core_step(state, e)
+            for _ in range(loops - no_grad_loops):
+                state = self.core_step(state, e)
+            return self.readout(state)
+        if int(token_loops.max()) > loops or int(token_loops.min()) < 1:
+            raise ValueError(f"token_loops must lie within 1..{loops}")
+        no_grad_loops = max(int(token_loops.min()) - k, 0)  # loops before every token's backprop window
         with torch.no_grad():
             for _ in range(no_grad_loops):
                 state = self.core_step(state, e)
-        for _ in range(loops - no_grad_loops):
-            state = self.core_step(state, e)
+        for i in range(no_grad_loops + 1, loops + 1):
+            before_window = (i <= token_loops - k).unsqueeze(-1)
+            state = self.core_step(torch.where(before_window, state.detach(), state), e, freeze=token_loops < i)
         return self.readout(state)
 
     def num_params(self) -> int:

@@ -75,10 +75,13 @@ class LossCalibrator:
 class AccuracyCalibrator:
     """Answer accuracy and mean loops (over program tokens) of policies, teacher-forced (memoised)."""
 
-    def __init__(self, ckpt, windows, hops, cap, seed, batch):
+    def __init__(self, ckpt, windows, hops, cap, seed, batch, max_train_hops: int | None = None):
+        """max_train_hops: score only answers of the trained hop counts 1..max_train_hops (the ground
+        truth's target and best uniform depth are taken on them; None: every answer)."""
         self.ckpt, self.windows, self.cap, self.seed, self.batch = ckpt, windows, cap, seed, batch
         targets = windows[:, 1:]
-        self.answers = torch.as_tensor(hops[:len(windows), 1:] > 0)
+        answer_hops = torch.as_tensor(hops[:len(windows), 1:])
+        self.answers = (answer_hops > 0) & (answer_hops <= (max_train_hops or int(answer_hops.max())))
         pad = ckpt.tokenizer().token_to_id(PAD)
         self.program = ~((windows[:, :-1] == pad) & (targets == pad))
         self.memo = {}

@@ -6,9 +6,10 @@ Decoding here is teacher-forced: each program is fed token by token through the 
 at its own loop exactly as in `generate`, and each answer token's prediction is scored against the
 true value. (Free generation would sample the next query, which no model can predict.)
 
-  1. Calibrate on the first --windows eval programs (decoded in lockstep batches): A0 at r_bar's
-     answer accuracy is the target; each policy's threshold is the cheapest (fewest loops) whose
-     accuracy is within --acc-tolerance of it. Uniform depths 1 .. cap are scored the same way.
+  1. Calibrate on the first --windows eval programs (decoded in lockstep batches), scoring the
+     answers of the trained hop counts (as the ground truth does): A0 at r_bar's answer accuracy is
+     the target; each policy's threshold (A1, the latent rule, A2 for every probe label kind) is the
+     cheapest (fewest loops) whose accuracy is within --acc-tolerance of it. Uniform depths 1 .. cap are scored the same way.
   2. The best policy is the matched one with the fewest mean loops; the baseline is the **smallest
      uniform depth whose accuracy is within --acc-tolerance of that policy's** (and A0 at r_bar).
   3. Time batch-1 decoding of the next --prompts programs (each cut at its end, no padding) under
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from recur_core import load_checkpoint
-from recur_core.analysis.ground_truth import load_ground_truth
+from recur_core.analysis.ground_truth import load_ground_truth, probe_answers
 from recur_core.analysis.matching import Match
 from recur_core.analysis.probe import load_or_train_probes
 from recur_core.decoding.decode import teacher_forced
@@ -76,15 +77,18 @@ def time_policies(ckpt, rows, first_window, policies, repeats, cap, seed):
 
 
 def match_policies(calibrator: AccuracyCalibrator, ckpt, cap: int, target: float, args) -> dict[str, Match]:
-    """{"A1", "latent", "A2" (unless --no-a2): the cheapest threshold whose accuracy is at least target}."""
+    """{"A1", "latent", "A2_<label kind>" for every probe kind that trains (unless --no-a2): the
+    cheapest threshold whose accuracy is at least target}."""
     matched = {"A1": calibrator.match(lambda th: ConvergenceExit(th, r_max=cap), SETTINGS.calibration_eps,
                                       target, args.bisect),
                "latent": calibrator.match(lambda th: LatentDiff(th, r_max=cap), SETTINGS.calibration_delta,
                                           target, args.bisect)}
     if not args.no_a2:
-        probe = load_or_train_probes(ckpt, cap, args.seed, kinds=("kl",))["kl"]
-        matched["A2"] = calibrator.match(lambda th: LinearRouter(probe, th, r_max=cap), SETTINGS.calibration_tau,
-                                         target, args.bisect)
+        answers = probe_answers(ckpt.path, SETTINGS.probe_windows)  # labels matched on answers, as the card's
+        for kind, probe in load_or_train_probes(ckpt, cap, args.seed, n_windows=SETTINGS.probe_windows,
+                                                answers=answers).items():
+            matched[f"A2_{kind}"] = calibrator.match(lambda th, probe=probe: LinearRouter(probe, th, r_max=cap),
+                                                     SETTINGS.calibration_tau, target, args.bisect)
     return matched
 
 
@@ -133,9 +137,10 @@ def bench_hops(path, args) -> dict:
     n_cal = min(args.windows, len(windows) - args.prompts)
     log(f"\n== {path}  (checkpoint {ckpt.checkpoint_id}; ground truth: hop counts, trained to {max_train_hops}; "
         f"r_bar {r_bar}, loop cap {cap}; {torch.get_num_threads()} thread(s))")
-    log(f"calibration: {n_cal} held-out programs, teacher-forced decode, KV rule 'latest', answer accuracy")
-    calib = calibrate(AccuracyCalibrator(ckpt, windows[:n_cal], hops, cap, args.seed, args.tf_batch), ckpt, r_bar,
-                      cap, args)
+    log(f"calibration: {n_cal} held-out programs, teacher-forced decode, KV rule 'latest', answer accuracy on "
+        f"the trained hop counts 1..{max_train_hops}")
+    calibrator = AccuracyCalibrator(ckpt, windows[:n_cal], hops, cap, args.seed, args.tf_batch, max_train_hops)
+    calib = calibrate(calibrator, ckpt, r_bar, cap, args)
     ok = {name: m for name, m in calib.matched.items() if m.matched}
     if not ok:
         log("no policy reaches A0@r_bar's answer accuracy within the tolerance; nothing to time")

@@ -4,8 +4,10 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from tiny import make_tiny_hops_checkpoint
 
+from recur_core import load_checkpoint
 from recur_core.analysis.ground_truth import load_ground_truth, spearman
 from recur_core.model.checkpoint import read_safetensors
 from training.hops_card import beside_section, goals, learned_line
@@ -295,3 +297,17 @@ def test_decoding_walk_finds_the_cheapest_threshold_that_meets_the_target(last_m
         assert matched == (last_meeting >= 0)
         assert at == (last_meeting if matched else min(walk.done)), start
         assert len(walk.done) <= 2 + 2 * int(np.ceil(np.log2(n)))
+
+
+def test_decoding_bench_scores_the_trained_hop_counts(hops_ckpt):
+    """bench.bench_decode on hops matches policies on the answers the ground truth judges: the trained
+    hop counts (the extrapolation answers are left out of the target and the best uniform depth)."""
+    from bench.calibrate import AccuracyCalibrator
+    ckpt = load_checkpoint(hops_ckpt)
+    hops, max_train = load_ground_truth(hops_ckpt)
+    windows = ckpt.windows("eval")[:16]
+    every = AccuracyCalibrator(ckpt, windows, hops, 4, 0, 8)
+    trained = AccuracyCalibrator(ckpt, windows, hops, 4, 0, 8, max_train)
+    h = torch.as_tensor(hops[:16, 1:])
+    assert torch.equal(trained.answers, (h > 0) & (h <= max_train))
+    assert torch.equal(every.answers, h > 0) and trained.answers.sum() < every.answers.sum()

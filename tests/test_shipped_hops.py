@@ -1,4 +1,4 @@
-"""The shipped multi-hop checkpoint (checkpoints/hops): complete, id matches meta.json, and its
+"""The shipped multi-hop checkpoints (checkpoints/hops, checkpoints/hops-per-token): complete, id matches meta.json, and its
 card's answer accuracies per hop count re-measured with the product's own code; the goal verdicts
 of the README follow from the card's numbers."""
 import json
@@ -13,31 +13,30 @@ from recur_core.analysis.trace import trace
 from recur_core.model.checkpoint import SHIPPED_FILES
 from training.hops_card import goals
 
-PATH = Path(__file__).resolve().parents[1] / "checkpoints" / "hops"
+CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 
 
-@pytest.fixture(scope="module")
-def shipped():
-    ckpt = load_checkpoint(PATH)
-    card = json.loads((PATH / "card.json").read_text())
-    return ckpt, card
+@pytest.fixture(scope="module", params=["hops", "hops-per-token"])
+def shipped(request):
+    path = CHECKPOINTS / request.param
+    return path, load_checkpoint(path), json.loads((path / "card.json").read_text())
 
 
 def test_complete_small_and_id_matches_meta(shipped):
-    ckpt, _ = shipped
-    assert all((PATH / f).is_file() for f in (*SHIPPED_FILES, GROUND_TRUTH, "README.md", "card.json"))
+    path, ckpt, _ = shipped
+    assert all((path / f).is_file() for f in (*SHIPPED_FILES, GROUND_TRUTH, "README.md", "card.json"))
     assert ckpt.checkpoint_id == ckpt.meta["checkpoint_id"]
-    assert sum(f.stat().st_size for f in PATH.iterdir()) <= 10 * 2 ** 20
-    hops, _ = load_ground_truth(PATH)
+    assert sum(f.stat().st_size for f in path.iterdir()) <= 10 * 2 ** 20
+    hops, _ = load_ground_truth(path)
     assert hops.shape == tuple(ckpt.windows("eval").shape) == (128, ckpt.config.max_seq_len + 1)
 
 
 def test_card_accuracies_are_remeasured(shipped):
     """Answer accuracy per hop count at 1 loop and at r_bar on all 128 held-out programs."""
-    ckpt, card = shipped
+    path, ckpt, card = shipped
     gt = card["ground_truth"]
     r_bar = gt["r_bar"]
-    hops, _ = load_ground_truth(PATH)
+    hops, _ = load_ground_truth(path)
     tr = trace(ckpt, ckpt.windows("eval").numpy(), r_bar, seed=0, cache=False)
     ah = answer_hops(tr, hops)
     for loops in (1, r_bar):
@@ -50,8 +49,19 @@ def test_card_accuracies_are_remeasured(shipped):
 
 
 def test_readme_goal_verdicts_follow_from_the_card(shipped):
-    _, card = shipped
-    readme = (PATH / "README.md").read_text()
+    path, _, card = shipped
+    readme = (path / "README.md").read_text()
     for (goal, measured, met), stated in zip(goals(card["ground_truth"]), card["goals"], strict=True):
         assert stated["met"] == met and stated["goal"] == goal
         assert f"| {goal} | {measured} | {'yes' if met else '**no**'} |" in readme
+
+
+def test_per_token_checkpoint_records_its_recipe_and_sits_beside_hops():
+    path = CHECKPOINTS / "hops-per-token"
+    ckpt = load_checkpoint(path)
+    assert ckpt.recipe.depth_mode == "per_token" and ckpt.recipe.token_share == 0.5
+    assert ckpt.meta["init_from"]["checkpoint_id"] == load_checkpoint(CHECKPOINTS / "hops").checkpoint_id
+    readme = (path / "README.md").read_text()
+    assert "per-token depth (50% of tokens" in readme and "## Beside `hops`" in readme
+    assert "**Started from** `checkpoints/hops`" in readme
+    assert "the same 128 eval programs" in readme  # the same generator and seed: comparable row by row

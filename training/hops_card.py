@@ -201,7 +201,7 @@ heads, FFN {shape['ffn_dim']}, prelude/core/coda {shape['n_prelude']}/{shape['n_
   1..{gt['max_train_hops']}; the 128 eval programs are held out (another seed) and go to
   {max(gt['hop_counts'])} hops.
 - **Training**: {meta['step']} steps ({meta['tokens_seen']:,} window tokens) in {meta['wall_seconds'] / 60:.0f}
-  minutes on {machine}.
+  minutes on {machine}.{_init_line(meta)}
 - **Reproduce**: `{command}`
 - **Checkpoint id**: `{meta['checkpoint_id']}` (code revision {meta['code_revision']}).
 
@@ -246,6 +246,16 @@ percent of them); Spearman is over answer tokens, with a 95% bootstrap CI over p
 
 Weights, tokenizer and the generated programs are ours (no third-party data).
 """
+
+
+def _init_line(meta: dict) -> str:
+    """The card's line for a run that started from another checkpoint's weights (--init-from)."""
+    init = meta.get("init_from")
+    if not init:
+        return ""
+    return (f"\n- **Started from** `{init['path']}` (checkpoint `{init['checkpoint_id']}`, step {init.get('step')}, "
+            f"trained with {init['recipe'].get('depth_mode', 'per_step').replace('_', '-')} depth): the steps above "
+            "come on top of its training.")
 
 
 def _ratio(policy: dict) -> str:

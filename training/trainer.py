@@ -360,7 +360,7 @@ class Trainer:
         ckpt = load_checkpoint(self.init_from, device=self.device)
         if ckpt.config != self.model.cfg:
             raise CheckpointError(f"--init-from {self.init_from}: its model config differs from this run's: "
-                             f"{ckpt.config} vs {self.model.cfg}")
+                                  f"{ckpt.config} vs {self.model.cfg}")
         if ckpt.tokenizer().to_str() != self.tokenizer.to_str():
             raise CheckpointError(f"--init-from {self.init_from}: its tokenizer differs from this run's")
         self.model.load_state_dict(ckpt.model.state_dict())

@@ -71,6 +71,9 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=SETTINGS.seed)
     p.add_argument("--max-loops", type=int, default=None, help="loop cap (default: the recipe's r_max)")
     p.add_argument("--tf-batch", type=int, default=8, help="windows decoded in lockstep")
+    p.add_argument("--hops-kv-rule", default="latest", choices=("latest", "recompute"),
+                   help="on a checkpoint with ground truth: the KV rule of calibration and timing (\"recompute\" "
+                        "is the rule the exact ground truth equals)")
     p.add_argument("--no-a2", action="store_true",
                    help="skip A2 (a linear probe on the state trained on A1's KL labels: a check that needs "
                         "no coda or head)")

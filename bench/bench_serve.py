@@ -209,8 +209,8 @@ def read_calibration(path: Path, checkpoint_id: str, cap: int) -> dict:
 
 def quality_measure(ckpt, args, cap, windows):
     """(metric, evaluate(policy) -> Quality, tolerance): teacher-forced loss (lower is better,
-    tolerance +--tolerance), or on a checkpoint with ground truth answer accuracy (higher is better,
-    tolerance -(--acc-tolerance))."""
+    tolerance +--tolerance), or on a checkpoint with ground truth answer accuracy on the trained hop
+    counts (higher is better, tolerance -(--acc-tolerance))."""
     truth = load_ground_truth(args.ckpt)
     if truth is None:
         loss = LossCalibrator(ckpt, windows, cap, args.seed, args.tf_batch)
@@ -219,8 +219,8 @@ def quality_measure(ckpt, args, cap, windows):
             tf = loss.evaluate(policy)
             return Quality(score=tf.loss, mean_loops=tf.mean_loops)
         return "loss", evaluate, args.tolerance
-    hops, _max_train_hops = truth
-    accuracy = AccuracyCalibrator(ckpt, windows, hops, cap, args.seed, args.tf_batch)
+    hops, max_train_hops = truth  # scored on the trained hop counts, as the ground truth is
+    accuracy = AccuracyCalibrator(ckpt, windows, hops, cap, args.seed, args.tf_batch, max_train_hops)
 
     def evaluate(policy) -> Quality:
         res = accuracy.evaluate(policy)

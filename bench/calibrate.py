@@ -75,10 +75,12 @@ class LossCalibrator:
 class AccuracyCalibrator:
     """Answer accuracy and mean loops (over program tokens) of policies, teacher-forced (memoised)."""
 
-    def __init__(self, ckpt, windows, hops, cap, seed, batch, max_train_hops: int | None = None):
+    def __init__(self, ckpt, windows, hops, cap, seed, batch, max_train_hops: int | None = None,
+                 kv_rule: str = SETTINGS.kv_rule):
         """max_train_hops: score only answers of the trained hop counts 1..max_train_hops (the ground
         truth's target and best uniform depth are taken on them; None: every answer)."""
         self.ckpt, self.windows, self.cap, self.seed, self.batch = ckpt, windows, cap, seed, batch
+        self.kv_rule = kv_rule
         targets = windows[:, 1:]
         answer_hops = torch.as_tensor(hops[:len(windows), 1:])
         self.answers = (answer_hops > 0) & (answer_hops <= (max_train_hops or int(answer_hops.max())))
@@ -90,7 +92,7 @@ class AccuracyCalibrator:
         key = repr(policy)
         if key not in self.memo:
             t = time.perf_counter()
-            tf = teacher_forced(self.ckpt, self.windows, policy, SETTINGS.kv_rule, seed=self.seed, max_loops=self.cap,
+            tf = teacher_forced(self.ckpt, self.windows, policy, self.kv_rule, seed=self.seed, max_loops=self.cap,
                                 batch_size=self.batch)
             correct = tf.argmax == self.windows[:, 1:]
             acc = Accuracy(accuracy=float(correct[self.answers].float().mean()),

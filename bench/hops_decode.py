@@ -2,7 +2,8 @@
 held-out multi-hop programs, matched on **answer accuracy** instead of loss.
 
 Decoding here is teacher-forced: each program is fed token by token through the real decoder
-(`recur_core.decoding.decode.teacher_forced`, mode "decode", KV rule "latest", batch 1), so every token halts
+(`recur_core.decoding.decode.teacher_forced`, mode "decode", KV rule "latest" unless --hops-kv-rule
+"recompute", the rule the exact ground truth equals; batch 1), so every token halts
 at its own loop exactly as in `generate`, and each answer token's prediction is scored against the
 true value. (Free generation would sample the next query, which no model can predict.)
 
@@ -50,12 +51,12 @@ def program_rows(windows: torch.Tensor, pad: int) -> list[torch.Tensor]:
     return rows
 
 
-def time_policies(ckpt, rows, first_window, policies, repeats, cap, seed):
+def time_policies(ckpt, rows, first_window, policies, repeats, cap, seed, kv_rule="latest"):
     """({name: [tokens/s per repeat]}, {name: [exit loops per program]}) of batch-1 teacher-forced
     decoding, in an order rotated per program and repeat (exits from the first repeat)."""
     names = list(policies)
     for p in policies.values():  # warm-up
-        teacher_forced(ckpt, rows[0], p, "latest", seed=seed, max_loops=cap, batch_size=1)
+        teacher_forced(ckpt, rows[0], p, kv_rule, seed=seed, max_loops=cap, batch_size=1)
     tps = {n: [] for n in names}
     exits = {n: [None] * len(rows) for n in names}
     for rep in range(repeats):
@@ -65,7 +66,7 @@ def time_policies(ckpt, rows, first_window, policies, repeats, cap, seed):
             k = (rep + i) % len(names)
             for name in names[k:] + names[:k]:
                 t = time.perf_counter()
-                tf = teacher_forced(ckpt, row, policies[name], "latest", seed=seed, max_loops=cap, batch_size=1,
+                tf = teacher_forced(ckpt, row, policies[name], kv_rule, seed=seed, max_loops=cap, batch_size=1,
                                     first_window=first_window + i)
                 secs[name] += time.perf_counter() - t
                 if rep == 0:
@@ -137,9 +138,10 @@ def bench_hops(path, args) -> dict:
     n_cal = min(args.windows, len(windows) - args.prompts)
     log(f"\n== {path}  (checkpoint {ckpt.checkpoint_id}; ground truth: hop counts, trained to {max_train_hops}; "
         f"r_bar {r_bar}, loop cap {cap}; {torch.get_num_threads()} thread(s))")
-    log(f"calibration: {n_cal} held-out programs, teacher-forced decode, KV rule 'latest', answer accuracy on "
-        f"the trained hop counts 1..{max_train_hops}")
-    calibrator = AccuracyCalibrator(ckpt, windows[:n_cal], hops, cap, args.seed, args.tf_batch, max_train_hops)
+    log(f"calibration: {n_cal} held-out programs, teacher-forced decode, KV rule {args.hops_kv_rule!r}, answer "
+        f"accuracy on the trained hop counts 1..{max_train_hops}")
+    calibrator = AccuracyCalibrator(ckpt, windows[:n_cal], hops, cap, args.seed, args.tf_batch, max_train_hops,
+                                    args.hops_kv_rule)
     calib = calibrate(calibrator, ckpt, r_bar, cap, args)
     ok = {name: m for name, m in calib.matched.items() if m.matched}
     if not ok:
@@ -158,13 +160,14 @@ def bench_hops(path, args) -> dict:
     policies = {"a0": Uniform(r_bar), "uniform": Uniform(best_uniform), "best": best.policy}
     log(f"timing: {len(rows)} programs ({sum(r.shape[1] - 1 for r in rows)} tokens), batch 1, "
         f"{args.repeats} interleaved repeat(s)")
-    tps, exits = time_policies(ckpt, rows, n_cal, policies, args.repeats, cap, args.seed)
+    tps, exits = time_policies(ckpt, rows, n_cal, policies, args.repeats, cap, args.seed, args.hops_kv_rule)
     cost = CostModel(ckpt.config)
     flops = {role: program_cost(cost, exits[role], p) for role, p in policies.items()}
     report_timing(labels, tps, flops)
     matched = calib.matched
     return dict(
-        checkpoint=str(path), r_bar=r_bar, loop_cap=cap, calibration_programs=n_cal, timed_programs=len(rows),
+        checkpoint=str(path), kv_rule=args.hops_kv_rule, r_bar=r_bar, loop_cap=cap, calibration_programs=n_cal,
+        timed_programs=len(rows),
         accuracy_a0_rbar=calib.a0.accuracy, mean_loops_a0_rbar=calib.a0.mean_loops,
         accuracy_uniform={r: u.accuracy for r, u in uniform.items()},
         thresholds={n: m.threshold for n, m in matched.items()}, matched={n: m.matched for n, m in matched.items()},

@@ -124,6 +124,8 @@ def test_a_slower_policy_points_down(request):
     move_slider(page, "Home")  # ε = 1e-7
     metric = page.locator("[data-testid='stMetric']", has_text="Mean loops (A1)")
     delta = metric.locator("[data-testid='stMetricDelta']")
+    # the rerun after the slider moves can land after move_slider returns (a fresh clone's CI read the old ε)
+    metric.locator("[data-testid='stMetricDelta']", has_text="more loops than r̄").wait_for(timeout=RUN_TIMEOUT_MS)
     assert "more loops than r̄" in delta.inner_text()
     assert delta.locator("[data-testid='stMetricDeltaIcon-Down']").count() == 1
     r, g, _ = (int(v) for v in delta.evaluate("e => getComputedStyle(e).color").strip("rgba()").split(",")[:3])

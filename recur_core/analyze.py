@@ -39,6 +39,7 @@ from .analysis.ground_truth import (
     probe_answers,
 )
 from .analysis.harness import SweepWork
+from .analysis.parallel import keep_freed_memory
 from .analysis.probe import LABEL_EPS_A1, ProbeSet, load_or_train_probes
 from .analysis.stats import Bootstrap
 from .analysis.trace import trace
@@ -88,6 +89,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     t_start = time.perf_counter()
+    keep_freed_memory()  # a batch job: reuse freed pages (recur_core.analysis.parallel)
     ckpt = load_checkpoint(args.checkpoint, args.device, args.dtype)
     if args.text:
         ckpt.use_text(Path(args.text).read_text(), args.seq_len)

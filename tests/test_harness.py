@@ -11,7 +11,7 @@ import torch
 
 from recur_core.analysis.allocation import exact_plan
 from recur_core.analysis.curves import fast_curve, fast_minus_exact
-from recur_core.analysis.harness import run_exact
+from recur_core.analysis.harness import run_exact, uniform_run_result
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
 from recur_core.exits.policies import ConvergenceExit, LatentDiff, Policy, Uniform
@@ -59,6 +59,27 @@ class FreezeFirstTokenAtLoop1(Policy):
         return halt
 
 
+@pytest.mark.parametrize("policy", [Uniform(2), Uniform(R_MAX), ConvergenceExit(0.0, r_max=R_MAX)],
+                         ids=["A0@2", "A0@r_max", "A1@eps0"])
+def test_a_policy_that_halts_nothing_early_is_read_off_the_trace(ckpt, windows, tr, policy):
+    got, want = uniform_run_result(tr, policy), run_exact(ckpt, windows, policy, R_MAX, seed=2)
+    np.testing.assert_allclose(got.ce, want.ce, rtol=1e-5, atol=1e-6)
+    for field in ("exit_depth", "converged", "targets", "argmax"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(want, field))
+
+
+def test_a_policy_that_halts_early_needs_the_harness(tr):
+    assert uniform_run_result(tr, ConvergenceExit(math.inf, r_max=R_MAX)) is None
+
+
+def test_the_exact_plan_refuses_a_trace_of_other_windows(ckpt, windows, tr):
+    boot = Bootstrap(4, 20)
+    families = {"A0": [Uniform(2)], "A1": [ConvergenceExit(1e-3, r_max=R_MAX)]}
+    fast = {name: fast_curve(tr, name, policies, boot) for name, policies in families.items()}
+    with pytest.raises(ValueError, match="trace's windows"):
+        exact_plan(ckpt, windows[:2], families, fast, 2, tr, boot)
+
+
 def test_frozen_tokens_stay_in_the_context(ckpt, windows, tr):
     result = run_exact(ckpt, windows, FreezeFirstTokenAtLoop1(), R_MAX, seed=2)
     assert (result.exit_depth[:, 0] == 1).all() and (result.exit_depth[:, 1:] == R_MAX).all()
@@ -72,7 +93,7 @@ def test_fast_minus_exact_per_policy(ckpt, windows, tr):
     boot = Bootstrap(4, 50)
     families = {"A0": [Uniform(2), Uniform(R_MAX)], "A1": [ConvergenceExit(1e-3, r_max=R_MAX), ConvergenceExit(0.0, r_max=R_MAX)]}
     fast = {name: fast_curve(tr, name, policies, boot) for name, policies in families.items()}
-    exact = exact_plan(ckpt, windows, families, fast, 2, R_MAX, 2, boot)
+    exact = exact_plan(ckpt, windows, families, fast, 2, tr, boot)
     assert exact["A1"].thresholds == [1e-3, 0.0]  # two-point grids: every point is in the plan
     gap = fast_minus_exact(fast, exact, boot)
     for row in gap["A0"] + gap["A1"][1:]:  # uniform depth (and eps 0 = r_max): both paths agree

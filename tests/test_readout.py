@@ -139,3 +139,31 @@ def test_reverse_kl_is_kl_with_the_roles_swapped(kind):
     torch.testing.assert_close(forward.kl_prev_reverse, swapped.kl_prev, atol=1e-5, rtol=1e-4)
     if kind != "flat":
         assert not torch.allclose(forward.kl_prev_reverse, forward.kl_prev, atol=1e-3)
+
+
+def test_reused_buffers_never_leak_into_earlier_results():
+    """The chunked path reuses its thread's buffers: a later call (larger, then smaller) must not
+    change what an earlier one returned, nor its own results."""
+    small, large = make_inputs(9, 24, 300, seed=1), make_inputs(41, 24, 300, seed=2)
+    first = readout_stats_chunked(*small, chunk=128)
+    kept = {name: getattr(first, name).clone() for name in ("lse", "entropy", "kl_prev", "argmax")}
+    assert_stats_close(readout_stats_chunked(*large, chunk=128), readout_stats_reference(*large))
+    assert_stats_close(readout_stats_chunked(*small, chunk=128), readout_stats_reference(*small))
+    for name, value in kept.items():
+        assert torch.equal(getattr(first, name), value), name
+
+
+def test_threads_use_their_own_buffers():
+    from concurrent.futures import ThreadPoolExecutor
+    cases = [make_inputs(33, 24, 500, seed=s) for s in range(6)]
+    with ThreadPoolExecutor(3) as pool:
+        got = list(pool.map(lambda c: readout_stats_chunked(*c, chunk=128), cases * 3))
+    for case, stats in zip(cases * 3, got, strict=True):
+        assert_stats_close(stats, readout_stats_reference(*case))
+
+
+def test_buffers_made_in_inference_mode_are_not_reused_outside_it():
+    case = make_inputs(5, 16, 64)
+    with torch.inference_mode():
+        readout_stats_chunked(*case)
+    assert_stats_close(readout_stats_chunked(*case), readout_stats_reference(*case))

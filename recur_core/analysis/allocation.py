@@ -7,18 +7,22 @@ Fast path: every threshold of every family is read off the uniform trace (instan
 sliders). Exact path: the masking harness, where frozen tokens stay in the context with their exit
 state, as in real decoding. Running every threshold exact costs minutes per checkpoint on a CPU, so
 the exact path runs a *plan* of points, chosen so that every headline number is exact:
-  * spread    at least SPREAD_POINTS thresholds per family spread over its grid, plus, for each A0
-              depth d, the threshold whose fast mean loops is nearest d;
+  * spread    SPREAD_POINTS thresholds per family, spread over its fast mean loops (both ends of the
+              grid, then greedily the point farthest from those chosen; a flat stretch of the grid,
+              e.g. every eps that exits at the first check, takes one point);
   * refined   then, in rounds (one batched harness pass per round), bisection on the grid between
-              the two exact points that bracket (a) A0's loss at r_bar and its CI ends (loops to
-              match), until they are grid neighbours, and (b) each A0 depth d in mean loops (the
-              matched-depth table), until they are at most TABLE_STEPS grid steps apart.
-So "loops to match A0 at r_bar" interpolates only between exact points that are neighbours on the
-grid, the resolution the fast path has, and each matched-depth row between exact points at most two
-grid steps apart (half a decade of A1's ε): the table's rows are many, and A1's points each cost a
-readout per loop, so this keeps a 128-window report within minutes on a CPU. A0 runs in the harness at
-every depth (uniform depth freezes nothing early, so it rides the shared root lane). The fast curves
-stay dense; report.json says which points are exact (`exact_points`).
+              the two exact points that bracket, in mean loops, (a) the loops to match A0 at r_bar
+              and its CI ends, until they are grid neighbours, and (b) each A0 depth d (the
+              matched-depth table), until they are at most TABLE_STEPS grid steps apart or the
+              loss changes across them by at most TABLE_TOL of the row's CI width (linear
+              interpolation between them cannot then move the row by more than that).
+So "loops to match A0 at r_bar" and its CI ends interpolate only between exact grid neighbours, the
+resolution the fast path has, and each matched-depth row between exact points that are close on the
+grid or on a stretch where the curve is flat within the row's uncertainty (the rows are many and A1's
+points each cost a readout per loop, so this keeps a 128-window report within minutes on a CPU).
+A policy that halts no token before its cap on the traced windows (every A0 depth, A1 at eps = 0)
+freezes nothing early, so its exact run is the uniform trace itself (`uniform_run_result`): it costs
+no harness pass. The fast curves stay dense; report.json says which points are exact (`exact_points`).
 """
 from __future__ import annotations
 
@@ -33,19 +37,21 @@ from .curves import (
     WindowSums,
     a0_loss_at,
     fast_curve,
+    interp_rows,
     loops_to_match,
     matched_depth_table,
     sweep,
 )
 from .exact import exact_results
-from .harness import ExactResult, SweepWork
+from .harness import ExactResult, SweepWork, uniform_run_result
 from .matching import cheapest
 from .stats import Bootstrap
 from .trace import Trace, weighted_positions
 
-SPREAD_POINTS = 8  # exact points per family spread over its grid, before refinement
+SPREAD_POINTS = 8  # exact points per family spread over its fast mean loops, before refinement
 MAX_ROUNDS = 8  # refinement rounds (a 35-point grid needs at most 6 to reach neighbours)
-TABLE_STEPS = 2  # the matched-depth table's brackets: at most this many grid steps apart
+TABLE_STEPS = 2  # the matched-depth table's brackets: at most this many grid steps apart...
+TABLE_TOL = 0.25  # ...unless the loss changes across them by at most this fraction of the row's CI width
 
 
 def allocation_families(r_max: int, eps_grid=EPS_GRID, tau_grid=TAU_GRID, probes: dict | None = None,
@@ -97,8 +103,7 @@ def allocation(tr: Trace, boot: Bootstrap, r_max: int, r_bar: int, *, eps_grid=E
     fast = {name: fast_curve(tr, name, policies, boot) for name, policies in families.items()}
     if exact is None:
         return {"curves": fast, "report": allocation_report(fast, boot, r_bar), "path": "fast"}
-    curves = exact_plan(*exact, families, fast, r_bar, tr.max_loops, tr.seed, boot, cache=cache,
-                        progress=progress, work=work)
+    curves = exact_plan(*exact, families, fast, r_bar, tr, boot, cache=cache, progress=progress, work=work)
     report = allocation_report(curves, boot, r_bar)
     report["exact_points"] = {name: list(c.thresholds) for name, c in curves.items()}
     return {"curves": curves, "report": report, "path": "exact"}
@@ -109,8 +114,7 @@ def allocation_is_cached(tr: Trace, ckpt, ids, boot: Bootstrap, r_max: int, r_ba
     """Whether allocation(..., exact=(ckpt, ids)) would be served from the cache (no harness run)."""
     families = allocation_families(min(r_max, tr.max_loops), probes=probes, gate=gate)
     fast = {name: fast_curve(tr, name, policies, boot) for name, policies in families.items()}
-    return exact_plan(ckpt, ids, families, fast, r_bar, tr.max_loops, tr.seed, boot, cache=cache,
-                      cache_only=True) is not None
+    return exact_plan(ckpt, ids, families, fast, r_bar, tr, boot, cache=cache, cache_only=True) is not None
 
 
 def operating_threshold(curve: Curve, target_loss: float, default: float) -> float:
@@ -123,22 +127,29 @@ def operating_threshold(curve: Curve, target_loss: float, default: float) -> flo
 
 # -- the exact plan -----------------------------------------------------------------------------------
 def exact_plan(ckpt_or_model, ids, families: dict[str, list[Policy]], fast: dict[str, Curve], r_bar: int,
-               max_loops: int, seed: int, boot: Bootstrap, *, cache=False, progress=None,
-               work: SweepWork | None = None, cache_only: bool = False,
-               rounds: int = MAX_ROUNDS) -> dict[str, Curve] | None:
-    """Exact curves on the plan's points (module doc): one batched harness pass per round.
-    cache_only: None if any round is not cached."""
-    done: dict[str, dict[int, ExactResult]] = {name: {} for name in families}
+               tr: Trace, boot: Bootstrap, *, cache=False, progress=None, work: SweepWork | None = None,
+               cache_only: bool = False, rounds: int = MAX_ROUNDS) -> dict[str, Curve] | None:
+    """Exact curves on the plan's points (module doc): one batched harness pass per round; tr: the
+    uniform trace of the same windows (ids), whose fast curves `fast` are. cache_only: None if any
+    round is not cached."""
     weighted = weighted_positions(ckpt_or_model, ids)  # padding is not scored (recur_core.analysis.trace)
-    pending = {name: (set(range(len(policies))) if name == "A0" else _seed_points(fast[name], fast["A0"]))
+    if weighted.shape != tr.ids.shape:
+        raise ValueError(f"the trace's windows {tr.ids.shape} are not the exact path's {weighted.shape}")
+    done: dict[str, dict[int, ExactResult]] = {name: {} for name in families}
+    pending = {name: (set(range(len(policies))) if name == "A0" else _seed_points(fast[name]))
                for name, policies in families.items()}
     curves: dict[str, Curve] = {}
     for _ in range(rounds):
         batch = [(name, i) for name in families for i in sorted(pending[name])]
         if not batch:
             break
-        results = exact_results(ckpt_or_model, ids, [families[n][i] for n, i in batch], max_loops, seed,
-                                cache=cache, progress=progress, work=work, cache_only=cache_only)
+        for name, i in batch:  # no early halt: the uniform trace is the exact run
+            result = uniform_run_result(tr, families[name][i])
+            if result is not None:
+                done[name][i] = result
+        batch = [(name, i) for name, i in batch if i not in done[name]]
+        results = exact_results(ckpt_or_model, ids, [families[n][i] for n, i in batch], tr.max_loops, tr.seed,
+                                cache=cache, progress=progress, work=work, cache_only=cache_only) if batch else []
         if results is None:
             return None
         for (name, i), result in zip(batch, results, strict=True):
@@ -158,34 +169,48 @@ def _exact_curve(name: str, policies: list[Policy], done: dict[int, ExactResult]
                  boot)
 
 
-def _seed_points(curve: Curve, a0: Curve) -> set[int]:
-    """Grid indices of the first round: SPREAD_POINTS evenly over the grid, both ends, and for each
-    A0 depth the index whose fast mean loops is nearest it."""
-    n = len(curve.thresholds)
-    points = {int(round(x)) for x in np.linspace(0, n - 1, min(SPREAD_POINTS, n))}
-    loops = curve.mean_loops[0]
-    points |= {int(np.argmin(np.abs(loops - d))) for d in a0.thresholds}
-    return points
+def _seed_points(curve: Curve) -> set[int]:
+    """Grid indices of the first round: both ends of the grid, then greedily the index farthest (in
+    fast mean loops; ties: in grid steps) from those chosen, until SPREAD_POINTS."""
+    n, loops = len(curve.thresholds), curve.mean_loops[0]
+    chosen = sorted({0, n - 1})
+
+    def distance(i: int) -> tuple[float, int]:  # to the nearest chosen point: in mean loops, then in grid steps
+        return min((abs(float(loops[i] - loops[j])), abs(i - j)) for j in chosen)
+    while len(chosen) < min(SPREAD_POINTS, n):
+        chosen.append(max((i for i in range(n) if i not in chosen), key=distance))
+    return set(chosen)
 
 
 def _refine(curve: Curve, done: dict[int, ExactResult], a0: Curve, r_bar: int, boot: Bootstrap) -> set[int]:
-    """Grid indices that halve each bracket not yet between grid neighbours: around A0's loss at
-    r_bar (and its CI ends) in loss (to neighbours), and around each A0 depth in mean loops (to
-    TABLE_STEPS)."""
+    """Grid indices that halve each bracket not yet fine enough, in mean loops: around the loops to
+    match A0 at r_bar and its CI ends (to grid neighbours), and around each A0 depth (to TABLE_STEPS,
+    or a loss change across it within TABLE_TOL of the row's CI width)."""
     at = np.array(sorted(done))  # grid index of each point of `curve`, in curve order
     loops, loss = curve.mean_loops[0], curve.loss[0]
     order = np.argsort(loops, kind="stable")
     new = set()
-    target = boot.summarise(a0_loss_at(a0, r_bar))
-    for level in (target.value, target.ci_low, target.ci_high):
-        reached = np.flatnonzero(loss[order] <= level)
-        if len(reached) and reached[0] > 0:
-            new |= _midpoint(at[order[reached[0] - 1]], at[order[reached[0]]], 1)
+    match = loops_to_match(curve, a0, r_bar, boot)
+    for x in (match["value"], match["ci_low"], match["ci_high"]):  # the estimate and its CI ends
+        lo, hi = _bracket(loops[order], x)
+        if lo is not None:
+            new |= _midpoint(at[order[lo]], at[order[hi]], 1)
     for d in a0.thresholds:
-        above = np.flatnonzero(loops[order] >= d)
-        if len(above) and above[0] > 0:
-            new |= _midpoint(at[order[above[0] - 1]], at[order[above[0]]], TABLE_STEPS)
+        lo, hi = _bracket(loops[order], d)
+        if lo is not None:
+            lo, hi = order[lo], order[hi]
+            row = boot.summarise(interp_rows(float(d), curve.mean_loops, curve.loss) - a0_loss_at(a0, d))
+            if not abs(loss[hi] - loss[lo]) <= TABLE_TOL * (row.ci_high - row.ci_low):  # NaN width: refine
+                new |= _midpoint(at[lo], at[hi], TABLE_STEPS)
     return new - set(done)
+
+
+def _bracket(sorted_loops: np.ndarray, x) -> tuple[int | None, int | None]:
+    """(i - 1, i) with i the first point at or above mean loops x (x a finite number), else (None, None)."""
+    if not isinstance(x, (int, float)) or not np.isfinite(x):
+        return None, None
+    above = np.flatnonzero(sorted_loops >= x)
+    return (int(above[0]) - 1, int(above[0])) if len(above) and above[0] > 0 else (None, None)
 
 
 def _midpoint(i: int, j: int, steps: int) -> set[int]:

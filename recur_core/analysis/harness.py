@@ -42,7 +42,7 @@ from ..exits.signals import LoopSignals, loop_readout, readout_fields
 from ..model.checkpoint import Checkpoint, resolve_model
 from ..model.looped_lm import LoopedLM, take_rows
 from .parallel import map_batches
-from .trace import NO_TARGET, progress_bar, split_inputs
+from .trace import NO_TARGET, Trace, progress_bar, split_inputs
 
 ALONE_GROUP = 64  # windows per batch of a policy that remembers earlier loops (runs outside the lanes)
 
@@ -163,6 +163,19 @@ def run_exact_sweep(ckpt_or_model: Checkpoint | LoopedLM, ids, policies: list[Po
         close()
     ce, depth, converged, argmax = outcome
     return [ExactResult(ce[p], depth[p], converged[p], targets.numpy(), argmax[p]) for p in range(len(policies))]
+
+
+def uniform_run_result(tr: Trace, policy: Policy) -> ExactResult | None:
+    """The policy's exact result read off the uniform trace, when on the trace's windows it halts no
+    token before its cap: then nothing is ever frozen early, so its harness run *is* the uniform run
+    (every A0 depth; A1 at eps = 0). None when it halts something earlier (it needs the harness)."""
+    cap = policy.cap(tr.max_loops)
+    exits = policy.exits(tr)
+    if (exits.depth < cap).any():
+        return None
+    at = np.full(exits.depth.shape + (1,), cap - 1)
+    ce, argmax = (np.take_along_axis(x, at, -1)[..., 0] for x in (tr.ce, tr.argmax))
+    return ExactResult(ce.astype(np.float32), exits.depth, exits.converged, tr.targets, argmax.astype(np.int64))
 
 
 def _outcome_arrays(n_policies: int, n_windows: int, T: int) -> tuple[np.ndarray, ...]:

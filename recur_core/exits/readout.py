@@ -24,6 +24,7 @@ import functools
 import importlib.util
 import math
 import os
+import threading
 from dataclasses import dataclass, fields
 
 import torch
@@ -215,6 +216,27 @@ def _chunk_moments(logits: Tensor, e: Tensor, n: int, v0: int, scratch: Tensor |
     return m, s, u, arg, maxes[n:], sums[n:], u - dots[1], rev[1] - rev[0]
 
 
+_WORKSPACE = threading.local()
+WORKSPACE_KEEP_BYTES = 256 << 20  # a thread keeps its readout buffers up to this size between calls
+
+
+def _workspace(rows: int, numel: int, like: Tensor) -> Tensor:
+    """A (rows, numel) float32 buffer on like's device, reused by the calling thread's later calls.
+
+    A fresh buffer of this size is a new mapping on a CPU, and writing it first costs a page fault
+    per 4 KiB page; reusing one pays that once (a 16-window trace ran 35-45% faster on a 2-core VM,
+    docs/benchmarks/exact-harness.md). Per thread, so parallel batches (recur_core.analysis.parallel)
+    never share one; buffers over WORKSPACE_KEEP_BYTES are not kept."""
+    held = getattr(_WORKSPACE, "buffers", {})
+    key = (like.device, like.dtype, torch.is_inference_mode_enabled())  # inference tensors stay in it
+    buf = held.get(key)
+    if buf is None or buf.numel() < rows * numel:
+        buf = like.new_empty(rows * numel)
+        if buf.numel() * buf.element_size() <= WORKSPACE_KEEP_BYTES:
+            _WORKSPACE.buffers = {**held, key: buf}
+    return buf[:rows * numel].view(rows, numel)
+
+
 def _target_logit(h: Tensor, W: Tensor, targets: Tensor) -> Tensor:
     """h . W[target] in float32 (ignored targets read row 0; combine_partials masks them)."""
     return torch.einsum("nd,nd->n", h.float(), W[targets.clamp(min=0)].float())
@@ -241,7 +263,7 @@ def readout_stats_chunked(h: Tensor, W: Tensor, targets: Tensor | None = None,
     n = h.shape[0]
     x = (h if h_prev is None else torch.cat([h, h_prev])).float()
     chunk = min(chunk, V)
-    logits_buf, e_buf, *scratch = x.new_empty(2 if h_prev is None else 3, x.shape[0] * chunk)
+    logits_buf, e_buf, *scratch = _workspace(2 if h_prev is None else 3, x.shape[0] * chunk, x)
     scratch = scratch[0] if scratch else None  # for the reverse KL
     moments, top_vals, top_ids = [], [], []
     for v0 in range(0, V, chunk):

@@ -224,16 +224,37 @@ def test_latencies_and_readouts_are_recorded(ckpt, windows):
 
 
 def test_batched_calls_are_counted(ckpt, windows):
-    """Two 5-token prompts at uniform depth 3 in lockstep. Each prompt has its own prelude call;
-    then both prompts' 10 positions share three core calls and one readout call (the first new
-    tokens); each of the 3 later tokens is one prelude row, three core rows and one readout row,
-    and the two sequences share every call."""
+    """Two 5-token prompts at uniform depth 3 in lockstep. Both prompts join in one prelude call;
+    then their 10 positions share three core calls and one readout call (the first new tokens);
+    each of the 3 later tokens is one prelude row, three core rows and one readout row, and the two
+    sequences share every call."""
     run = serve(ckpt, [Request(windows[n, :5].tolist(), 4, Uniform(3), greedy=True) for n in range(2)],
                 slots=2, max_loops=CAP)
-    assert run.calls == {"prelude": 2 + 3, "core": 3 + 9, "readout": 1 + 3}
+    assert run.calls == {"prelude": 1 + 3, "core": 3 + 9, "readout": 1 + 3}
     assert run.call_rows == {"prelude": 10 + 6, "core": 30 + 18, "readout": 10 + 6}
     assert set(run.call_s) == set(run.calls) and all(t > 0 for t in run.call_s.values())
     assert run.model_s < run.wall_s  # the calls are timed inside the run, the scheduler's time besides
+
+
+def test_a_step_makes_one_call_of_each_kind_whatever_its_mix_of_rows(ckpt, windows):
+    """Mixed policies (A0, A1, latent, A2), chunked prompts and requests joining while others decode:
+    every step makes one core call, at most one prelude call (joining prompts and entering tokens
+    together) and at most one readout call (A1's checks and the other policies' halted tokens
+    together; A1's first check is at loop 2, so no noise state is read before the core); the
+    sequences still equal batch 1."""
+    reqs = requests(windows, mixed_policies(ckpt, windows))
+    pool = Pool(ckpt, slots=4, max_loops=CAP)
+    ids = [pool.submit(r) for r in reqs]
+    done, per_step = {}, []
+    while not pool.idle:
+        before = dict(pool.calls)
+        done.update({c.request_id: c for c in pool.step()})
+        per_step.append({k: pool.calls[k] - before[k] for k in before})
+    assert all(d["core"] == 1 and d["prelude"] <= 1 and d["readout"] <= 1 for d in per_step)
+    assert sum(d["readout"] for d in per_step) < sum(done[i].prefill_readouts + sum(done[i].step_readouts)
+                                                     for i in ids)  # calls were shared across policies
+    for rid, req in zip(ids, reqs, strict=True):
+        assert_same(done[rid], alone(ckpt, req))
 
 
 def test_a_chunked_prompt_puts_at_most_a_chunk_of_rows_in_a_step(ckpt, windows):

@@ -9,21 +9,26 @@ The core is weight-tied, so a token at loop 2 and a token at loop 7 run the same
 KV-cache slab their attention reads, (their sequence, their loop, the layer), differs. Every
 `step()`:
 
-  1. free slots take waiting requests: the prompt goes through the prelude, and its positions
-     become the sequence's rows: they loop together, one loop per step, inside the shared core
-     step (in-batch prefill: a joining request never stalls the others; with the request's
-     prefill_chunk, one chunk of positions after another, so it adds at most that many rows);
-  2. tokens sampled on the previous step enter: one batched prelude over them;
-  3. every in-flight row runs one core loop, whatever its loop index, in one batched
+  1. free slots take waiting requests; one batched prelude call runs their prompts and the tokens
+     sampled on the previous step together. A prompt's positions become the sequence's rows: they
+     loop together, one loop per step, inside the shared core step (in-batch prefill: a joining
+     request never stalls the others; with the request's prefill_chunk, one chunk of positions
+     after another, so it adds at most that many rows); a sampled token's state starts as noise;
+  2. every in-flight row runs one core loop, whatever its loop index, in one batched
      `model.core_step`; row n reads and writes its own slab (recur_core.decoding.kv.GatherKV: keys gathered
      per row and masked at the row's position, rows in chunks sorted by position, kv.key_chunks);
-  4. rows whose policy reads out (A1) at this loop go through one batched coda + head; each
-     sequence's policy decides who halts (one call per policy for all its rows when it takes a
-     loop per token, `HaltSchedule.per_token_loops`; else one per policy and loop);
-  5. halted tokens are read out at their exit state (if not already), their KV rule finishes the
-     position, and the next token is sampled; a prompt does this when its last position halts
-     (until then its halted positions are frozen, as in `Decoder.prefill`: under "latest" they
-     leave the core step, `_Sequence.sheds_halted`); a finished sequence leaves its slot.
+  3. the policies that decide without a readout decide (one call per policy for all its rows when it
+     takes a loop per token, `HaltSchedule.per_token_loops`; else one per policy and loop);
+  4. one batched coda + head call reads out the rows whose policy reads out at this loop (A1) and
+     the halted ones of step 3, at their exit states; then A1 decides;
+  5. halted tokens finish their position under their KV rule, and the next token is sampled; a
+     prompt does this when its last position halts (until then its halted positions are frozen, as
+     in `Decoder.prefill`: under "latest" they leave the core step, `_Sequence.sheds_halted`); a
+     finished sequence leaves its slot.
+
+So a step makes one call of each kind whatever the mix of policies and prompts in it (plus the
+noise state's readout before the core when a readout policy checks from loop 1): on a CPU most of
+a small call's cost is fixed (docs/benchmarks/serving-pool.md).
 
 Each sequence keeps batch-1 semantics: its policy, KV rule ("recompute" fills its missing entries
 with its own small core step before the batched one), noise (model.seeded_state([0], seed), as `generate`),
@@ -247,36 +252,51 @@ class Pool:
     # -- one step -------------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[Completion]:
-        """Admit, then run one core loop for every in-flight row; returns the requests finished."""
-        self._admit()
+        """Admit, then run one core loop for every in-flight row; returns the requests finished.
+
+        Whatever mix of policies and prompts the rows have, a step makes at most one prelude call
+        (joining prompts and sampled tokens together), one core call and one readout call after it
+        (the rows whose policy reads out at this loop, and the halted ones that still need their
+        logits: policies that decide without a readout decide first), plus, when an A1 token
+        enters, the readout of its noise state before the core."""
+        admitted = self._admit()
         seqs = sorted(self.active.values(), key=self._halt_group)  # a policy's rows at one loop: adjacent
         if not seqs:
             return []
         self.steps += 1
-        entering = [s for s in seqs if s.loop == 0 and not s.prefilling]
-        if entering:
-            self._enter(entering)
+        joining = set(map(id, admitted))  # their prompts start prefilling in this step's prelude call
+        entering = [s for s in seqs if s.loop == 0 and not s.prefilling and id(s) not in joining]
+        if entering or admitted:
+            self._prelude(entering, admitted)
         first = [s for s in seqs if s.loop == 0 and s.schedule.wants_readout(0)]  # A1: the noise state's readout
         if first:
-            self._read(first, kl=False)
+            self._read(first, kl=first)  # kept as the previous readout of the first check
             for s in first:
-                s.logp_prev, s.logits = torch.log_softmax(s.logits.float(), dim=-1), None
+                s.logits = None
         old, new = self._loop(seqs)
+        change = relative_change(new, old), cosine_change(new, old)
+        done_prefill, exiting = self._settle(seqs, self._halts(seqs, new, old, change, reading=False))
         reading = [s for s in seqs if s.schedule.wants_readout(s.loop)]
+        unread = done_prefill + [s for s in exiting if s.logits is None]  # none of them read at this loop
+        if reading or unread:
+            self._read(reading + unread, kl=reading)
         if reading:
-            self._read(reading, kl=True)
-        halts = self._halts(seqs, new, old)
-        done_prefill = [s for s, stop in zip(seqs, halts, strict=True) if s.prefilling and self._prefill_halts(s, stop)]
-        exiting = [s for s, stop in zip(seqs, halts, strict=True) if not s.prefilling and bool(stop[0])]
-        unread = done_prefill + [s for s in exiting if s.logits is None]
-        if unread:
-            self._read(unread, kl=False)
+            more_prefill, more_exiting = self._settle(seqs, self._halts(seqs, new, old, change, reading=True))
+            done_prefill, exiting = done_prefill + more_prefill, exiting + more_exiting
         finished = []
         for s in done_prefill:
             finished += self._leave_prefill(s)
         if exiting:
             finished += self._exit(exiting)
         return finished
+
+    def _settle(self, seqs, halts: dict[int, Tensor]) -> tuple[list, list]:
+        """(prompts whose chunk has halted entirely, sequences whose token halted) among the sequences
+        decided in `halts` ({id(s): bool (rows,)}); halted prompt positions are frozen."""
+        decided = [(s, halts[id(s)]) for s in seqs if id(s) in halts]
+        done_prefill = [s for s, stop in decided if s.prefilling and self._prefill_halts(s, stop)]
+        exiting = [s for s, stop in decided if not s.prefilling and bool(stop[0])]
+        return done_prefill, exiting
 
     def _loop(self, seqs) -> tuple[Tensor, Tensor]:
         """One core loop for every row; returns the states (N, 1, d) before and after it."""
@@ -298,26 +318,23 @@ class Pool:
             new = torch.cat([s.state for s in seqs])
         return old, new
 
-    def _admit(self) -> None:
-        """Free slots take waiting requests: the prompt goes through the prelude (one call) and its
-        positions become the sequence's rows, looping from the next core step on."""
+    def _admit(self) -> list[_Sequence]:
+        """Free slots take waiting requests; returns the new sequences (their prompts' prelude runs
+        in the step's one prelude call, `_prelude`)."""
         free = [b for b in range(self.slots) if b not in self.active]
+        admitted = []
         while free and self.waiting:
             rid, req, prompt_ids, policy = self.waiting.popleft()
             slot = free.pop(0)
-            admitted = time.perf_counter()
             self.cache.reset_row(slot)
             dec = Decoder(self.model, policy, max_loops=self.max_loops, kv_rule=req.kv_rule,
                           noise=self.model.seeded_state([0], req.seed), check_every=req.check_every,
                           cache=self.cache.row(slot))
             s = _Sequence(rid, slot, req, dec, prompt_ids, self.keep_logits)
-            s.out.admitted_s = admitted
-            P = len(prompt_ids)
-            ids = torch.tensor([prompt_ids], device=self.device)
-            with self._model_call("prelude", P):
-                dec.cache.inject[:, :P] = self.model.inject(dec.prelude(ids, torch.arange(P, device=self.device)))
-            self._start_chunk(s, 0)
+            s.out.admitted_s = time.perf_counter()
             self.active[slot] = s
+            admitted.append(s)
+        return admitted
 
     @staticmethod
     def _start_chunk(s: _Sequence, start: int) -> None:
@@ -357,19 +374,29 @@ class Pool:
         sync()
         self.call_s[kind] += time.perf_counter() - start
 
-    def _enter(self, seqs) -> None:
-        """The sampled tokens through the prelude (one batched call); their state starts as noise."""
-        rows = self._rows(seqs)
-        kv = self._views(self.cache.prelude_slabs(), *rows)
-        slots, pos = (torch.from_numpy(x).to(self.device) for x in rows)  # a model without a prelude has no views
-        ids = torch.tensor([[s.out.ids[-1]] for s in seqs], device=self.device)
-        with self._model_call("prelude", len(seqs)):
-            inject = self.model.inject(self.model.prelude(ids, pos[:, None], kv))
-        self.cache.inject[slots, pos] = inject[:, 0]
-        for i, s in enumerate(seqs):
+    def _prelude(self, entering, admitted) -> None:
+        """One batched prelude call: the tokens sampled on the previous step (their state starts as
+        noise) and the whole prompts of the admitted requests (their positions become the sequence's
+        rows, looping from this step on; the prelude does not depend on the loops, so a chunked
+        prompt's later chunks reuse it). A prompt's positions see each other causally, as in a
+        parallel prefill (GatherKV writes every row before any reads)."""
+        ids = [s.out.ids[-1] for s in entering] + [i for s in admitted for i in s.out.prompt_ids]
+        slots = np.array([s.slot for s in entering] + [s.slot for s in admitted for _ in s.out.prompt_ids],
+                         dtype=np.int64)
+        pos = np.array([s.pos for s in entering] + [p for s in admitted for p in range(len(s.out.prompt_ids))],
+                       dtype=np.int64)
+        kv = self._views(self.cache.prelude_slabs(), slots, pos)
+        slots_t, pos_t = (torch.from_numpy(x).to(self.device) for x in (slots, pos))  # a model without a prelude has no views
+        with self._model_call("prelude", len(ids)):
+            inject = self.model.inject(self.model.prelude(torch.tensor(ids, device=self.device)[:, None],
+                                                          pos_t[:, None], kv))
+        self.cache.inject[slots_t, pos_t] = inject[:, 0]
+        for i, s in enumerate(entering):
             s.inject = inject[i:i + 1]
             s.state = self.model.start_state(s.dec.noise[:, s.pos:s.pos + 1], s.inject)
             s.logp_prev = None
+        for s in admitted:
+            self._start_chunk(s, 0)
 
     def _core(self, seqs, state: Tensor) -> Tensor:
         """One core loop for every row at its own loop: (N, 1, d) -> (N, 1, d)."""
@@ -390,9 +417,10 @@ class Pool:
         with self._model_call("core", len(state)):
             return self.model.core_step(state, None, positions=kv[0].pos[:, None], kv=kv, inject=inject)
 
-    def _read(self, seqs, kl: bool) -> None:
+    def _read(self, seqs, kl=()) -> None:
         """Coda + head for these rows (each writes its coda entry); sets s.logits (rows, 1, V) and,
-        with kl, s.signals = readout_signals(p_now, p_prev) where a previous readout exists."""
+        for the sequences in kl, s.signals = readout_signals(p_now, p_prev) where a previous
+        readout exists (its log-probabilities are kept for the next check)."""
         slots, pos = self._rows(seqs)
         kv = self._views(self.cache.coda_slabs(), slots, pos)
         state = torch.cat([s.state for s in seqs])
@@ -404,11 +432,24 @@ class Pool:
             if s.prefilling:
                 s.row_readouts[s.live] += 1
             s.logits, at = logits[at:at + s.n_rows], at + s.n_rows
-            if kl:
-                logp = torch.log_softmax(s.logits.float(), dim=-1)
-                if s.logp_prev is not None:
-                    s.signals = readout_signals(logp, s.logp_prev)
-                s.logp_prev = logp
+        checking = set(map(id, kl))
+        self._check([s for s in seqs if id(s) in checking])
+
+    @staticmethod
+    def _check(seqs) -> None:
+        """The readout signals of these sequences' rows against their previous readouts, in one pass
+        over all of them (a few tensor operations whatever the number of sequences)."""
+        if not seqs:
+            return
+        logp = torch.log_softmax(torch.cat([s.logits for s in seqs]).float(), dim=-1).split([s.n_rows for s in seqs])
+        known = [i for i, s in enumerate(seqs) if s.logp_prev is not None]
+        if known:
+            signals = readout_signals(torch.cat([logp[i] for i in known]), torch.cat([seqs[i].logp_prev for i in known]))
+            parts = {k: v.split([seqs[i].n_rows for i in known]) for k, v in signals.items()}
+            for j, i in enumerate(known):
+                seqs[i].signals = {k: v[j] for k, v in parts.items()}
+        for s, part in zip(seqs, logp, strict=True):
+            s.logp_prev = part
 
     @staticmethod
     def _by_rule(seqs) -> list[tuple]:
@@ -425,27 +466,30 @@ class Pool:
         sc = s.schedule
         return id(sc.policy), sc.cap, sc.every, -1 if sc.per_token_loops else s.loop
 
-    def _halts(self, seqs, new: Tensor, old: Tensor) -> list[Tensor]:
-        """Each sequence's halt decision per row (bool (rows,)), asking each policy once per step
-        (per_token_loops) or once per loop index for all its rows (seqs are ordered by
-        `_halt_group`, so a group's rows are one slice)."""
-        halts: list[Tensor] = []
-        change, cosine = relative_change(new, old), cosine_change(new, old)
+    def _halts(self, seqs, new: Tensor, old: Tensor, change: tuple[Tensor, Tensor], reading: bool) -> dict[int, Tensor]:
+        """The halt decision per row (bool (rows,)) of each sequence whose policy reads out at this
+        loop (reading) or of each that does not, by id(s); one policy call per step (per_token_loops)
+        or per loop index for all its rows (seqs are ordered by `_halt_group`, so a group's rows are
+        one slice of new / old; a group reads out or not as a whole). change: (relative_change,
+        cosine_change) of (new, old)."""
+        halts: dict[int, Tensor] = {}
         at = 0
         for _, group in groupby(seqs, key=self._halt_group):
             group = list(group)
             sizes = [s.n_rows for s in group]
             rows, sched = slice(at, at + sum(sizes)), group[0].schedule
+            at = rows.stop
+            if sched.wants_readout(group[0].loop) != reading:
+                continue
             if sched.per_token_loops:
                 loops = torch.tensor([s.loop for s in group for _ in range(s.n_rows)], device=new.device)[:, None]
-                stop = sched.halt_at(loops, new[rows], change[rows], cosine[rows])
+                stop = sched.halt_at(loops, new[rows], change[0][rows], change[1][rows])
             else:
                 sigs = [s.signals for s in group]
                 readout = None if any(x is None for x in sigs) else {
                     k: torch.cat([x[k] for x in sigs]) for k in sigs[0]}
-                stop = sched.halt(group[0].loop, new[rows], old[rows], readout, change[rows], cosine[rows])
-            halts += stop[:, 0].split(sizes)
-            at = rows.stop
+                stop = sched.halt(group[0].loop, new[rows], old[rows], readout, change[0][rows], change[1][rows])
+            halts.update(zip(map(id, group), stop[:, 0].split(sizes), strict=True))
         return halts
 
     def _prefill_halts(self, s: _Sequence, stop: Tensor) -> bool:

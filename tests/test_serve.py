@@ -236,12 +236,17 @@ def test_batched_calls_are_counted(ckpt, windows):
     assert run.model_s < run.wall_s  # the calls are timed inside the run, the scheduler's time besides
 
 
-def test_a_step_makes_one_call_of_each_kind_whatever_its_mix_of_rows(ckpt, windows):
+@pytest.mark.parametrize("readers", ["first", "last"])
+def test_a_step_makes_one_call_of_each_kind_whatever_its_mix_of_rows(ckpt, windows, monkeypatch, readers):
     """Mixed policies (A0, A1, latent, A2), chunked prompts and requests joining while others decode:
     every step makes one core call, at most one prelude call (joining prompts and entering tokens
     together) and at most one readout call (A1's checks and the other policies' halted tokens
     together; A1's first check is at loop 2, so no noise state is read before the core); the
-    sequences still equal batch 1."""
+    sequences still equal batch 1. The step's order of policies is forced both ways: a latent-rule
+    prompt under "latest" sheds its halted rows before or after A1's rows are decided."""
+    key = Pool._halt_group
+    monkeypatch.setattr(Pool, "_halt_group",
+                        staticmethod(lambda s: (s.schedule.needs_readout == (readers == "last"), *key(s))))
     reqs = requests(windows, mixed_policies(ckpt, windows))
     pool = Pool(ckpt, slots=4, max_loops=CAP)
     ids = [pool.submit(r) for r in reqs]
@@ -255,6 +260,20 @@ def test_a_step_makes_one_call_of_each_kind_whatever_its_mix_of_rows(ckpt, windo
                                                      for i in ids)  # calls were shared across policies
     for rid, req in zip(ids, reqs, strict=True):
         assert_same(done[rid], alone(ckpt, req))
+
+
+def test_a_prompt_shedding_rows_beside_a_reading_policy(ckpt, windows, monkeypatch):
+    """A latent-rule prompt under "latest" sheds its halted positions, and gets them back for its
+    readout when the last one halts, in the steps where an A1 sequence's rows, decided after the
+    readout, come after it: A1 still decides on its own rows and both equal batch 1."""
+    key = Pool._halt_group
+    monkeypatch.setattr(Pool, "_halt_group", staticmethod(lambda s: (s.schedule.needs_readout, *key(s))))
+    reqs = [Request(windows[0, :4].tolist(), 20, ConvergenceExit(1e-2, r_max=CAP), greedy=True),
+            Request(windows[2, :24].tolist(), 4, LatentDiff(0.02, r_max=CAP), kv_rule="latest", greedy=True)]
+    done = serve(ckpt, reqs, slots=2, max_loops=CAP)
+    assert len(set(done[1].prompt_exit_loops)) > 1  # the prompt's positions halted at different loops
+    for c, req in zip(done, reqs, strict=True):
+        assert_same(c, alone(ckpt, req))
 
 
 def test_a_chunked_prompt_puts_at_most_a_chunk_of_rows_in_a_step(ckpt, windows):

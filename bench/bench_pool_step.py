@@ -12,22 +12,32 @@ the tokens per second (median-wall run of --repeats, configurations interleaved)
 
 A pool whose per-step cost does not depend on how many kinds of rows it holds has a ratio near 1
 and at most one prelude and one readout call per step.
+
+--compile-probe also times the prelude and the readout (no cache) eager and under
+`torch.compile(dynamic=True)` at a few row counts (ratio eager / compiled, same run), and serves the
+best uniform depth and the first per-token policy with the pool's prelude, core and readout calls
+compiled (the cache's gathered attention stays eager: a graph break), eager and compiled
+interleaved: whether compiling the calls would cut their fixed cost on this machine.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import time
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from recur_core import load_checkpoint
+from recur_core.decoding.kv import GatherKV
 from recur_core.decoding.serve import Request, serve
 
 from .bench_serve import calibrate, fit_lengths, log, median_wall_run, serve_prompts
 
 MIXED = "mixed"
+MODEL_CALLS = ("prelude", "core_step", "readout")  # what the pool calls on the model
 
 
 def parse_args(argv=None):
@@ -42,7 +52,66 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-a2", action="store_true", help="leave A2 out (its probe is trained on first use)")
+    p.add_argument("--compile-probe", action="store_true", help="also time the edge calls under torch.compile")
     return p.parse_args(argv)
+
+
+@torch.inference_mode()
+def compile_probe(model, rows_list=(1, 8, 32), repeats: int = 200) -> dict:
+    """{rows: {call: (eager us, compiled us)}} of the prelude and the readout on single tokens, no
+    cache, the best of 3 x repeats back-to-back calls; compiled outputs are checked against eager."""
+    d, out = model.cfg.d_model, {}
+    calls = {"prelude": model.prelude, "readout": model.readout}
+    compiled = {k: torch.compile(f, dynamic=True) for k, f in calls.items()}
+    for rows in rows_list:
+        inputs = {"prelude": torch.zeros(rows, 1, dtype=torch.long), "readout": torch.randn(rows, 1, d)}
+        out[rows] = {}
+        for k, x in inputs.items():
+            torch.testing.assert_close(compiled[k](x), calls[k](x), atol=1e-4, rtol=1e-4)
+            out[rows][k] = tuple(_best_us(f, x, repeats) for f in (calls[k], compiled[k]))
+    return out
+
+
+def _best_us(fn, x, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(repeats):
+            fn(x)
+        best = min(best, (time.perf_counter() - t) / repeats * 1e6)
+    return best
+
+
+@contextmanager
+def compiled_calls(model):
+    """The model's prelude, core_step and readout under torch.compile(dynamic=True) (instance
+    attributes over the class's methods), GatherKV.attention left to eager; both restored on exit."""
+    attention = GatherKV.attention
+    GatherKV.attention = torch.compiler.disable(attention)
+    for name in MODEL_CALLS:
+        setattr(model, name, torch.compile(getattr(model, name), dynamic=True))
+    try:
+        yield
+    finally:
+        GatherKV.attention = attention
+        for name in MODEL_CALLS:
+            delattr(model, name)
+
+
+def compiled_pool_runs(ckpt, prompts, names: list[str], cal, args, cap) -> dict:
+    """{(name, "eager" | "compiled"): tokens/s of each repetition}, the modes interleaved after a
+    compiling warm-up run of each name."""
+    with compiled_calls(ckpt.model):
+        for name in names:
+            run_once(ckpt, prompts, [cal.configs[name].policy], args, cap)
+    out = {}
+    for _ in range(args.repeats):
+        for mode in ("eager", "compiled"):
+            with compiled_calls(ckpt.model) if mode == "compiled" else nullcontext():
+                for name in names:
+                    out.setdefault((name, mode), []).append(
+                        run_once(ckpt, prompts, [cal.configs[name].policy], args, cap)["tokens_per_s"])
+    return out
 
 
 def run_once(ckpt, prompts, policies, args, cap) -> dict:
@@ -88,9 +157,22 @@ def main(argv=None):
             f"{r['tokens_per_s']:8.1f} {r['mean_loops']:6.2f} {r['model_share']:11.3f}")
     ratio = runs[MIXED]["ms_per_step"] / float(np.mean([runs[n]["ms_per_step"] for n in singles]))
     log(f"step cost ratio (mixed ms/step / mean of the single-policy pools'): {ratio:.3f}")
+    probe = pool = None
+    if args.compile_probe:
+        probe = compile_probe(ckpt.model)
+        for rows, calls in probe.items():
+            log(f"  {rows:3d} rows: " + "  ".join(f"{k} eager {e:7.1f} us, compiled {c:7.1f} us ({e / c:.2f}x)"
+                                               for k, (e, c) in calls.items()))
+        pair = [singles[0], min(singles[1:], key=lambda n: cal.configs[n].quality.mean_loops)]  # the fewest loops
+        pool = compiled_pool_runs(ckpt, prompts, pair, cal, args, cap)
+        for mode in ("eager", "compiled"):
+            per_token = [a / b for a, b in zip(pool[(pair[1], mode)], pool[(pair[0], mode)], strict=True)]
+            log(f"  pool, {mode:8s}: " + "  ".join(f"{n} {np.median(pool[(n, mode)]):8.1f} tok/s" for n in pair)
+                + f"  ({pair[1]} / {pair[0]}: {np.median(per_token):.3f}, paired)")
+        pool = {f"{n} {mode}": v for (n, mode), v in pool.items()}
     print(json.dumps(dict(checkpoint=args.ckpt, pool=args.pool, requests=args.requests, repeats=args.repeats,
-                          threads=torch.get_num_threads(), singles=singles, step_cost_ratio=ratio, runs=runs),
-                     default=float))
+                          threads=torch.get_num_threads(), singles=singles, step_cost_ratio=ratio, runs=runs,
+                          compile_probe=probe, compiled_pool=pool), default=float))
 
 
 if __name__ == "__main__":

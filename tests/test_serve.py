@@ -314,6 +314,14 @@ def test_bench_serve_runs_on_tiny(tiny_ckpt, tmp_path):
                    "where the time goes", "paired over repetitions"):
         assert figure in out.stdout, figure
     assert result["repeats"] == 2
+    step = subprocess.run([sys.executable, "-m", "bench.bench_pool_step", "--ckpt", str(tiny_ckpt), "--calibration",
+                           str(tmp_path / "calibration.json"), "--requests", "6", "--new-tokens", "8", "--prompt-len",
+                           "8", "--pool", "3", "--repeats", "1"], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env=env)
+    assert step.returncode == 0, step.stderr[-3000:]
+    mixed = json.loads(step.stdout.strip().splitlines()[-1])
+    assert set(mixed["runs"]) == {*mixed["singles"], "mixed"} and mixed["step_cost_ratio"] > 0
+    assert all(r["calls_per_step"]["readout"] <= 1 and r["calls_per_step"]["core"] == 1 for r in mixed["runs"].values())
     saved = json.loads((tmp_path / "calibration.json").read_text())  # the search, written for later runs
     cap = result["loop_cap"]
     assert saved["checkpoint"] == load_checkpoint(tiny_ckpt).checkpoint_id and saved["loop_cap"] == cap

@@ -1,4 +1,4 @@
-"""The shipped multi-hop checkpoints (checkpoints/hops, checkpoints/hops-per-token): complete, id matches meta.json, and its
+"""The shipped multi-hop checkpoints (checkpoints/hops, hops-per-token, hops10-per-token): complete, id matches meta.json, and its
 card's answer accuracies per hop count re-measured with the product's own code; the goal verdicts
 of the README follow from the card's numbers."""
 import json
@@ -16,7 +16,7 @@ from training.hops_card import goals
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 
 
-@pytest.fixture(scope="module", params=["hops", "hops-per-token"])
+@pytest.fixture(scope="module", params=["hops", "hops-per-token", "hops10-per-token"])
 def shipped(request):
     path = CHECKPOINTS / request.param
     return path, load_checkpoint(path), json.loads((path / "card.json").read_text())
@@ -65,3 +65,14 @@ def test_per_token_checkpoint_records_its_recipe_and_sits_beside_hops():
     assert "per-token depth (50% of tokens" in readme and "## Beside `hops`" in readme
     assert "**Started from** `checkpoints/hops`" in readme
     assert "the same 128 eval programs" in readme  # the same generator and seed: comparable row by row
+
+
+def test_deeper_per_token_checkpoint_trains_ten_hops_at_r_bar_12():
+    """The deeper task issue 27 asked for: hop counts to 10, r̄ >= 10, best uniform depth >= 8."""
+    path = CHECKPOINTS / "hops10-per-token"
+    ckpt = load_checkpoint(path)
+    assert ckpt.recipe.depth_mode == "per_token" and ckpt.recipe.token_share == 1.0 and ckpt.recipe.r_bar == 12
+    assert ckpt.meta["init_from"]["checkpoint_id"] == load_checkpoint(CHECKPOINTS / "hops-per-token").checkpoint_id
+    gt = json.loads((path / "card.json").read_text())["ground_truth"]
+    assert gt["max_train_hops"] == 10 and gt["best_uniform_depth"] >= 8
+    assert "on **different** eval programs" in (path / "README.md").read_text()  # another task's generator

@@ -274,15 +274,15 @@ class Pool:
             for s in first:
                 s.logits = None
         old, new = self._loop(seqs)
-        rows = [s.n_rows for s in seqs]  # each one's rows of new / old (settling sheds halted prompt rows)
+        row_counts = [s.n_rows for s in seqs]  # each one's rows of new / old (settling sheds halted prompt rows)
         change = relative_change(new, old), cosine_change(new, old)
-        done_prefill, exiting = self._settle(seqs, self._halts(seqs, rows, new, old, change, reading=False))
+        done_prefill, exiting = self._settle(seqs, self._halts(seqs, row_counts, new, old, change, reading=False))
         reading = [s for s in seqs if s.schedule.wants_readout(s.loop)]
         unread = done_prefill + [s for s in exiting if s.logits is None]  # none of them read at this loop
         if reading or unread:
             self._read(reading + unread, kl=reading)
         if reading:
-            more_prefill, more_exiting = self._settle(seqs, self._halts(seqs, rows, new, old, change, reading=True))
+            more_prefill, more_exiting = self._settle(seqs, self._halts(seqs, row_counts, new, old, change, reading=True))
             done_prefill, exiting = done_prefill + more_prefill, exiting + more_exiting
         finished = []
         for s in done_prefill:
@@ -467,15 +467,15 @@ class Pool:
         sc = s.schedule
         return id(sc.policy), sc.cap, sc.every, -1 if sc.per_token_loops else s.loop
 
-    def _halts(self, seqs, rows: list[int], new: Tensor, old: Tensor, change: tuple[Tensor, Tensor],
+    def _halts(self, seqs, row_counts: list[int], new: Tensor, old: Tensor, change: tuple[Tensor, Tensor],
                reading: bool) -> dict[int, Tensor]:
         """The halt decision per row (bool (rows,)) of each sequence whose policy reads out at this
         loop (reading) or of each that does not, by id(s); one policy call per step (per_token_loops)
         or per loop index for all its rows (seqs are ordered by `_halt_group`, so a group's rows are
-        one slice of new / old; a group reads out or not as a whole). rows: each sequence's rows in
-        new / old; change: (relative_change, cosine_change) of (new, old)."""
+        one slice of new / old; a group reads out or not as a whole). row_counts: each sequence's
+        rows in new / old; change: (relative_change, cosine_change) of (new, old)."""
         halts: dict[int, Tensor] = {}
-        n_rows = dict(zip(map(id, seqs), rows, strict=True))
+        n_rows = dict(zip(map(id, seqs), row_counts, strict=True))
         at = 0
         for _, group in groupby(seqs, key=self._halt_group):
             group = list(group)

@@ -15,7 +15,7 @@ and at most one prelude and one readout call per step.
 
 --compile-probe also times the prelude and the readout (no cache) eager and under
 `torch.compile(dynamic=True)` at a few row counts (ratio eager / compiled, same run), and serves the
-best uniform depth and the first per-token policy with the pool's prelude, core and readout calls
+best uniform depth and the per-token policy of fewest loops with the pool's prelude, core and readout calls
 compiled (the cache's gathered attention stays eager: a graph break), eager and compiled
 interleaved: whether compiling the calls would cut their fixed cost on this machine.
 """
@@ -136,6 +136,8 @@ def main(argv=None):
     fit_lengths(args, ckpt.config, windows.shape[1])
     cal = calibrate(ckpt, args, cap, ckpt.recipe.depth)
     singles = [cal.uniform_name] + [n for n in cal.policy_names if cal.configs[n].matched]
+    if args.compile_probe and len(singles) < 2:  # refused before any run
+        raise SystemExit("--compile-probe: no per-token policy of the calibration met its target")
     configs = {name: [cal.configs[name].policy] for name in singles}
     configs[MIXED] = [cal.configs[name].policy for name in singles]
     prompts = serve_prompts(windows, cal, args)

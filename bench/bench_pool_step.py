@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from recur_core import load_checkpoint
 from recur_core.decoding.kv import GatherKV
 from recur_core.decoding.serve import Request, serve
 
-from .bench_serve import calibrate, fit_lengths, log, median_wall_run, serve_prompts
+from .bench_serve import _hot_ms, calibrate, fit_lengths, log, median_wall_run, serve_prompts
 
 MIXED = "mixed"
 MODEL_CALLS = ("prelude", "core_step", "readout")  # what the pool calls on the model
@@ -59,7 +58,8 @@ def parse_args(argv=None):
 @torch.inference_mode()
 def compile_probe(model, rows_list=(1, 8, 32), repeats: int = 200) -> dict:
     """{rows: {call: (eager us, compiled us)}} of the prelude and the readout on single tokens, no
-    cache, the best of 3 x repeats back-to-back calls; compiled outputs are checked against eager."""
+    cache, hot (bench_serve's best of 3 x repeats back-to-back calls); compiled outputs are checked
+    against eager."""
     d, out = model.cfg.d_model, {}
     calls = {"prelude": model.prelude, "readout": model.readout}
     compiled = {k: torch.compile(f, dynamic=True) for k, f in calls.items()}
@@ -68,18 +68,9 @@ def compile_probe(model, rows_list=(1, 8, 32), repeats: int = 200) -> dict:
         out[rows] = {}
         for k, x in inputs.items():
             torch.testing.assert_close(compiled[k](x), calls[k](x), atol=1e-4, rtol=1e-4)
-            out[rows][k] = tuple(_best_us(f, x, repeats) for f in (calls[k], compiled[k]))
+            out[rows][k] = tuple(_hot_ms(lambda f=f, x=x: f(x), repeats, lambda: None) * 1e3
+                                  for f in (calls[k], compiled[k]))
     return out
-
-
-def _best_us(fn, x, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        for _ in range(repeats):
-            fn(x)
-        best = min(best, (time.perf_counter() - t) / repeats * 1e6)
-    return best
 
 
 @contextmanager

@@ -98,9 +98,12 @@ def test_bench_parallel_runs_on_tiny(tiny_ckpt, capsys):
     assert "speedup" in capsys.readouterr().out
 
 
-_FAULTS = """import resource, sys, torch
+_FAULTS = """import ctypes, resource, sys, torch
 from recur_core.analysis.parallel import keep_freed_memory
-applied = keep_freed_memory() if sys.argv[1] == "keep" else None
+if sys.argv[1] == "keep":
+    applied = keep_freed_memory()
+else:  # a fixed mmap threshold: every 16 MiB tensor a fresh mapping, as glibc's default often does
+    applied = ctypes.CDLL("libc.so.6").mallopt(-3, 128 << 10) == 1  # M_MMAP_THRESHOLD (malloc.h)
 
 def step():  # three 16 MiB activations alive at once, written, then freed
     a, b, c = (torch.ones(4 << 20) for _ in range(3))
@@ -120,7 +123,9 @@ def test_keep_freed_memory_ends_the_page_faults_of_reallocated_buffers():
                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
         applied, count = out.stdout.split()
         return applied, int(count)
-    kept, fresh = faults("keep"), faults("default")
-    assert kept[0] == "True"
+    # glibc's default adapts its mmap threshold as it goes, so its count varies from run to run
+    # (16k to 123k faults measured here); the baseline pins the fresh-mapping case it falls into.
+    kept, fresh = faults("keep"), faults("mmap")
+    assert kept[0] == "True" and fresh[0] == "True"
     pages = 10 * 3 * (16 << 20) // 4096  # a fresh mapping faults once per 4 KiB page it writes
-    assert fresh[1] > pages / 4 and kept[1] < pages / 5 and fresh[1] > 2 * kept[1]
+    assert fresh[1] > pages / 2 and kept[1] < pages / 5

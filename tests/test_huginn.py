@@ -20,8 +20,9 @@ from recur_core.analysis.trace import trace
 from recur_core.decoding.decode import full_depth_logits, generate
 from recur_core.exits.policies import ArgmaxStable, ConvergenceExit, CosineExit, EntropyDiff, LatentDiff, ReverseKLExit
 from recur_core.exits.signals import LoopSignals
+from recur_core.model.formats import describe_folder
 from recur_core.model.hf_folder import INDEX, memory_estimate
-from recur_core.model.huginn import huginn_config, huginn_shapes
+from recur_core.model.huginn import describe_huginn, huginn_config, huginn_shapes, load_huginn
 
 FIXTURE = Path(__file__).parent / "fixtures" / "huginn_tiny"
 REF = load_file(str(FIXTURE / "reference_outputs.safetensors"))
@@ -159,6 +160,16 @@ def test_refuses_a_tensor_of_the_wrong_shape(tmp_path):
     with pytest.raises(CheckpointError, match=r"core_block.1.mlp.fc.weight has shape \(255, 64\) in the weights, "
                                               r"\(256, 64\) expected"):
         load_checkpoint(folder)
+
+
+def test_describe_reads_headers_only_and_agrees_with_the_load(huginn, tmp_path):
+    info = describe_folder(FIXTURE)
+    assert info["format"] == "huginn_raven" and info["dtype"] == "float32"
+    assert info["n_params"] == huginn.model.num_params() == info["memory_estimate"]["n_params"]
+    assert info["weights_bytes"] == (FIXTURE / "model.safetensors").stat().st_size
+    for opener in (describe_huginn, load_huginn):  # the format's own entry points, not only the dispatch
+        with pytest.raises(CheckpointError, match="no such checkpoint directory"):
+            opener(tmp_path / "absent")
 
 
 def test_refuses_a_model_too_large_before_loading(tmp_path):

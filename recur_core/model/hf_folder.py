@@ -47,6 +47,8 @@ def model_type_of(path: Path) -> str | None:
 
 def read_config(path: Path) -> dict:
     """config.json of a folder as a dict, or a CheckpointError that says why not."""
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such checkpoint directory")
     try:
         hf = json.loads((path / CONFIG).read_text())
     except (OSError, ValueError) as err:
@@ -146,6 +148,17 @@ def memory_estimate(cfg: ModelConfig, shapes: dict[str, tuple], dtype: torch.dty
     d = cfg.d_model
     acts = 4 * WORKING_TOKENS * (8 * d + 3 * cfg.ffn_dim + 2 * 8192)
     return {"n_params": n_params, "weights": weights, "working": acts, "total": weights + acts}
+
+
+def describe(path: Path, cfg: ModelConfig, shapes: dict[str, tuple], embed_name: str) -> dict:
+    """What every format's describe_* reports, from the safetensors headers only (no weights read):
+    n_params, dtype as stored (read from `embed_name`), the weights' bytes on disk and the memory
+    estimate."""
+    files = weight_files(path)
+    dtype = stored_dtype(files, path, embed_name)
+    est = memory_estimate(cfg, shapes, dtype)
+    return {"n_params": est["n_params"], "dtype": str(dtype).removeprefix("torch."),
+            "weights_bytes": weights_bytes(path, files), "memory_estimate": est}
 
 
 def human_bytes(n: float) -> str:

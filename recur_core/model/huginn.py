@@ -157,12 +157,8 @@ def describe_huginn(path: str | Path) -> dict:
     memory estimate. Raises CheckpointError for an unusable folder."""
     path = Path(path)
     cfg, recipe, hf = read_config(path)
-    files = hf_folder.weight_files(path)
-    dtype = hf_folder.stored_dtype(files, path, EMBED)
-    est = hf_folder.memory_estimate(cfg, huginn_shapes(cfg), dtype)
     return {"format": MODEL_TYPE, "preset": "huginn", "name": hf.get("name") or path.name, "recipe": recipe,
-            "n_params": est["n_params"], "dtype": str(dtype).removeprefix("torch."),
-            "weights_bytes": hf_folder.weights_bytes(path, files), "memory_estimate": est}
+            **hf_folder.describe(path, cfg, huginn_shapes(cfg), EMBED)}
 
 
 def load_huginn(path: str | Path, device: str | torch.device = "cpu", dtype=None,
@@ -173,8 +169,6 @@ def load_huginn(path: str | Path, device: str | torch.device = "cpu", dtype=None
     max_bytes: the memory budget to check the estimate against (default: what the device has free).
     """
     path, device = Path(path), torch.device(device)
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: no such checkpoint directory")
     cfg, recipe, hf = read_config(path)
     model, dtype, est = hf_folder.build_model(
         path, cfg, huginn_shapes(cfg), lambda name, t: huginn_tensors(name, t, cfg), kind="Huginn",

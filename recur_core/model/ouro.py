@@ -157,13 +157,9 @@ def describe_ouro(path: str | Path) -> dict:
     weights' bytes on disk and the memory estimate. Raises CheckpointError for an unusable folder."""
     path = Path(path)
     cfg, recipe, hf = read_config(path)
-    files = hf_folder.weight_files(path)
-    dtype = hf_folder.stored_dtype(files, path, EMBED)
-    est = hf_folder.memory_estimate(cfg, ouro_shapes(cfg), dtype)
     return {"format": MODEL_TYPE, "preset": "ouro", "name": _name(hf, path), "recipe": recipe,
-            "n_params": est["n_params"], "dtype": str(dtype).removeprefix("torch."),
-            "config_dtype": config_dtype(hf), "exit_steps": recipe["r_bar"],
-            "weights_bytes": hf_folder.weights_bytes(path, files), "memory_estimate": est}
+            **hf_folder.describe(path, cfg, ouro_shapes(cfg), EMBED),
+            "config_dtype": config_dtype(hf), "exit_steps": recipe["r_bar"]}
 
 
 def load_ouro(path: str | Path, device: str | torch.device = "cpu", dtype=None,
@@ -174,8 +170,6 @@ def load_ouro(path: str | Path, device: str | torch.device = "cpu", dtype=None,
     max_bytes: the memory budget to check the estimate against (default: what the device has free).
     """
     path, device = Path(path), torch.device(device)
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: no such checkpoint directory")
     cfg, recipe, hf = read_config(path)
     model, dtype, est = hf_folder.build_model(
         path, cfg, ouro_shapes(cfg), OuroTensors(), kind="Ouro", embed_name=EMBED, dtype=resolve_dtype(dtype),

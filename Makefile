@@ -27,4 +27,4 @@ lint: install
 	$(BIN)/ruff check .
 
 test: install
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=15 tests  # the 15 slowest, to keep the suite well under 15 min

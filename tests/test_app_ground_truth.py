@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 from test_app import settle
-from tiny import make_tiny_hops_checkpoint
 
 from training.hops import hop_counts
 
@@ -16,12 +15,11 @@ TIMEOUT = 300
 
 
 @pytest.fixture(scope="module")
-def hops_env(tiny_ckpt, tmp_path_factory):
-    hops_ckpt = make_tiny_hops_checkpoint(tmp_path_factory.mktemp("hops_app"), steps=30)
+def hops_env(tiny_ckpt, hops_ckpt, hops_app_cache, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RECUR_CHECKPOINT", str(hops_ckpt))
         mp.setenv("RECUR_CHECKPOINTS", str(tiny_ckpt))
-        mp.setenv("RECUR_CACHE_DIR", str(tmp_path_factory.mktemp("trace_cache")))
+        mp.setenv("RECUR_CACHE_DIR", str(hops_app_cache))
         mp.setenv("RECUR_SHIPPED", str(tmp_path_factory.mktemp("no_shipped_checkpoints")))
         yield {"hops": Path(hops_ckpt).resolve(), "tiny": Path(tiny_ckpt).resolve()}
 

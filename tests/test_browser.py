@@ -56,13 +56,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def streamlit_server(ckpt: Path, tmp_path_factory, checkpoints: str = ""):
-    """`streamlit run app.py` on `ckpt`, on a free port, until the block ends; yields the base url."""
+def streamlit_server(ckpt: Path, tmp_path_factory, checkpoints: str = "", cache: Path | None = None):
+    """`streamlit run app.py` on `ckpt`, on a free port, until the block ends; yields the base url.
+    cache: its $RECUR_CACHE_DIR (default the caller's, else a fresh folder)."""
     port = free_port()
     log = tmp_path_factory.mktemp("streamlit") / "server.log"
     env = dict(os.environ, RECUR_CHECKPOINT=str(ckpt), RECUR_CHECKPOINTS=checkpoints,
                RECUR_SHIPPED=str(tmp_path_factory.mktemp("no_shipped_checkpoints")),
-               RECUR_CACHE_DIR=os.environ.get("RECUR_CACHE_DIR") or str(tmp_path_factory.mktemp("cache")))
+               RECUR_CACHE_DIR=str(cache or os.environ.get("RECUR_CACHE_DIR") or tmp_path_factory.mktemp("cache")))
     cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
            "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
     with open(log, "w") as out:

@@ -10,15 +10,17 @@ from pathlib import Path
 
 import pytest
 from test_browser import RUN_TIMEOUT_MS, browser, chromium_path, shots, snap, streamlit_server, wait_idle  # noqa: F401
-from tiny import make_tiny_hops_checkpoint
 
 
 @pytest.fixture(scope="module")
-def hops_server(tmp_path_factory):
+def hops_server(tmp_path_factory, request):
+    """The app on $RECUR_BROWSER_HOPS_CHECKPOINT, else on the session's tiny hops checkpoint with the
+    trace cache of the in-process page test (which, run first, has computed the exact section)."""
     chromium_path()
-    ckpt = os.environ.get("RECUR_BROWSER_HOPS_CHECKPOINT")
-    ckpt = Path(ckpt).resolve() if ckpt else make_tiny_hops_checkpoint(tmp_path_factory.mktemp("hops_browser"), 30)
-    with streamlit_server(ckpt, tmp_path_factory) as base:
+    ckpt, cache = os.environ.get("RECUR_BROWSER_HOPS_CHECKPOINT"), None
+    if ckpt is None:
+        ckpt, cache = request.getfixturevalue("hops_ckpt"), request.getfixturevalue("hops_app_cache")
+    with streamlit_server(Path(ckpt).resolve(), tmp_path_factory, cache=cache) as base:
         yield base
 
 

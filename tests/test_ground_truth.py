@@ -5,7 +5,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from tiny import make_tiny_hops_checkpoint
 
 from recur_core import load_checkpoint
 from recur_core.analysis.ground_truth import load_ground_truth, spearman
@@ -14,11 +13,6 @@ from training.hops_card import beside_section, goals, learned_line
 
 ANALYZE_ARGS = ["--windows", "12", "--max-loops", "6", "--n-boot", "40", "--probe-windows", "8",
                 "--probe-tokens", "16", "--no-cache", "--batch-size", "12"]
-
-
-@pytest.fixture(scope="module")
-def hops_ckpt(tmp_path_factory):
-    return make_tiny_hops_checkpoint(tmp_path_factory.mktemp("hops"), steps=30)
 
 
 def test_spearman_matches_pearson_of_ranks_with_ties():

@@ -17,7 +17,6 @@ else:
 
 from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
-from tiny import make_tiny_hops_checkpoint  # noqa: E402
 
 import recur_eval  # noqa: E402,F401  (registers "recur")
 from recur_core import load_checkpoint  # noqa: E402
@@ -25,11 +24,6 @@ from recur_core.decoding.decode import teacher_forced  # noqa: E402
 from recur_eval.model import RecurLM, make_policy  # noqa: E402
 from recur_eval.scoring import group_runs  # noqa: E402
 from recur_eval.task_data import DATA_FILES, TASKS_DIR, hops_qa_docs, read_jsonl, write_jsonl  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def hops_ckpt(tmp_path_factory):
-    return make_tiny_hops_checkpoint(tmp_path_factory.mktemp("hops_lm_eval"), steps=30)
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,18 @@ from ui.strip import legend_html
 
 m = state.require_model()
 st.title("Compare policies")
-st.caption("The same text under the three depth-allocation policies (fast path on one uniform trace). "
-           "Set each policy's knob; the strips show where each one stops every token.")
+st.caption("The same text under the three depth-allocation policies. Set each policy's knob; the strips show "
+           "where each one stops every token.")
 
 enc = state.pasted_text(m, "compare_form")
 tr = compute.text_trace(*m.key, enc.ids, True)
+exact = state.text_path("compare")
+
+
+def policy_outcome(policy) -> compute.Outcome:
+    return compute.text_outcome(*m.key, enc.ids, tr, policy, exact)
+
+
 prb = compute.probes(*m.key)
 legend = st.empty()  # one scale for the three strips, drawn once their depths are known
 
@@ -40,7 +47,7 @@ with cols[2]:
         st.info(f"A2 needs r_max ≥ 2 to train its probe (this checkpoint has r_max = {m.r_max})." if m.has_windows
                 else "A2's probe is trained on the checkpoint's training-side windows, and this folder ships none.")
 
-outcomes = [compute.outcome(tr, policy) for _family, _label, policy in policies]
+outcomes = [policy_outcome(policy) for _family, _label, policy in policies]
 tables = [views.token_table(m, tr, enc, out) for out in outcomes]
 scale = views.strip_scale(m, *tables)
 legend.html(legend_html(scale))
@@ -62,7 +69,7 @@ with h_cols[0]:
     else:
         thr = st.number_input(knob, 0.0, 10.0, format="%.1e", **state.keep(f"cmp_huginn_{crit}", auto))
     h_policy = compute.huginn_policy(crit, thr, m.r_max)
-    h_out = compute.outcome(tr, h_policy)
+    h_out = policy_outcome(h_policy)
     a, b = st.columns(2)
     a.metric("Mean loops", f"{h_out.mean_loops:.2f}")
     b.metric("Loss [nats]", f"{h_out.loss:.3f}")
@@ -75,7 +82,7 @@ if compute.gate(*m.key) is not None:
     with g_cols[0]:
         q = st.slider("q: halt at the first loop whose exit CDF ≥ q (Ouro's Q-exit)", 0.0, 1.0, 0.5, 0.01,
                       key="cmp_gate_q")
-        g_out = compute.outcome(tr, compute.gate_exit(*m.key, q, m.r_max))
+        g_out = policy_outcome(compute.gate_exit(*m.key, q, m.r_max))
         a, b = st.columns(2)
         a.metric("Mean loops", f"{g_out.mean_loops:.2f}")
         b.metric("Loss [nats]", f"{g_out.loss:.3f}")
@@ -87,4 +94,5 @@ with st.expander("A2 probe quality (held-out windows) and the raw trace"):
         download.table(views.probe_table(prb), "a2_probe_quality")
     download.trace_buttons(tr, "text_trace_with_router")
 st.caption(f"Loss: mean next-token cross-entropy over the {max(len(enc.ids) - 1, 0)} tokens that have a next token, "
-           f"each read out at its exit loop. {charts.FAMILY_NAMES['A2_kl']} uses A1's own signal as labels.")
+           f"each read out at its exit loop ({'in real decoding' if exact else 'of the uniform run'}). "
+           f"{charts.FAMILY_NAMES['A2_kl']} uses A1's own signal as labels.")

@@ -8,15 +8,17 @@ m = state.require_model()
 st.title("Token exit depths")
 st.caption("Every token is coloured by its **A1 exit depth**: the first loop i at which KL(p_i ‖ p_{i−1}) "
            "drops below ε, after which the token is frozen. A1 first checks at loop 2 (the paper's convention: "
-           "loop 1's KL compares with the readout of the noise state). Hover a token for its depth, final KL and "
-           "top prediction; pick one below to drill in.")
+           "loop 1's KL compares with the readout of the noise state). Hover a token for its depth and top "
+           "prediction; pick one below to drill in. The heatmap and the drill-in show the uniform run (every "
+           "token to the last loop), with the exit marked.")
 
 enc = state.pasted_text(m, "exits_form")
 tr = compute.text_trace(*m.key, enc.ids, False)
 
+exact = state.text_path("exits")
 eps = state.eps_slider("exits")
-out = compute.outcome(tr, compute.a1(eps, m.r_max))
-uniform = compute.outcome(tr, compute.a0(m.r_bar))
+out = compute.text_outcome(*m.key, enc.ids, tr, compute.a1(eps, m.r_max), exact)
+uniform = compute.outcome(tr, compute.a0(m.r_bar))  # A0 freezes no token early: its trace is its decoding
 table = views.token_table(m, tr, enc, out)
 
 c = st.columns(4)
@@ -36,7 +38,8 @@ selected = st.session_state.get(pick_key, int(table.exit_depth.idxmax()))
 views.render_strip(m, table, f"A1 ε={eps:.1e}", selected=selected)
 
 charts.show(charts.kl_heatmap(tr.kl_prev[0], [plain_visible(p) for p in enc.pieces], out.depth[0],
-                              out.converged[0], m.r_max, "A1"), "kl_heatmap", key="kl_heatmap")
+                              out.converged[0], m.r_max, "A1, decoding" if exact else "A1"), "kl_heatmap",
+            key="kl_heatmap")
 
 st.subheader("Drill into a token")
 pos = st.selectbox("Token", list(range(len(table))), index=selected, key=pick_key,

@@ -82,7 +82,7 @@ pick = cols[0].selectbox("Program", list(range(len(programs))),
 enc, hops = text.encode_program(m, programs[pick])
 tr = compute.text_trace(*m.key, enc.ids, False)
 eps = state.eps_slider("ground_truth")
-out = compute.outcome(tr, compute.a1(eps, m.r_max))
+out = compute.text_outcome(*m.key, enc.ids, tr, compute.a1(eps, m.r_max), path == "exact")  # the page's path
 table = views.token_table(m, tr, enc, out)
 table["ground_truth"] = ground_truth.ground_truth_notes(hops)
 views.render_strip(m, table, f"A1 ε={eps:.1e}")

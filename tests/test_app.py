@@ -7,6 +7,7 @@ computed here independently; Plotly figures through their JSON specs.
 from __future__ import annotations
 
 import base64
+import html
 import json
 import math
 import os
@@ -86,6 +87,12 @@ def strips(at: AppTest) -> list[list[dict]]:
     return out
 
 
+def tooltips(at: AppTest) -> list[str]:
+    """The native tooltips (title attributes) of the page's first token strip, unescaped."""
+    body = next(el.proto.body for el in at.html if 'data-testid="token-strip"' in el.proto.body)
+    return [html.unescape(t) for t in re.findall(r'title="([^"]*)"', body)]
+
+
 def figures(at: AppTest) -> list[dict]:
     return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
 
@@ -99,8 +106,10 @@ def eps_slider(at: AppTest):
     return next(s for s in at.select_slider if s.key.startswith("eps_slider_"))
 
 
-def engine_depths(ckpt_dir: Path, text: str, eps: float) -> tuple[np.ndarray, np.ndarray]:
-    """A1 exit depths of a text computed directly with recur_core, as the app should show them."""
+def engine_depths(ckpt_dir: Path, text: str, eps: float, exact: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """A1 exit depths of a text (and whether A1's rule, not r_max, stopped each token) computed directly
+    with recur_core, as the app should show them: exact, generate's own exits for the text as a prompt
+    decoded token by token ("recompute", the seed the app uses); fast, read off the uniform trace."""
     from recur_core import load_checkpoint
     from recur_core.analysis.trace import trace
     from recur_core.exits.policies import ConvergenceExit
@@ -108,9 +117,20 @@ def engine_depths(ckpt_dir: Path, text: str, eps: float) -> tuple[np.ndarray, np
     ckpt = load_checkpoint(ckpt_dir)
     ids = ckpt.tokenizer().encode(text).ids[:ckpt.config.max_seq_len]
     r_max = int(ckpt.meta["recipe"]["r_max"])
-    tr = trace(ckpt, np.array(ids), max(32, r_max), 0, topk=5, cache=False)
-    ex = ConvergenceExit(eps, r_max=r_max).exits(tr)
+    policy = ConvergenceExit(eps, r_max=r_max)
+    if exact:
+        depth = generated_exits(ckpt, ids, policy)
+        return depth, depth < r_max
+    ex = policy.exits(trace(ckpt, np.array(ids), max(32, r_max), 0, topk=5, cache=False))
     return ex.depth[0], ex.converged[0]
+
+
+def generated_exits(ckpt, ids: list[int], policy) -> np.ndarray:
+    """Each token's exit loop when `generate` decodes the text as a prompt, token by token."""
+    from recur_core.decoding.decode import generate
+    gen = generate(ckpt, ids, 1, policy, kv_rule="recompute", greedy=True, seed=0,
+                   max_loops=max(32, ckpt.recipe.r_max), prefill_chunk=1)
+    return np.array(gen.prompt_exit_loops)
 
 
 TEXT = "Lily saw 3 cats.\n\"Look!\" said Tom."
@@ -130,6 +150,33 @@ def test_exit_strip_matches_engine_and_slider_changes_it(app_env):
     loose, _ = engine_depths(app_env["ckpt"], TEXT, 1.0)
     assert [t["depth"] for t in strip_loose] == loose.tolist()
     assert sum(loose) < sum(depth)
+
+
+def test_exit_page_exact_by_default_and_fast_on_request(app_env):
+    """Exact (real decoding) is the default: the A1 loss is decoding's, and the tooltips carry no KL at
+    exit (decoding keeps no per-loop signals). Fast reads exits, loss and KL off the uniform trace."""
+    from recur_core import load_checkpoint
+    from recur_core.analysis.curves import fast_sums
+    from recur_core.analysis.exact import decoded_text
+    from recur_core.analysis.trace import trace
+    from recur_core.exits.policies import ConvergenceExit
+
+    ckpt = load_checkpoint(app_env["ckpt"])
+    ids, r_max = ckpt.tokenizer().encode(TEXT).ids, ckpt.recipe.r_max
+    a1, loops = ConvergenceExit(1e-3, r_max=r_max), max(32, r_max)
+    loss = lambda at: next(m.value for m in at.metric if m.label == "Loss (A1)")  # noqa: E731
+    kl_lines = lambda at: sum("KL(p_i ‖ p_i−1) at exit" in t for t in tooltips(at))  # noqa: E731
+    at = submit_text(new_app(), TEXT)
+    assert at.segmented_control(key="text_path_exits").value == "exact"
+    assert loss(at) == f"{decoded_text(ckpt, ids, a1, loops, 0).loss:.3f} nats" and kl_lines(at) == 0
+    at.segmented_control(key="text_path_exits").set_value("fast").run()
+    fast, converged = engine_depths(app_env["ckpt"], TEXT, 1e-3, exact=False)
+    [strip] = strips(at)
+    assert [t["depth"] for t in strip] == fast.tolist() and [t["converged"] for t in strip] == converged.tolist()
+    tr = trace(ckpt, np.array(ids), loops, 0, topk=5, cache=False)
+    assert loss(at) == f"{fast_sums(tr, a1).mean_loss:.3f} nats" and kl_lines(at) == len(ids)
+    goto(at, "compare")  # one choice for both pasted-text pages
+    assert at.segmented_control(key="text_path_compare").value == "fast"
 
 
 def test_exit_page_heatmap_curves_and_metrics(app_env):
@@ -275,8 +322,11 @@ def test_compare_page_three_strips(app_env):
     assert [t["depth"] for t in a1] == depth.tolist()
     ckpt = load_checkpoint(app_env["ckpt"])
     r_max = int(ckpt.meta["recipe"]["r_max"])
-    tr = trace(ckpt, np.array(ckpt.tokenizer().encode(TEXT).ids), max(32, r_max), 0, topk=5, cache=False)
-    assert [t["depth"] for t in huginn] == ArgmaxStable(5, r_max=r_max).exit_depth(tr)[0].tolist()
+    ids = ckpt.tokenizer().encode(TEXT).ids
+    assert [t["depth"] for t in huginn] == generated_exits(ckpt, ids, ArgmaxStable(5, r_max=r_max)).tolist()
+    at.segmented_control(key="text_path_compare").set_value("fast").run()
+    tr = trace(ckpt, np.array(ids), max(32, r_max), 0, topk=5, cache=False)
+    assert [t["depth"] for t in strips(at)[3]] == ArgmaxStable(5, r_max=r_max).exit_depth(tr)[0].tolist()
     assert len(at.metric) == 8  # mean loops and loss per policy, Huginn's criterion included
 
 

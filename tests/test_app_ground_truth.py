@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
-from test_app import settle
+from test_app import settle, tooltips
 
 from training.hops import hop_counts
 
@@ -33,11 +33,6 @@ def open_page() -> AppTest:
 
 def programs(at: AppTest, env) -> list[str]:
     return at.session_state[f"gt_programs@{env['hops']}"]
-
-
-def tooltips(at: AppTest) -> list[str]:
-    body = next(el.proto.body for el in at.html if 'data-testid="token-strip"' in el.proto.body)
-    return [t.replace("&#x27;", "'") for t in re.findall(r'title="([^"]*)"', body)]
 
 
 def test_ground_truth_page_plots_and_tooltips(hops_env):
@@ -69,8 +64,12 @@ def test_ground_truth_page_plots_and_tooltips(hops_env):
     assert list(answers["right"].str[2:].unique()) != [] and set(answers["right"].str[2:]) <= {"right", "wrong"}
     assert (answers["right"].str.endswith("right") == (answers["prediction"].str.strip()
                                                           == answers["answer"].str.strip())).all()
+    # the program's strip follows the page's path: real decoding keeps no KL at exit, the trace does
+    kl_lines = lambda: sum("at exit" in t and "KL" in t for t in tooltips(at))  # noqa: E731
+    assert kl_lines() == 0
     at.segmented_control(key="gt_path").set_value("fast").run()
     assert any("fast path" in c.value for c in at.caption)
+    assert kl_lines() == len(tooltips(at))
 
 
 def test_new_random_program_has_the_chosen_max_hop_count(hops_env):

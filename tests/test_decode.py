@@ -274,6 +274,33 @@ def test_generate_matches_teacher_forced_decoding(ckpt, windows):
     torch.testing.assert_close(tf.logits[0, P - 1:], gen.logits, atol=TOL, rtol=0)
 
 
+def test_decoded_text_is_what_generate_gets_for_every_token(ckpt, windows):
+    """The app's exact path on a pasted text: every token's exit and output at exit are generate's
+    (token by token, "recompute"); A0 equals the uniform trace at r; a token run to the cap is
+    marked unconverged, and the last token (no next token) is not scored."""
+    import numpy as np
+
+    from recur_core.analysis.exact import decoded_text
+    from recur_core.analysis.trace import trace
+    ids = windows[1, :13].numpy()
+    a1 = ConvergenceExit(3e-3, r_max=6)
+    got = decoded_text(ckpt, ids, a1, 8, SEED)
+    gen = generate(ckpt, ids, 1, a1, kv_rule="recompute", greedy=True, seed=SEED, max_loops=8, prefill_chunk=1)
+    assert got.exit_depth.tolist() == gen.prompt_exit_loops and 1 < len(set(gen.prompt_exit_loops))
+    assert got.argmax[-1] == gen.ids[0]  # the last token's prediction is the first new token
+    assert got.converged.tolist() == [d < 6 for d in got.exit_depth]
+    assert np.isnan(got.ce[-1]) and not np.isnan(got.ce[:-1]).any()
+    assert got.mean_loops == pytest.approx(got.exit_depth[:-1].mean())
+    tr = trace(ckpt, ids, 8, SEED, cache=False)
+    a0 = decoded_text(ckpt, ids, Uniform(3), 8, SEED)
+    assert a0.exit_depth.tolist() == [3] * len(ids) and a0.converged.all()
+    np.testing.assert_allclose(a0.ce[:-1], tr.ce[0, :-1, 2], atol=TOL)
+    assert a0.argmax.tolist() == tr.argmax[0, :, 2].tolist()
+    assert (a0.top_prob > 0).all() and (a0.top_prob <= 1).all()
+    with pytest.raises(ValueError, match="non-empty text"):
+        decoded_text(ckpt, ids[:0], a1, 8, SEED)
+
+
 def test_halting_skips_compute_and_counts_readouts(ckpt, windows):
     a1 = generate(ckpt, windows[2, :8], 10, ConvergenceExit(1e-2, min_loops=2), max_loops=8, greedy=True)
     for loops, readouts in zip(a1.decode_exit_loops, a1.step_readouts, strict=True):

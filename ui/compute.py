@@ -24,6 +24,7 @@ from recur_core import CheckpointError, load_checkpoint
 from recur_core.analysis import allocation as alloc
 from recur_core.analysis import curves as analysis
 from recur_core.analysis.cache import TraceCache
+from recur_core.analysis.exact import TextDecoding, decoded_text
 from recur_core.analysis.ground_truth import probe_answers
 from recur_core.analysis.probe import load_or_train_probes
 from recur_core.analysis.stats import Bootstrap
@@ -312,19 +313,36 @@ def gate_exit(path: str, ckpt_id: str, device: str, q: float, r_max: int) -> Gat
 
 @dataclass
 class Outcome:
-    """A policy applied to a trace (fast path): per-token exits and the policy's score."""
+    """A policy applied to a trace (fast path) or in real decoding (exact, `decoded` set: each token's
+    output at its exit comes from decoding, not from the trace): per-token exits and the policy's score."""
 
     depth: np.ndarray  # (N, T) exit loop
     converged: np.ndarray  # (N, T) False where only r_max stopped the token
     mean_loops: float  # over scored tokens
     loss: float  # nats / scored token
     n_scored: int
+    decoded: TextDecoding | None = None
 
 
 def outcome(tr: Trace, policy) -> Outcome:
     ex = policy.exits(tr)
     sums = analysis.fast_sums(tr, policy)
     return Outcome(ex.depth, ex.converged, sums.mean_loops, sums.mean_loss, sums.n_scored)
+
+
+@st.cache_data(max_entries=64, show_spinner="Decoding the text token by token, with real halting…")
+def decoded_outcome(path: str, ckpt_id: str, device: str, ids: tuple[int, ...], policy_key: str, _policy) -> Outcome:
+    """A policy on a pasted text in real decoding (recur_core.analysis.exact.decoded_text), to the
+    trace's loop budget; policy_key (the policy's repr) keys the cache."""
+    ckpt = _ckpt(path, ckpt_id, device)
+    d = decoded_text(ckpt, np.asarray(ids, dtype=np.int64), _policy, trace_loops(ckpt), S.seed)
+    return Outcome(d.exit_depth[None], d.converged[None], d.mean_loops, d.loss, len(ids) - 1, d)
+
+
+def text_outcome(path: str, ckpt_id: str, device: str, ids: tuple[int, ...], tr: Trace, policy,
+                 exact: bool) -> Outcome:
+    """A policy on a pasted text: exact (real decoding) or fast (its uniform trace `tr`)."""
+    return decoded_outcome(path, ckpt_id, device, ids, repr(policy), policy) if exact else outcome(tr, policy)
 
 
 # -- sweeps (page 2) --------------------------------------------------------------------------------

@@ -277,3 +277,19 @@ def refine(model: compute.SelectedCheckpoint, where) -> None:
         jobs.watch(job, f"**First look**: the first {compute.FIRST_LOOK_WINDOWS} of {compute.S.windows} eval windows, "
                         "A0 and A1 only. The full trace (with A2's probes) is computed in the background; the page "
                         "refines in place when it is done. Stop keeps this first look.")
+
+
+TEXT_PATHS = {"exact": "Exact (real decoding: a halted token stays frozen in context)",
+              "fast": "Fast (one uniform trace: each token read out at its exit loop)"}
+
+
+def text_path(page: str) -> bool:
+    """The pasted-text pages' Evaluation choice (one value for the session); True for exact."""
+    path = st.segmented_control(
+        "Evaluation", list(TEXT_PATHS), required=True, format_func=TEXT_PATHS.get,
+        **keep(f"text_path_{page}", "exact", store="text_path", valid=lambda v: v in TEXT_PATHS),
+        help="Exact decodes the text token by token as `generate` does (teacher-forced, the \"recompute\" KV "
+             "rule): each token stops at its own loop and later tokens read its frozen state. Fast reads "
+             "every token off one run in which all tokens loop to the end, so later tokens see context that "
+             "kept moving: its exit depths and losses can differ from decoding's.")
+    return path == "exact"

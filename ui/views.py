@@ -52,24 +52,28 @@ def _at_exit(values: np.ndarray, depth: np.ndarray) -> np.ndarray:
 
 def token_table(model: compute.SelectedCheckpoint, tr: Trace, enc: Encoded, out: compute.Outcome) -> pd.DataFrame:
     """One row per token of the text: its exit depth under the policy and its output there."""
-    depth = out.depth[0]
-    pred_ids = _at_exit(tr.argmax[0], depth)
-    ce = _at_exit(tr.ce[0], depth)
+    depth, d = out.depth[0], out.decoded
+    if d is None:  # fast path: the uniform trace at each token's exit loop
+        pred_ids, top_prob, ce = _at_exit(tr.argmax[0], depth), _at_exit(tr.top1_prob[0], depth), _at_exit(tr.ce[0], depth)
+        kl, change = _at_exit(tr.kl_prev[0], depth), _at_exit(tr.state_change[0], depth)
+    else:  # real decoding's output at exit; its per-loop signals are not kept (NaN)
+        pred_ids, top_prob, ce = d.argmax, d.top_prob, d.ce
+        kl = change = np.full(len(depth), np.nan, dtype=np.float32)
     return pd.DataFrame({
         "position": np.arange(len(depth)), "token": list(enc.pieces), "token_id": tr.ids[0],
-        "exit_depth": depth, "converged": out.converged[0], "kl_at_exit": _at_exit(tr.kl_prev[0], depth),
-        "state_change_at_exit": _at_exit(tr.state_change[0], depth),
+        "exit_depth": depth, "converged": out.converged[0], "kl_at_exit": kl, "state_change_at_exit": change,
         "top_prediction": compute.decode_ids(model.path, model.checkpoint_id, pred_ids),
-        "top_prob": _at_exit(tr.top1_prob[0], depth), "next_token_loss": ce})
+        "top_prob": top_prob, "next_token_loss": ce})
 
 
 def strip_views(model: compute.SelectedCheckpoint, table: pd.DataFrame, policy: str) -> list[TokenView]:
     views = []
     for row in table.itertuples(index=False):
         loss = None if math.isnan(row.next_token_loss) else float(row.next_token_loss)
+        kl = None if math.isnan(row.kl_at_exit) else float(row.kl_at_exit)
         views.append(TokenView(row.token, int(row.exit_depth), bool(row.converged), tooltip(
             int(row.position), row.token, int(row.exit_depth), bool(row.converged), model.r_max,
-            kl=float(row.kl_at_exit), prediction=row.top_prediction, prob=float(row.top_prob), loss=loss,
+            kl=kl, prediction=row.top_prediction, prob=float(row.top_prob), loss=loss,
             policy=policy, note=getattr(row, "ground_truth", None))))
     return views
 

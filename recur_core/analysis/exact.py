@@ -8,17 +8,21 @@ budget and the seed; re-running a report or reopening the app replays them from 
                    it equals the harness; for a readout rule (A1, Huginn's KL / entropy / argmax) it
                    differs, because decoding reads token t's per-loop output with the earlier tokens'
                    coda at their exit states, the harness at their current loop (docs/DECODING.md).
+  decoded_text     the same decoding of one text, every token's exit and its output there (the app's
+                   pasted-text pages).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-from ..decoding.decode import teacher_forced
+from ..decoding.decode import default_max_loops, teacher_forced
 from ..exits.policies import Policy
-from ..model.checkpoint import model_id
+from ..model.checkpoint import model_id, resolve_model
 from .harness import ExactResult, SweepWork, run_exact_sweep
 from .trace import progress_bar, resolve_cache, split_inputs
 
@@ -83,6 +87,46 @@ def decoded_results(ckpt_or_model, ids, policy: Policy, max_loops: int, seed: in
         store.save(path, key, {"exit_loop": exit_loop, "argmax": argmax, "targets": split_inputs(ids_np)[1].numpy()},
                    {"kind": "teacher-forced decoding (recompute)", "policies": [repr(policy)]})
     return exit_loop, argmax
+
+
+@dataclass
+class TextDecoding:
+    """One text under a policy in real decoding, per token (T,): exit_depth, converged (False where
+    the token ran to the policy's cap; a rule first met at the cap counts as capped, decoding cannot
+    tell them apart), and its output at exit: argmax (what greedy decoding emits), top_prob (that
+    token's probability), ce (next-token loss in nats; NaN for the last token, which has no next)."""
+
+    exit_depth: np.ndarray
+    converged: np.ndarray
+    argmax: np.ndarray
+    top_prob: np.ndarray
+    ce: np.ndarray
+
+    @property
+    def mean_loops(self) -> float:
+        """Over the tokens that have a next token (all but the last), as the fast path counts."""
+        return float(self.exit_depth[:-1].mean()) if len(self.exit_depth) > 1 else float("nan")
+
+    @property
+    def loss(self) -> float:
+        return float(np.nanmean(self.ce)) if len(self.ce) > 1 else float("nan")
+
+
+def decoded_text(ckpt_or_model, ids, policy: Policy, max_loops: int | None, seed: int) -> TextDecoding:
+    """Decode one text (T,) token by token with real halting under the "recompute" KV rule (for a
+    rule that reads only the state, the masking harness), with window 0's noise of `seed` (as
+    trace(ckpt, text, ...) draws it)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if ids.ndim != 1 or len(ids) == 0:
+        raise ValueError(f"decoded_text takes one non-empty text (T,), got shape {ids.shape}")
+    window = np.concatenate([ids, ids[-1:]])[None]  # the last token's stand-in target: its loss is dropped
+    out = teacher_forced(ckpt_or_model, window, policy, "recompute", seed=seed, max_loops=max_loops, keep_logits=True)
+    cap = policy.cap(default_max_loops(policy, resolve_model(ckpt_or_model)[1], max_loops))
+    depth = out.exit_loop[0].numpy().astype(np.int64)
+    ce = out.ce[0].numpy().astype(np.float32)
+    ce[-1] = np.nan
+    return TextDecoding(depth, (depth < cap) | (policy.min_loops >= cap), out.argmax[0].numpy().astype(np.int64),
+                        torch.softmax(out.logits[0], dim=-1).max(dim=-1).values.numpy(), ce)
 
 
 def _exact_key(ckpt_id: str, ids: np.ndarray, policies: list[Policy], max_loops: int, seed: int,

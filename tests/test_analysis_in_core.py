@@ -37,6 +37,17 @@ def test_token_exit_table_matches_a_groupby_over_scored_positions(ckpt, small_tr
     assert all(g["count"].is_monotonic_decreasing for _, g in table.groupby("class"))
 
 
+def test_smallest_uniform_depth_is_the_first_depth_at_that_loss(small_trace):
+    """The best uniform depth at a loss: the smallest r whose A0 loss (each token's mean ce at loop r
+    over the scored positions) is within the tolerance of it; None when no depth gets there."""
+    tr = small_trace
+    per_depth = [float(tr.ce[..., r - 1][tr.has_target].mean()) for r in range(1, 7)]
+    for r in range(1, 7):
+        expected = next(d for d in range(1, 7) if per_depth[d - 1] <= per_depth[r - 1] + 1e-4)
+        assert analysis.smallest_uniform_depth(tr, per_depth[r - 1], 6) == expected <= r
+    assert analysis.smallest_uniform_depth(tr, min(per_depth) - 1.0, 6) is None
+
+
 def test_metrics_parser_reads_old_and_new_logs(tmp_path):
     from training.metrics_log import append, read_metrics
 

@@ -159,7 +159,7 @@ def test_exit_page_exact_by_default_and_fast_on_request(app_env):
     from recur_core.analysis.curves import fast_sums
     from recur_core.analysis.exact import decoded_text
     from recur_core.analysis.trace import trace
-    from recur_core.exits.policies import ConvergenceExit
+    from recur_core.exits.policies import ConvergenceExit, Uniform
 
     ckpt = load_checkpoint(app_env["ckpt"])
     ids, r_max = ckpt.tokenizer().encode(TEXT).ids, ckpt.recipe.r_max
@@ -168,12 +168,17 @@ def test_exit_page_exact_by_default_and_fast_on_request(app_env):
     kl_lines = lambda at: sum("KL(p_i ‖ p_i−1) at exit" in t for t in tooltips(at))  # noqa: E731
     at = submit_text(new_app(), TEXT)
     assert at.segmented_control(key="text_path_exits").value == "exact"
-    assert loss(at) == f"{decoded_text(ckpt, ids, a1, loops, 0).loss:.3f} nats" and kl_lines(at) == 0
+    decoded = decoded_text(ckpt, ids, a1, loops, 0)
+    assert loss(at) == f"{decoded.loss:.3f} nats" and kl_lines(at) == 0
+    # the saving is against the smallest uniform depth whose loss on the text reaches A1's
+    tr = trace(ckpt, np.array(ids), loops, 0, topk=5, cache=False)
+    best = next(r for r in range(1, r_max + 1) if fast_sums(tr, Uniform(r)).mean_loss <= decoded.loss + 1e-4)
+    saving = next(m for m in at.metric if m.label.startswith("Saving vs uniform"))
+    assert saving.label == f"Saving vs uniform r = {best}" and saving.value == f"{1 - decoded.mean_loops / best:.0%}"
     at.segmented_control(key="text_path_exits").set_value("fast").run()
     fast, converged = engine_depths(app_env["ckpt"], TEXT, 1e-3, exact=False)
     [strip] = strips(at)
     assert [t["depth"] for t in strip] == fast.tolist() and [t["converged"] for t in strip] == converged.tolist()
-    tr = trace(ckpt, np.array(ids), loops, 0, topk=5, cache=False)
     assert loss(at) == f"{fast_sums(tr, a1).mean_loss:.3f} nats" and kl_lines(at) == len(ids)
     goto(at, "compare")  # one choice for both pasted-text pages
     assert at.segmented_control(key="text_path_compare").value == "fast"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_app import generated_exits
+from test_app import generated_exits, strips
 
 from recur_core import CheckpointError, ModelConfig, load_checkpoint
 from recur_core.analysis.harness import run_exact
@@ -296,9 +296,7 @@ def test_app_opens_the_fixture_folder_and_draws_the_token_strip(monkeypatch, tmp
     assert depths == generated_exits(ck, ids, ConvergenceExit(1e-3, r_max=r_max)).tolist()  # exact: real decoding
     at.segmented_control(key="text_path_exits").set_value("fast").run()
     fast = ConvergenceExit(1e-3, r_max=r_max).exit_depth(trace(ck, np.array(ids), 32, seed=0, cache=False))
-    bodies = [el.proto.body for el in at.html if 'data-testid="token-strip"' in el.proto.body]
-    assert [int(d) for d in re.findall(r'data-testid="token" data-pos="\d+" data-depth="(\d+)"', bodies[0])] \
-        == fast[0].tolist()
+    assert [t["depth"] for t in strips(at)[0]] == fast[0].tolist()
 
 
 def test_app_explains_a_model_too_large(monkeypatch, tmp_path):

@@ -72,6 +72,13 @@ def fast_sums(tr: Trace, policy: Policy) -> WindowSums:
     return WindowSums.of(ce, exits.depth, exits.converged, tr.scored)
 
 
+def smallest_uniform_depth(tr: Trace, loss: float, max_depth: int, tolerance: float = 1e-4) -> int | None:
+    """The smallest uniform depth r <= max_depth whose loss on the trace (nats per scored token; exact
+    for A0, which freezes no token early) is within `tolerance` (float noise between decoding and the
+    trace) of `loss`, else None: the honest baseline of a per-token policy that reaches that loss."""
+    return next((r for r in range(1, max_depth + 1) if fast_sums(tr, Uniform(r)).mean_loss <= loss + tolerance), None)
+
+
 @dataclass
 class Curve:
     """A policy family swept over its threshold, as bootstrap replicates.

@@ -5,7 +5,7 @@ the same threads. Model FLOPs count every matmul of a step with the sampled dept
 core loops (adapter + blocks), coda and head forward, plus 2x forward for the backward of the parts
 that get gradients (prelude, the last k loops, coda, head), and causal attention scores/values.
 
-    python -m bench.bench_train [--preset demo] [--steps 30] [--device cpu] [--threads N]
+    python -m bench.bench_train [--preset demo] [--steps 30] [--device cpu] [--threads N] [--set KEY=VALUE ...]
 Last line: a JSON object with tokens_per_s and fraction_of_peak.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from recur_core import LoopedLM
 from training.depth_sampler import sample_depth
 from training.presets import PRESETS
+from training.run import parse_overrides
 from training.trainer import autocast_context, make_optimizer
 
 
@@ -66,11 +67,13 @@ def main():
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--autocast", default="auto")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a preset or shape field, as training.run's --set")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    cfg = PRESETS[args.preset]
+    cfg = PRESETS[args.preset].with_overrides(parse_overrides(args.overrides))
     torch.manual_seed(0)
     model = LoopedLM(cfg.model_config(args.vocab)).to(device).train()
     opt = make_optimizer(model, cfg, device)

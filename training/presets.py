@@ -12,6 +12,8 @@ from dataclasses import dataclass, fields
 from recur_core.model.config import VOCAB_FROM_TOKENIZER, ModelConfig
 from recur_core.model.recipe import DEPTH_MODES, SAMPLER_MEANS, Recipe
 
+from .word_problems import WordProblems
+
 # shipped in training/tokenizers/ (Apache-2.0); the same as the hub's HuggingFaceTB/SmolLM2-135M tokenizer
 SMOLLM2_TOKENIZER = "smollm2"
 
@@ -36,6 +38,8 @@ class TrainConfig:
     # data
     dataset: str = "roneneldan/TinyStories"
     dataset_config: str = ""
+    mixture: str = ""  # generated text mixed into the dataset's windows, e.g. "word_problems:share=0.5"
+    #                    (training/word_problems.py); "" = the dataset alone
     tokenizer: str = SMOLLM2_TOKENIZER  # shipped name, tokenizer.json path, hub id, or "bpe:<vocab>" to train one
     # optimisation
     batch_size: int = 32  # windows per rank per step
@@ -60,6 +64,8 @@ class TrainConfig:
             raise ValueError(f"sampler_mean must be one of {', '.join(SAMPLER_MEANS)}, got {self.sampler_mean!r}")
         if self.depth_mode not in DEPTH_MODES:
             raise ValueError(f"depth_mode must be one of {', '.join(DEPTH_MODES)}, got {self.depth_mode!r}")
+        if self.mixture:
+            WordProblems.parse(self.mixture)  # refuses a malformed spec before any data is read
         if not 0.0 <= self.token_share <= 1.0:
             raise ValueError(f"token_share must be within [0, 1], got {self.token_share}")
 
@@ -145,6 +151,14 @@ PRESETS: dict[str, TrainConfig] = {
                         dataset="roneneldan/TinyStories", tokenizer="bpe:2048",
                         batch_size=16, lr=2e-3, warmup_steps=100, max_tokens=6_000_000,
                         eval_every=100, ckpt_every=100),
+    # stories-reasoning: the app's default specimen (all choices ours): TinyStories mixed half and half
+    # with generated word problems in story form (training/word_problems.py), whose answer words need
+    # 1-6 composition steps; the demo's shape and BPE (trained on both), r_bar 8 / r_max 32 / k 8 as S1.
+    "stories-reasoning": TrainConfig(shape(d_model=256, n_heads=4, n_kv_heads=2, ffn_dim=768, n_prelude=1, n_core=2,
+                                           n_coda=1, max_seq_len=256), r_bar=8, r_max=32, backprop_depth=8,
+                                     dataset="roneneldan/TinyStories", mixture="word_problems:share=0.5,max_steps=6",
+                                     tokenizer="bpe:2048", batch_size=16, lr=2e-3, warmup_steps=200,
+                                     max_tokens=20_000_000, eval_every=250, ckpt_every=250),
     # hops: multi-hop variable-binding programs generated on the fly (training/hops.py); all choices
     # ours. d 64, 1/1/1 blocks (one core attention layer: a loop is one lookup step), r_bar 8 for hop
     # counts to 6; 2 heads of 32 (4 heads of 16 learned the lookup far more slowly: with RoPE only a

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from contextlib import nullcontext
-from itertools import islice
+from itertools import chain, islice
 from pathlib import Path
 
 import torch
@@ -41,7 +41,7 @@ from recur_core.model.formats import load_checkpoint
 from recur_core.model.looped_lm import LoopedLM
 from recur_core.settings import seed_for
 
-from . import hops
+from . import hops, word_problems
 from .data import (
     MAX_HOLDOUT_SHARE,
     USUAL_HOLDOUT_BELOW,
@@ -64,6 +64,7 @@ from .presets import TrainConfig
 from .sources import file_record
 from .state import read_trainer_state, write_trainer_state
 from .tokenizer import eos_id, load_tokenizer
+from .word_problems import WordProblems
 
 N_SAVED_WINDOWS = 128  # the paper evaluates on 128 validation windows
 # The least validation a run takes (it refuses below): 8 saved eval windows give the analyses'
@@ -229,6 +230,17 @@ class Trainer:
                 self.train_windows = ShuffledWindows(take_windows(make_train(), 2 ** 62), cfg.seed)
             else:
                 self.train_windows = StreamedWindows(make_train)
+            if cfg.mixture:  # generated word problems alongside the text (training/word_problems.py)
+                (self.eval_windows, self.select_windows, self.probe_windows, self.train_windows,
+                 self.ground_truth) = word_problems.mixture_data(
+                    WordProblems.parse(cfg.mixture), self.tokenizer, cfg.seed, window_len, self.eval_windows,
+                    self.select_windows, self.probe_windows, self.train_windows)
+                self.validation = self._validation_record(self._validation_made_by() + " and held-out generated "
+                                                          f"problems ({cfg.mixture}, training/word_problems.py)")
+                split = word_problems.split_answer_words(self.tokenizer)
+                if split and self.is_main:
+                    print(f"{self.preset}: the tokenizer splits {len(split)} answer words ({', '.join(split[:5])}, ...); "
+                          "their answers are scored on their first token", file=sys.stderr)
         torch.manual_seed(cfg.seed)
         self.model = LoopedLM(cfg.model_config(self.tokenizer.get_vocab_size())).to(self.device)
         if hops.is_hops(self.data.train):  # statement tokens start from shared codes (see the function)
@@ -345,14 +357,21 @@ class Trainer:
         if not self.cfg.tokenizer.startswith("bpe:"):
             return load_tokenizer(self.cfg.tokenizer)
         if self.world == 1:
-            return load_tokenizer(self.cfg.tokenizer, self.data.train_docs())
+            return load_tokenizer(self.cfg.tokenizer, self._bpe_docs())
         # multi-process BPE training: rank 0 trains, the others read its file
         path = self.out / TOKENIZER
         if self.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
-            load_tokenizer(self.cfg.tokenizer, self.data.train_docs()).save(str(path))
+            load_tokenizer(self.cfg.tokenizer, self._bpe_docs()).save(str(path))
         dist.barrier()
         return load_tokenizer(str(path))
+
+    def _bpe_docs(self):
+        """What a BPE is trained on: the training documents, and a mixture's generated problems."""
+        docs = self.data.train_docs()
+        if not self.cfg.mixture:
+            return docs
+        return chain(docs, word_problems.tokenizer_sample(WordProblems.parse(self.cfg.mixture), self.cfg.seed))
 
     def _load_initial_weights(self) -> None:
         """--init-from: start from another checkpoint's weights (same model shape and tokenizer), with

@@ -1,0 +1,222 @@
+"""The generated word problems (training/word_problems.py): every answer is right (checked by an
+independent solver that reads only the text), its steps label is where the answer word starts, the
+stream is seeded and resumable, and the stories-reasoning mixture saves aligned ground truth."""
+import random
+import re
+
+import pytest
+import torch
+
+from training.tokenizer import train_bpe
+from training.word_problems import (
+    KINDS,
+    NUMBER_WORDS,
+    MixedWindows,
+    ProblemStream,
+    WordProblems,
+    held_out_windows,
+    interleave,
+    mixture_data,
+    token_steps,
+    tokenizer_sample,
+)
+
+TASK = WordProblems.parse("word_problems:max_steps=6")
+NUM = {w: i for i, w in enumerate(NUMBER_WORDS)}
+
+
+# -- an independent solver: reads a problem's text, returns every answer (word, steps) in order ----
+def sentences(text: str) -> list[str]:
+    return re.findall(r"[^.?]+[.?]", text)
+
+
+def solve_count(text: str) -> list[tuple[str, int]]:
+    owner, start = re.search(r"(\w+) had (\w+) \w+\.", text).groups()
+    total, since_stated, out = NUM[start], 0, []
+    for s in sentences(text)[1:]:
+        if m := re.search(r" (\w+) (of them|more)\.", s):
+            total += NUM[m.group(1)] if m.group(2) == "more" else -NUM[m.group(1)]
+            since_stated += 1
+        elif s.strip().startswith(("Now", f"{owner} had")):
+            out.append((NUMBER_WORDS[total], since_stated))
+            since_stated = 0
+    return out
+
+
+def where_answers(text: str) -> list[tuple[str, int]]:
+    """Every answered place in order: after ", so" (1 step) and after a question (its links to the
+    nearest child whose place was stated: at the place, or said to be there after a ", so")."""
+    roots = dict(re.findall(r"(?:^|(?<=\. )|(?<=, ))(\w+) was at the (\w+)\.", text.split("Where was")[0]))
+    parent = dict(re.findall(r"(\w+) was with (\w+)", text))
+    resolved = set(roots) | set(re.findall(r"(\w+) was with \w+, so", text))
+    out = []
+    for m in re.finditer(r"(\w+) was with (\w+), so \w+ was at the (\w+)|Where was (\w+)\?", text):
+        if m.group(4) is None:
+            out.append((m.group(3), 1))
+            continue
+        who, links = m.group(4), 0
+        while who not in resolved:
+            who, links = parent[who], links + 1
+        while who not in roots:
+            who = parent[who]
+        out.append((roots[who], links))
+    return out
+
+
+def solve_swap(text: str) -> list[tuple[str, int]]:
+    has = dict(re.findall(r"(\w+) had a (\w+)", text))
+    out, since_stated = [], 0
+    for s in sentences(text):
+        if m := re.search(r"(\w+) and (\w+) swapped", s):
+            a, b = m.groups()
+            has[a], has[b] = has[b], has[a]
+            since_stated += 1
+        elif m := re.search(r"Now (\w+) had the \w+ and (\w+) had", s):
+            out += [(has[m.group(1)], 1), (has[m.group(2)], 1)]
+            since_stated = 0
+        elif m := re.search(r"^ ?(\w+) had the", s):
+            out.append((has[m.group(1)], since_stated))
+    return out
+
+
+def solve_ages(text: str) -> list[tuple[str, int]]:
+    first, age = re.search(r"(\w+) was (\w+) years old\.", text).groups()
+    ages, out, since_stated = {first: NUM[age]}, [], 0
+    for who, k, way, other, said in re.findall(r"(\w+) was (\w+) years? (older|younger) than (\w+)(, so)?", text):
+        ages[who] = ages[other] + (NUM[k] if way == "older" else -NUM[k])
+        since_stated += 1
+        if said:
+            out.append((NUMBER_WORDS[ages[who]], 1))
+            since_stated = 0
+    asked = re.search(r"How old was (\w+)\?", text).group(1)
+    return out + [(NUMBER_WORDS[ages[asked]], since_stated)]
+
+
+SOLVERS = {"count": solve_count, "where": where_answers, "swap": solve_swap, "ages": solve_ages}
+
+
+@pytest.mark.parametrize("running", [False, True])
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_answer_is_what_the_text_implies(kind, running):
+    rng = random.Random(7)
+    for i in range(300):
+        steps = 1 + i % 8
+        p = TASK.problem(rng, steps, kind, running)
+        labelled = [(j, s) for j, s in enumerate(p.steps) if s]
+        solved = SOLVERS[kind](p.text)
+        assert [s for _, s in labelled] == [s for _, s in solved], p.text
+        for (pos, _), (word, _) in zip(labelled, solved, strict=True):
+            assert p.text[pos:].startswith(word) and p.text[pos - 1] == " ", p.text
+        if not running:  # the first question's answer needs the steps asked for
+            assert labelled[0][1] == steps
+        assert len(labelled) >= (1 if kind in ("count", "ages") else 2)
+
+
+def test_counts_and_ages_stay_number_words():
+    rng = random.Random(3)
+    for i in range(400):
+        p = TASK.problem(rng, 1 + i % 8, ("count", "ages")[i % 2])
+        numbers = re.findall(r"\b(?:zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|"
+                             r"\w+teen|twenty|\d+)\b", p.text)
+        assert numbers and all(w in NUM for w in numbers)
+        assert all(p.text[j:].split()[0].strip(".") in NUM for j, s in enumerate(p.steps) if s)
+
+
+def test_problems_are_seeded():
+    a = [TASK.problem(random.Random(5), 3).text for _ in range(2)]
+    assert a[0] == a[1]
+    assert TASK.problem(random.Random(6), 3).text != a[0]
+
+
+def test_parse_refuses_bad_settings():
+    for bad in ("hops", "word_problems:share=1.5", "word_problems:kinds=count+sums", "word_problems:max_steps=0",
+                "word_problems:depth=3"):
+        with pytest.raises(ValueError):
+            WordProblems.parse(bad)
+    assert WordProblems.parse("word_problems:kinds=swap,share=0.25").kind_list == ["swap"]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_bpe(tokenizer_sample(TASK, 0, n=1500), 400)
+
+
+def test_token_steps_label_the_token_that_starts_the_answer(tok):
+    rng = random.Random(11)
+    for i in range(50):
+        p = TASK.problem(rng, 1 + i % 6)
+        enc = tok.encode(p.text)
+        labels = token_steps(enc.offsets, p.steps)
+        labelled = [(j, s) for j, s in enumerate(labels) if s]
+        answers = [(pos, s) for pos, s in enumerate(p.steps) if s]
+        assert [s for _, s in labelled] == [s for _, s in answers]
+        for (t, _), (pos, _) in zip(labelled, answers, strict=True):
+            start, end = enc.offsets[t]
+            assert start <= pos < end
+    with pytest.raises(ValueError, match="inside no token"):
+        token_steps([(0, 2)], [0, 0, 0, 3])
+
+
+def test_stream_windows_are_seeded_and_resume_exactly(tok):
+    s = ProblemStream(TASK, tok, seed=0, window_len=65)
+    first = s.next_batch(3)
+    assert all(len(w) == 65 and w[0] == tok.token_to_id("<|endoftext|>") for w in first)
+    again = ProblemStream(TASK, tok, seed=0, window_len=65)
+    again.position = 1
+    assert again.next_batch(2) == first[1:]
+    assert ProblemStream(TASK, tok, seed=1, window_len=65).next_batch(1)[0] != first[0]
+
+
+class _Text:
+    """A stand-in text source: rows counting up from 1000, so the mixed batch's order is visible."""
+
+    def __init__(self):
+        self.position = 0
+
+    def next_batch(self, n):
+        rows = torch.arange(self.position, self.position + n)[:, None].repeat(1, 65) + 1000
+        self.position += n
+        return rows
+
+    def state(self):
+        return {"position": self.position}
+
+    def load_state(self, state):
+        self.position = state["position"]
+
+    epoch = 0.0
+
+
+def test_mixed_batches_alternate_at_the_share_and_resume(tok):
+    mixed = MixedWindows(_Text(), ProblemStream(TASK, tok, 0, 65), share=0.25)
+    batch = mixed.next_batch(8)
+    is_text = (batch[:, 0] >= 1000).tolist()
+    assert is_text == [True, False, True, False, True, True, True, True]
+    state = mixed.state()
+    after = mixed.next_batch(8)
+    resumed = MixedWindows(_Text(), ProblemStream(TASK, tok, 0, 65), share=0.25)
+    resumed.load_state(state)
+    assert torch.equal(resumed.next_batch(8), after)
+
+
+def test_interleave_keeps_the_rest_of_the_longer_set():
+    a, b = torch.zeros(3, 2), torch.ones(1, 2)
+    assert interleave(a, b)[:, 0].tolist() == [0, 1, 0, 0]
+
+
+def test_mixture_data_aligns_ground_truth_with_the_windows(tok):
+    text = torch.full((16, 65), 7)
+    eval_ids, select_ids, probe_ids, batches, gt = mixture_data(TASK, tok, 0, 65, text, text[:8], text, _Text())
+    steps = gt["ground_truth.safetensors"]["hops"]
+    assert eval_ids.shape == steps.shape == (16, 65) and select_ids.shape == (8, 65)
+    assert (steps[0::2] == 0).all() and (eval_ids[0::2] == 7).all()  # text windows: no answers
+    problem_rows = eval_ids[1::2]
+    assert (problem_rows[:, 0] == tok.token_to_id("<|endoftext|>")).all()
+    assert steps[1::2].max() <= TASK.max_steps + TASK.extra_eval_steps and (steps[1::2] > 0).sum() >= 4
+    # the held-out windows are not the training stream's, and not each other's
+    train_rows = torch.tensor(ProblemStream(TASK, tok, 0, 65).next_batch(8))
+    assert not any(torch.equal(r, t) for r in problem_rows for t in train_rows)
+    ids, _ = held_out_windows(TASK, tok, 0, 2, 65, 10)
+    assert not torch.equal(ids[0], ids[1])
+    assert gt["ground_truth.safetensors"]["max_train_hops"].item() == TASK.max_steps
+    assert isinstance(batches, MixedWindows)

@@ -176,6 +176,57 @@ def test_latest_rule_is_huginns_rule_and_differs_from_the_harness(ckpt, windows)
     assert not torch.allclose(tf.logits, harness_logits, atol=1e-6, rtol=0)  # "latest" is not the harness
 
 
+@torch.inference_mode()
+def loop_on_reference(model, windows, policy, max_loops, seed=SEED):
+    """Ouro's semantics from the model alone: every token steps every loop, never frozen (the
+    uniform forward); each exits where the policy first holds on those states, and its logits are
+    the readout of the sequence of exit states (the coda reads each past token at its exit)."""
+    ids = windows[:, :-1]
+    e, s = model.prelude(ids), window_noise(model, len(ids), ids.shape[1], seed)
+    halted = torch.zeros(ids.shape, dtype=torch.bool)
+    exits = torch.zeros(ids.shape, dtype=torch.long)
+    exit_state = torch.zeros_like(s)
+    for loop in range(1, max_loops + 1):
+        new = model.core_step(s, e)
+        stop = (policy.halt(loop, LoopSignals(new, relative_change(new, s))) | (loop == max_loops)) & ~halted
+        exits[stop], exit_state[stop] = loop, new[stop]
+        halted |= stop
+        s = new
+    return model.readout(exit_state), exits
+
+
+def test_continue_rule_is_the_uniform_forward_read_at_each_exit(ckpt, windows):
+    """Under "continue" a halted token's later entries are those of its state looping on: decoding
+    (token by token and in parallel) gives the uniform forward's states, read out at each token's
+    exit, unlike the masking harness; and every cache entry it computed is the uniform run's."""
+    d = ckpt.config.d_model
+    g = torch.Generator().manual_seed(1)  # a probe that halts some tokens at loop 1 and the rest at the cap
+    probe = Probe(torch.randn(d + 1, generator=g), 0.0, torch.zeros(d + 1), torch.ones(d + 1), "kl", 1e-3)
+    policy = LinearRouter(probe, 0.5, r_max=6)
+    ref_logits, ref_exits = loop_on_reference(ckpt.model, windows, policy, max_loops=6)
+    assert 0 < (ref_exits == 1).float().mean() < 1 and (ref_exits == 6).any()
+    for mode in ("decode", "prefill"):
+        tf = teacher_forced(ckpt, windows, policy, "continue", seed=SEED, max_loops=6, mode=mode,
+                            batch_size=3, keep_logits=True)
+        assert torch.equal(tf.exit_loop, ref_exits)
+        torch.testing.assert_close(tf.logits, ref_logits, atol=TOL, rtol=0)
+    harness_logits, _ = masking_harness(ckpt.model, windows, policy, max_loops=6)
+    assert not torch.allclose(tf.logits, harness_logits, atol=1e-3, rtol=0)
+    ids, model = windows[:, :-1], ckpt.model
+    sessions = {}
+    for name, p in (("continue", policy), ("uniform", Uniform(6))):
+        dec = Decoder(model, p, batch=len(ids), max_loops=6, kv_rule="continue",
+                      noise=window_noise(model, len(ids), model.cfg.max_seq_len))
+        for t in range(ids.shape[1]):
+            dec.step(ids[:, t], t)
+        sessions[name] = dec.cache
+    T = ids.shape[1]
+    filled = torch.from_numpy(sessions["continue"].filled[0, :T])  # lockstep rows are filled alike
+    have = (torch.arange(1, 7)[:, None] <= filled[None, :])[None, None, None, :, None, :, None]
+    got, want = (sessions[n].core[..., :T, :] for n in ("continue", "uniform"))
+    torch.testing.assert_close(got[have.expand_as(got)], want[have.expand_as(want)], atol=TOL, rtol=0)
+
+
 def test_router_prefill_equals_decoding_under_both_rules(ckpt, windows):
     """A2 (a state probe) under either rule: the parallel prefill that benchmarks use to score it is
     token-by-token decoding, so neither rule's loss can come from positions seeing later ones."""
@@ -213,7 +264,8 @@ def test_chunked_prefill_equals_the_one_piece_prefill_for_state_policies(ckpt, w
 @pytest.mark.parametrize("kv_rule", KV_RULES)
 def test_cache_entries_of_halted_tokens(ckpt, windows, kv_rule):
     """What a later loop reads for a halted token: under "latest" its exit loop's entry, copied; under
-    "recompute" the entry its frozen state writes at that loop (not the exit loop's)."""
+    "recompute" ("continue") the entry its frozen (running) state writes at that loop (not the exit
+    loop's)."""
     model, cap = ckpt.model, 6
     policy = LatentDiff(mixed_delta(model, windows, 1))
     ids = windows[:, :-1]

@@ -214,6 +214,147 @@ def test_generate_continues_as_the_full_forward():
     torch.testing.assert_close(gen.logits, full, atol=1e-4, rtol=0)
 
 
+# -- decoding on the gate, against the reference's full recompute -----------------------------------
+def _thresholds(ref: dict) -> dict[float, str]:
+    return {int(k[-3:]) / 100: k[-3:] for k in ref if k.startswith("exit_step_q")}
+
+
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+def test_gate_decoding_is_the_references_full_recompute(ouro, mode):
+    """Token by token (each token's later steps not run, the earlier tokens' steps it reads run
+    when it needs them) and all at once, at every recorded threshold: each position exits where
+    the reference's Q-exit does and returns its logits (`model(ids, exit_threshold=q)`, which runs
+    every token through every step)."""
+    folder, ck, ref = ouro
+    ids = ref["input_ids"]
+    for q, tag in _thresholds(ref).items():
+        tf = teacher_forced(ck, ids, GateExit.of_checkpoint(ck, q), mode=mode, keep_logits=True)
+        np.testing.assert_array_equal(tf.exit_loop.numpy(), ref[f"exit_step_q{tag}"][:, :-1].numpy() + 1)
+        torch.testing.assert_close(tf.logits, ref[f"logits_exit_q{tag}"][:, :-1], atol=ATOL, rtol=RTOL,
+                                   msg=lambda m, q=q: f"q {q}: {m}")
+
+
+def test_the_frozen_rules_are_not_the_reference():
+    """What the test above rules out: with a halted token's keys frozen ("latest") or its state
+    frozen ("recompute"), later tokens read another context than the reference's."""
+    ck, ref = load_checkpoint(TINY), reference(TINY)
+    for rule in ("latest", "recompute"):
+        tf = teacher_forced(ck, ref["input_ids"], GateExit.of_checkpoint(ck, 0.5), rule, keep_logits=True)
+        assert (tf.logits - ref["logits_exit_q050"][:, :-1]).abs().max() > 0.1
+
+
+def test_generate_is_the_references_greedy_generation(ouro):
+    """A 5-token prompt, 20 greedy tokens, every threshold, each prompt row: the ids, each token's exit
+    step and its logits are what Ouro's own code gives with full recompute per token
+    (tests/fixtures/make_ouro_generations.py; every CDF and argmax there is at least 1e-4 from a
+    tie). The serving pool, all of them at once, gives the same."""
+    folder, ck, ref = ouro
+    gens = load_file(str(folder / "reference_generations.safetensors"))
+    ids = ref["input_ids"]
+    runs = [(b, q, tag) for b in range(len(ids)) for q, tag in _thresholds(ref).items()]
+    requests = []
+    for b, q, tag in runs:
+        policy = GateExit.of_checkpoint(ck, q)
+        gen = generate(ck, ids[b, :5].tolist(), 20, policy, greedy=True)
+        key = f"b{b}_q{tag}"
+        assert gen.ids == gens[f"ids_{key}"].tolist(), key
+        assert gen.exit_loops == (gens[f"exit_{key}"] + 1).tolist(), key
+        torch.testing.assert_close(gen.logits, gens[f"logits_{key}"], atol=ATOL, rtol=RTOL)
+        requests.append(Request(ids[b, :5].tolist(), 20, policy, greedy=True))
+    assert len({e for b, _, tag in runs for e in gens[f"exit_b{b}_q{tag}"].tolist()}) >= 3  # exits spread
+    pooled = serve(ck, requests, slots=3)
+    for (b, _, tag), c in zip(runs, pooled, strict=True):
+        assert c.ids == gens[f"ids_b{b}_q{tag}"].tolist() and c.exit_loops == (gens[f"exit_b{b}_q{tag}"] + 1).tolist()
+
+
+def _core_rows(model) -> tuple[list[int], object]:
+    """A hook counting the token positions each core call runs (the first core block's input rows)."""
+    rows = []
+    handle = model.core_blocks[0].register_forward_pre_hook(lambda _, args: rows.append(args[0].shape[1]))
+    return rows, handle
+
+
+def test_a_halted_tokens_later_steps_run_only_when_a_later_token_reads_them():
+    """Decoding on the gate runs position j's steps up to the deepest exit at or after it, each once:
+    a token's steps after its exit run only when a later token reaches them (inside that token's own
+    core calls: a decoded token makes one core call per step it runs), and never when none does.
+    So a decoded token makes exit-loop core calls against Uniform's 4, while the positions run
+    fall below Uniform's only after the last deep token (here at two thresholds of three)."""
+    ck, ref = load_checkpoint(TINY), reference(TINY)
+    ids, P = ref["input_ids"][0], 5
+    saved_rows = []
+    for q in (0.3, 0.5, 0.7):
+        dec = Decoder(ck.model, GateExit.of_checkpoint(ck, q), max_loops=4, noise=ck.model.seeded_state([0], 0),
+                      max_len=len(ids))
+        rows, handle = _core_rows(ck.model)
+        try:
+            with torch.no_grad():
+                _, prompt_exits = dec.prefill(ids[None, :P])
+                calls_before = len(rows)
+                exits = [int(dec.step(ids[p:p + 1], p)[1]) for p in range(P, len(ids))]
+        finally:
+            handle.remove()
+        deepest = [max([int(prompt_exits.max())] + exits)] * P + [max(exits[k:]) for k in range(len(exits))]
+        assert dec.cache.filled[0, :len(ids)].tolist() == deepest
+        assert sum(rows) == sum(deepest)  # every (position, step) run once, no more
+        assert len(rows) - calls_before == sum(exits) < 4 * len(exits)  # one core call per step it runs
+        assert len(set(exits)) > 1
+        saved_rows.append(sum(deepest) < 4 * len(ids))
+    assert any(saved_rows)
+
+
+def test_bad_thresholds_and_models_are_refused():
+    ck = load_checkpoint(TINY)
+    for q in (0, 1, 0.0, 1.0, -0.1, 1.5, float("nan"), "half", None):
+        with pytest.raises(ValueError, match=r"gate threshold q must"):
+            GateExit.of_checkpoint(ck, q)
+    assert GateExit.of_checkpoint(ck, "0.25").q == 0.25 and GateExit.of_checkpoint(ck, 0.5, max_loops=2).r_max == 2
+    from types import SimpleNamespace
+    with pytest.raises(ValueError, match="no learned exit gate"):
+        GateExit.of_checkpoint(SimpleNamespace(model=SimpleNamespace(exit_gate=None), path="demo"), 0.5)
+
+
+def test_a_prompt_longer_than_the_cache_is_refused_and_nothing_is_lost():
+    """generate and teacher_forced refuse a sequence past the context; a decoding session refuses
+    positions past its cache before writing anything, and then goes on as if it had not been asked."""
+    ck, ref = load_checkpoint(TINY), reference(TINY)
+    policy = GateExit.of_checkpoint(ck, 0.5)
+    with pytest.raises(ValueError, match="exceed the context"):
+        generate(ck, [5] * 256, 2, policy)
+    with pytest.raises(ValueError, match="exceed the context"):
+        teacher_forced(ck, torch.full((1, 258), 5), policy)
+    ids = ref["input_ids"][:1]
+    model = ck.model
+
+    def session():
+        return Decoder(model, policy, max_loops=4, noise=model.seeded_state([0], 0), max_len=8)
+
+    with torch.no_grad():
+        dec, clean = session(), session()
+        torch.testing.assert_close(dec.prefill(ids[:, :6])[0], clean.prefill(ids[:, :6])[0])
+        with pytest.raises(ValueError, match="do not fit the cache's context of 8"):
+            dec.prefill(ids[:, 6:10], 6)
+        with pytest.raises(ValueError, match="do not fit the cache's context of 8"):
+            dec.step(ids[:, 8], 8)
+        for p in (6, 7):
+            torch.testing.assert_close(dec.step(ids[:, p], p)[0], clean.step(ids[:, p], p)[0], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"num_hidden_layers": 1}, "unexpected tensor model.layers.1"),
+    ({"num_hidden_layers": 3}, "missing tensors model.layers.2"),
+    ({"num_key_value_heads": 2}, r"k_proj.weight has shape \(64, 64\) in the weights, \(32, 64\) expected"),
+    ({"vocab_size": 300}, r"has shape \(320, 64\) in the weights, \(300, 64\) expected"),
+    ({"total_ut_steps": 0}, "total_ut_steps must be >= 1"),
+])
+def test_refuses_a_config_that_does_not_match_its_weights(tmp_path, change, message):
+    folder = copy_fixture(tmp_path / "cfg")
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, **change}))
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(folder)
+
+
 # -- files and refusals ---------------------------------------------------------------------------
 def copy_fixture(dest: Path, folder: Path = TINY, weights: bool = True) -> Path:
     shutil.copytree(folder, dest, ignore=None if weights else shutil.ignore_patterns("model.safetensors"))

@@ -5,8 +5,8 @@
 
 Every token runs the prelude once, then core loops until its policy halts it, then the coda and the
 LM head once, on its exit state; skipped loops are really not computed. The model's own blocks do
-the work (model.py, with the cache views of recur_core.decoding.kv); the KV rules ("latest", "recompute")
-are the objects of recur_core.kv. `generate` decodes one sequence, `teacher_forced` B windows in
+the work (model.py, with the cache views of recur_core.decoding.kv); the KV rules ("latest", "recompute",
+"continue") are the objects of recur_core.decoding.kv. `generate` decodes one sequence, `teacher_forced` B windows in
 lockstep; recur_core.decoding.serve batches many sequences whose tokens sit at different loops. The design
 (signals, noise, caches, the rules, what is exact) is in docs/DECODING.md.
 """
@@ -154,13 +154,14 @@ class HaltSchedule:
 class Decoder:
     """One decoding session over B rows in lockstep: a cache, a halting schedule and a KV rule."""
 
-    def __init__(self, model: LoopedLM, policy: Policy, *, batch: int = 1, max_loops: int, kv_rule=SETTINGS.kv_rule,
+    def __init__(self, model: LoopedLM, policy: Policy, *, batch: int = 1, max_loops: int, kv_rule=None,
                  noise: Tensor, check_every: int = 1, cache: LoopKVCache | None = None, max_len: int | None = None):
         """max_len: the context the cache holds (default max_seq_len; generate sizes it to the prompt
-        plus the new tokens, which keeps a large model's per-loop caches small)."""
+        plus the new tokens, which keeps a large model's per-loop caches small). kv_rule: a name or
+        rule of recur_core.decoding.kv (None: the model's default, kv.default_rule)."""
         self.model, self.B = model, batch
         self.policy = policy.private()  # this session's own memory
-        self.rule = named_rule(kv_rule)
+        self.rule = named_rule(kv_rule, model)
         self.schedule = HaltSchedule(self.policy, max_loops, check_every)
         self.cap = self.schedule.cap
         cfg = model.cfg
@@ -180,10 +181,11 @@ class Decoder:
         kv = [SlabKV(k, v, pos) for k, v in self.cache.prelude_slabs()]
         return self.model.prelude(ids, self._at(pos), kv)
 
-    def _core_loop(self, state: Tensor, inject: Tensor, loop: int, pos, keep=None) -> Tensor:
-        slabs = self.cache.core_slabs(loop)
-        kv = [SlabKV(k, v, pos, None if keep is None else keep[l]) for l, (k, v) in enumerate(slabs)]
-        return self.model.core_step(state, None, positions=self._at(pos), kv=kv, inject=inject)
+    def _check_room(self, end: int) -> None:
+        """A clear error, before anything is written, for positions the cache cannot hold."""
+        if end > self.cache.max_len:
+            raise ValueError(f"positions up to {end - 1} do not fit the cache's context of {self.cache.max_len} "
+                             "tokens (max_len)")
 
     def _readout(self, state: Tensor, pos) -> Tensor:
         """Coda (writing this position's coda cache entries) -> final norm -> head: logits (B, Tq, V)."""
@@ -195,9 +197,10 @@ class Decoder:
     def step(self, ids: Tensor, pos: int) -> tuple[Tensor, Tensor]:
         """Run tokens ids (B,) at position pos until each halts; returns (logits (B, V), exits (B,))."""
         B, cache, sched = self.B, self.cache, self.schedule
+        self._check_room(pos + 1)
         inject = self.model.inject(self.prelude(ids.view(B, 1), pos))
         cache.inject[:, pos] = inject[:, 0]
-        state = self.model.start_state(self.noise[:, pos:pos + 1], inject)
+        state = run = self.model.start_state(self.noise[:, pos:pos + 1], inject)  # run: see KVRule.loops_on
         logp_prev = kept = None
         if sched.wants_readout(0):
             logp_prev = torch.log_softmax(self._readout(state, pos).float(), dim=-1)
@@ -206,10 +209,9 @@ class Decoder:
         read = torch.zeros(B, 1, dtype=torch.bool, device=dev) if B > 1 else None  # exit loop was read out
         exits = torch.zeros(B, 1, dtype=torch.long, device=dev)
         for loop in range(1, self.cap + 1):
-            self.rule.before_loop(self.model, cache, loop, pos)
-            new = self._core_loop(state, inject, loop, pos)
-            if halted is not None:
-                new = torch.where(halted[..., None], state, new)
+            out = self.rule.run_loop(self.model, cache, loop, run, inject, pos)
+            new = out if halted is None else torch.where(halted[..., None], state, out)
+            run = out if self.rule.loops_on else new
             signals = logits = None
             if sched.wants_readout(loop):
                 logits = self._readout(new, pos)
@@ -234,6 +236,7 @@ class Decoder:
             if bool(halted.all()):
                 break
         cache.exit_state[:, pos] = state[:, 0]
+        cache.run_state[:, pos] = run[:, 0]
         cache.exit_loop[:, pos] = exits[:, 0].cpu()
         self.rule.finish(cache, pos, exits, loop)
         if kept is None:  # no readout at the exit loop: read out the exit state once
@@ -249,19 +252,21 @@ class Decoder:
         chunk of the prompt). Returns (logits (B, P, V) read out from the exit states, exits (B, P))."""
         B, P = ids.shape
         cache, sched = self.cache, self.schedule
+        self._check_room(start + P)
         pos = self.positions[start:start + P]
         inject = self.model.inject(self.prelude(ids, pos))
         cache.inject[:, pos] = inject
-        state = self.model.start_state(self.noise[:, pos], inject)
+        state = run = self.model.start_state(self.noise[:, pos], inject)  # run: see KVRule.loops_on
         logp_prev = None
         if sched.wants_readout(0):
             logp_prev = torch.log_softmax(self._readout(state, pos).float(), dim=-1)
         halted = torch.zeros(B, P, dtype=torch.bool, device=state.device)
         exits = torch.zeros(B, P, dtype=torch.long, device=state.device)
         for loop in range(1, self.cap + 1):
-            self.rule.before_loop(self.model, cache, loop, start)  # "recompute": earlier chunks' entries
             keep = self.rule.prefill_keep(cache, loop, halted)
-            new = torch.where(halted[..., None], state, self._core_loop(state, inject, loop, pos, keep))
+            out = self.rule.run_loop(self.model, cache, loop, run, inject, pos, keep)  # earlier chunks first
+            new = torch.where(halted[..., None], state, out)
+            run = out if self.rule.loops_on else new
             signals = None
             if sched.wants_readout(loop):
                 logp = torch.log_softmax(self._readout(new, pos).float(), dim=-1)
@@ -275,6 +280,7 @@ class Decoder:
             if bool(halted.all()):
                 break
         cache.exit_state[:, pos] = state
+        cache.run_state[:, pos] = run
         cache.exit_loop[:, pos.cpu()] = exits.cpu()
         self.rule.finish(cache, start, exits, loop)
         return self._readout(state, pos), exits
@@ -370,7 +376,7 @@ def _notify(on_token, index: int, token_id: int, exit_loop: int) -> float:
 
 @torch.inference_mode()
 def generate(ckpt_or_model, prompt, max_new_tokens: int, policy: Policy | None = None, *,
-             kv_rule: str = SETTINGS.kv_rule,
+             kv_rule: str | None = None,
              greedy: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, max_loops: int | None = None, stop_ids=(), keep_logits: bool = True,
              tokenizer=None, on_token=None, check_every: int = 1, prefill_chunk: int | None = None) -> Generation:
@@ -378,7 +384,8 @@ def generate(ckpt_or_model, prompt, max_new_tokens: int, policy: Policy | None =
 
     policy: a recur_core.exits.policies policy; None disables exits (every token runs max_loops).
     max_loops: the loop cap (default: the policy's r_max, else the checkpoint recipe's r_max).
-    kv_rule: "latest" or "recompute" (recur_core.decoding.kv). Sampling: greedy, or temperature / top_k / top_p
+    kv_rule: "latest", "recompute" or "continue" (recur_core.decoding.kv; None: the model's default,
+    "continue" for Ouro, whose reference this then reproduces, else SETTINGS.kv_rule). Sampling: greedy, or temperature / top_k / top_p
     with a generator seeded by `seed` (which also seeds the state noise, see docs/DECODING.md).
     stop_ids: token ids that end the generation once sampled (kept in the output).
     on_token(index, token_id, exit_loop): called as each new token is sampled (for live display);
@@ -433,7 +440,7 @@ def generate(ckpt_or_model, prompt, max_new_tokens: int, policy: Policy | None =
 
 
 @torch.inference_mode()
-def teacher_forced(ckpt_or_model, windows, policy: Policy, kv_rule: str = SETTINGS.kv_rule, *, seed: int = 0,
+def teacher_forced(ckpt_or_model, windows, policy: Policy, kv_rule: str | None = None, *, seed: int = 0,
                    max_loops: int | None = None, batch_size: int = 16, mode: str = "decode",
                    keep_logits: bool = False, first_window: int = 0,
                    check_every: int = 1, noise_rows=None, progress=None) -> TeacherForced:
@@ -441,7 +448,8 @@ def teacher_forced(ckpt_or_model, windows, policy: Policy, kv_rule: str = SETTIN
 
     mode "decode": token by token, exactly what `generate` computes for each window (rows in
     lockstep, see docs/DECODING.md). mode "prefill": all positions in parallel (`Decoder.prefill`);
-    with kv_rule "recompute" that is the masking harness.
+    with kv_rule "recompute" that is the masking harness, with "continue" (Ouro's default) the
+    uniform forward with each token's output read at its exit loop (Ouro's reference).
     Window n's noise is model.seeded_state([first_window + n], seed), as in recur_core.analysis.trace;
     noise_rows (one row index per window) overrides that, e.g. [0] * N scores every window with the
     noise `generate` gives a sequence alone (what lm-eval's scoring does, so a score never depends on
@@ -455,6 +463,8 @@ def teacher_forced(ckpt_or_model, windows, policy: Policy, kv_rule: str = SETTIN
     cap = default_max_loops(policy, ckpt, max_loops)
     device = model.embed.weight.device
     N, T = windows.shape[0], windows.shape[1] - 1
+    if T > model.cfg.max_seq_len:
+        raise ValueError(f"windows of {T} input tokens exceed the context (max_seq_len {model.cfg.max_seq_len})")
     rows_of = list(range(first_window, first_window + N)) if noise_rows is None else [int(r) for r in noise_rows]
     if len(rows_of) != N:
         raise ValueError(f"noise_rows has {len(rows_of)} entries for {N} windows")

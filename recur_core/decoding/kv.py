@@ -11,6 +11,10 @@ cache holds (sdpa: the model's scaled-dot-product attention).
   GatherKV  the pool's ragged step: every row is one token of its own sequence, at its own position
             and loop; each row's keys are gathered from its own (sequence, loop) slab and masked at
             its position, in chunks of rows at adjacent positions (KeyChunks).
+
+A rule runs a lockstep loop (`KVRule.run_loop`): it first gives the earlier positions what this
+loop reads for them ("latest" copies, "recompute" steps frozen states), or ("continue") computes
+them in the same core call as the loop's own tokens.
 """
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import Tensor
+
+from ..settings import SETTINGS
 
 
 # -- views for model.Attention -----------------------------------------------------------------------
@@ -144,9 +150,11 @@ class LoopKVCache:
 
     core (2, n_core, B, loops, Hkv, max_len, hd): entry (loop i, layer l) of position j is what
     layer l's attention at loop i reads for j. prelude / coda (2, n_layers, B, Hkv, max_len, hd).
-    exit_state (B, max_len, d): the state each token halted with; inject (B, max_len, d): its
-    adapter input from the prelude (model.inject(e)); exit_loop (B, max_len); filled (B, max_len): how
-    many loops of core entries each position has (the KV rules fill the rest lazily, when read).
+    exit_state (B, max_len, d): the state each token halted with; run_state (B, max_len, d): its
+    state after its `filled` loops (the exit state, unless a rule whose halted tokens loop on ran it
+    further); inject (B, max_len, d): its adapter input from the prelude (model.inject(e));
+    exit_loop (B, max_len); filled (B, max_len): how many loops of core entries each position has
+    (the KV rules fill the rest lazily, when read).
     `row(b)` is a view of one sequence (same storage), which is how the pool runs a prompt's prefill
     in its slot.
     """
@@ -159,9 +167,11 @@ class LoopKVCache:
         self.prelude = torch.zeros(2, cfg.n_prelude, *shape, device=device, dtype=dtype)
         self.coda = torch.zeros(2, cfg.n_coda, *shape, device=device, dtype=dtype)
         self.exit_state = torch.zeros(batch, max_len, cfg.d_model, device=device, dtype=dtype)
+        self.run_state = torch.zeros_like(self.exit_state)
         self.inject = torch.zeros_like(self.exit_state)
         self.exit_loop = torch.zeros(batch, max_len, dtype=torch.long)
         self.filled = np.zeros((batch, max_len), dtype=np.int64)
+        self.positions = torch.arange(max_len, device=device)
 
     @property
     def bytes_per_key(self) -> int:
@@ -171,9 +181,9 @@ class LoopKVCache:
 
     def row(self, b: int) -> LoopKVCache:
         view = object.__new__(LoopKVCache)
-        view.loops, view.max_len = self.loops, self.max_len
+        view.loops, view.max_len, view.positions = self.loops, self.max_len, self.positions
         view.core, view.prelude, view.coda = self.core[:, :, b:b + 1], self.prelude[:, :, b:b + 1], self.coda[:, :, b:b + 1]
-        for name in ("exit_state", "inject", "exit_loop", "filled"):
+        for name in ("exit_state", "run_state", "inject", "exit_loop", "filled"):
             setattr(view, name, getattr(self, name)[b:b + 1])
         return view
 
@@ -205,11 +215,35 @@ class LoopKVCache:
 
 
 # -- the KV rules --------------------------------------------------------------------------------------
+def core_loop(model, cache: LoopKVCache, loop: int, state: Tensor, inject: Tensor, pos, keep=None) -> Tensor:
+    """Loop `loop` (1-based) of the core for tokens at positions pos of every row (an int, one token
+    per row, or an ascending LongTensor) from states (B, Tq, d), reading and writing the loop's slabs
+    (keep: per core layer SlabKV's `keep`, or None); returns their new states."""
+    kv = [SlabKV(k, v, pos, None if keep is None else keep[l]) for l, (k, v) in enumerate(cache.core_slabs(loop))]
+    positions = cache.positions[pos:pos + 1] if isinstance(pos, int) else pos
+    return model.core_step(state, None, positions=positions, kv=kv, inject=inject)
+
+
+def missing_positions(cache: LoopKVCache, loop: int, upto: int) -> np.ndarray:
+    """Positions before `upto` that lack loop `loop`'s entries (in any row: lockstep rows are filled
+    alike by the rules that compute entries)."""
+    filled = cache.filled[:, :upto]
+    missing = np.flatnonzero((filled < loop).any(axis=0))
+    if missing.size and (filled[:, missing] < loop - 1).any():
+        raise RuntimeError(f"fill of loop {loop} out of order")  # loops are always filled in order
+    return missing
+
+
 class KVRule:
     """What a token at loop i reads for a past token j that halted at loop e_j < i.
 
     keeps_exit_entry  True: a halted token's entry of a later loop is the one of its exit loop
-                      (it is not stepped again); False: its frozen state keeps being stepped.
+                      (it is not stepped again); False: its state keeps being stepped.
+    loops_on          True: that state is not frozen at the exit but loops on, as if the token had
+                      not halted (its exit only picks its output); the decoders then keep a running
+                      state apart from the exit state (LoopKVCache.run_state).
+    run_loop(model, cache, loop, state, inject, pos, keep)  one lockstep loop of tokens at pos, the
+                                        earlier positions first given what the loop reads for them.
     prefill_keep(cache, loop, halted)  in a parallel prefill, per core layer the `keep` argument of
                                         SlabKV for loop `loop` (None: halted tokens write as usual).
     before_loop(model, cache, loop, upto)  before positions >= upto run loop `loop` (token by token).
@@ -225,6 +259,12 @@ class KVRule:
 
     name = ""
     keeps_exit_entry = False
+    loops_on = False
+
+    def run_loop(self, model, cache: LoopKVCache, loop: int, state: Tensor, inject: Tensor, pos,
+                 keep=None) -> Tensor:
+        self.before_loop(model, cache, loop, pos if isinstance(pos, int) else int(pos[0]))
+        return core_loop(model, cache, loop, state, inject, pos, keep)
 
     def prefill_keep(self, cache: LoopKVCache, loop: int, halted: Tensor):
         if not self.keeps_exit_entry or loop == 1 or not bool(halted.any()):
@@ -293,28 +333,80 @@ class RecomputeRule(KVRule):
     name = "recompute"
 
     def before_loop(self, model, cache, loop, upto):
-        filled = cache.filled[0, :upto]
-        missing = np.flatnonzero(filled < loop)
+        missing = missing_positions(cache, loop, upto)
         if missing.size == 0:
             return
-        if (filled[missing] < loop - 1).any():
-            raise RuntimeError("recompute fill out of order")  # loops are always filled in order
         pos = torch.from_numpy(missing).to(cache.exit_state.device)
-        kv = [SlabKV(k, v, pos) for k, v in cache.core_slabs(loop)]
-        model.core_step(cache.exit_state[:, pos], None, positions=pos, kv=kv, inject=cache.inject[:, pos])
+        core_loop(model, cache, loop, cache.exit_state[:, pos], cache.inject[:, pos], pos)
         cache.filled[:, missing] = loop
 
     def finish(self, cache, start, exits, loops_run):
         cache.filled[:, start:start + exits.shape[1]] = loops_run
 
 
-KV_RULES = {rule.name: rule for rule in (LatestRule(), RecomputeRule())}
+class ContinueRule(KVRule):
+    """Ouro's rule (its reference code runs every token through every step; the gate only picks
+    which step's output a token returns): the entry j writes at loop i with its state never frozen,
+    i.e. the loops after its exit run on from its exit state as if it had not halted. With this
+    rule every entry is the uniform-depth forward's, whatever the policy, and a token's output at its
+    exit loop is the full forward's output at that loop: decoding is exactly the reference's full
+    recompute with the exit chosen per token.
+
+    Nothing past a token's exit is computed when it halts. A later token that reaches loop i needs
+    loop i of every earlier position: those that lack it run loop i from their running state
+    (`LoopKVCache.run_state`) in the same core call as the later token's own loop i (`run_loop`:
+    one pass over the weights for all of them, which at batch 1 costs about what the token alone
+    does), so a position runs at most as many loops as the deepest exit at or after it."""
+
+    name = "continue"
+    loops_on = True
+
+    def run_loop(self, model, cache, loop, state, inject, pos, keep=None):
+        """As KVRule.run_loop; the positions before pos that lack the loop run in the same call
+        (keep is None for this rule: prefill_keep never sets it)."""
+        missing = missing_positions(cache, loop, pos if isinstance(pos, int) else int(pos[0]))
+        if missing.size == 0:
+            return core_loop(model, cache, loop, state, inject, pos)
+        ride = torch.from_numpy(missing).to(state.device)
+        at = torch.cat([ride, cache.positions[pos:pos + 1] if isinstance(pos, int) else pos])
+        out = core_loop(model, cache, loop, torch.cat([cache.run_state[:, ride], state], 1),
+                        torch.cat([cache.inject[:, ride], inject], 1), at)
+        self._advance(cache, loop, missing, out[:, :len(missing)])
+        return out[:, len(missing):]
+
+    def before_loop(self, model, cache, loop, upto):
+        missing = missing_positions(cache, loop, upto)
+        if missing.size == 0:
+            return
+        pos = torch.from_numpy(missing).to(cache.run_state.device)
+        self._advance(cache, loop, missing, core_loop(model, cache, loop, cache.run_state[:, pos],
+                                                      cache.inject[:, pos], pos))
+
+    @staticmethod
+    def _advance(cache, loop, missing: np.ndarray, state: Tensor) -> None:
+        cache.run_state[:, torch.from_numpy(missing).to(state.device)] = state
+        cache.filled[:, missing] = loop
+
+    def finish(self, cache, start, exits, loops_run):
+        cache.filled[:, start:start + exits.shape[1]] = loops_run  # halted rows looped on to loops_run
 
 
-def kv_rule(rule: str | KVRule) -> KVRule:
-    """The rule object of a name ("latest" or "recompute"), or the rule itself."""
+KV_RULES = {rule.name: rule for rule in (LatestRule(), RecomputeRule(), ContinueRule())}
+
+
+def default_rule(model=None) -> str:
+    """The KV rule decoding uses unless told: "continue" for a model with a learned exit gate (Ouro,
+    whose own code and training run every token through every step: its outputs are the
+    reference's only under this rule), else SETTINGS.kv_rule."""
+    return "continue" if getattr(model, "exit_gate", None) is not None else SETTINGS.kv_rule
+
+
+def kv_rule(rule: str | KVRule | None, model=None) -> KVRule:
+    """The rule object of a name ("latest", "recompute" or "continue"), or the rule itself; None:
+    the model's default (`default_rule`)."""
     if isinstance(rule, KVRule):
         return rule
+    rule = default_rule(model) if rule is None else rule
     if rule not in KV_RULES:
         raise ValueError(f"kv_rule must be one of {tuple(KV_RULES)}, got {rule!r}")
     return KV_RULES[rule]

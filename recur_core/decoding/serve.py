@@ -30,8 +30,8 @@ So a step makes one call of each kind whatever the mix of policies and prompts i
 noise state's readout before the core when a readout policy checks from loop 1): on a CPU most of
 a small call's cost is fixed (docs/benchmarks/serving-pool.md).
 
-Each sequence keeps batch-1 semantics: its policy, KV rule ("recompute" fills its missing entries
-with its own small core step before the batched one), noise (model.seeded_state([0], seed), as `generate`),
+Each sequence keeps batch-1 semantics: its policy, KV rule ("recompute" and "continue" fill its
+missing entries with its own small core step before the batched one), noise (model.seeded_state([0], seed), as `generate`),
 sampler (seeded with its seed) and the parallel prefill's rules for its prompt, so it decodes to
 what `decode.generate` gives it alone (tests/test_serve.py), up to float rounding of the batched
 matmuls.
@@ -51,7 +51,6 @@ from torch import Tensor
 from ..exits.policies import Policy, Uniform
 from ..exits.signals import cosine_change, readout_signals, relative_change
 from ..model.checkpoint import resolve_model
-from ..settings import SETTINGS
 from .decode import (
     Decoder,
     HaltSchedule,
@@ -73,7 +72,7 @@ class Request:
     prompt: object  # text (needs the checkpoint's tokenizer) or token ids
     max_new_tokens: int
     policy: Policy | None = None
-    kv_rule: str = SETTINGS.kv_rule
+    kv_rule: str | None = None  # None: the model's default (recur_core.decoding.kv.default_rule)
     seed: int = 0
     greedy: bool = False
     temperature: float = 1.0
@@ -128,7 +127,8 @@ class _Sequence:
     ones still looping (`live`: their indices in the chunk; a halted one's entries are copied
     forward, its state waits in the cache's exit_state), else all of them, the halted ones frozen;
     then one row, the token in flight at position pos. `loop` loops run so far (0: not yet looped).
-    state / inject: (rows, 1, d)."""
+    state / inject: (rows, 1, d); run: the prompt rows' running states under a rule whose halted
+    tokens loop on (KVRule.loops_on; the halted rows' `state` is their exit state), else None."""
 
     def __init__(self, rid: int, slot: int, req: Request, dec: Decoder, prompt_ids, keep_logits: bool):
         self.rid, self.slot, self.req, self.dec = rid, slot, req, dec
@@ -146,6 +146,7 @@ class _Sequence:
         self.readouts_before = 0
         self.halted = self.exits = self.live = self.row_loops = self.row_readouts = None
         self.positions = self.state = self.inject = self.logp_prev = self.logits = self.signals = None
+        self.run = None
 
     @property
     def schedule(self):
@@ -231,7 +232,7 @@ class Pool:
             raise ValueError(f"prompt token ids must be in [0, {self.model.cfg.vocab_size})")
         policy = request.policy if request.policy is not None else Uniform(self.max_loops)
         HaltSchedule(policy, self.max_loops, request.check_every)  # raises on min_loops > budget, check_every < 1
-        kv_rule(request.kv_rule)  # raises on an unknown rule
+        kv_rule(request.kv_rule, self.model)  # raises on an unknown rule
         rid = self.next_id
         self.next_id += 1
         self.waiting.append((rid, request, prompt_ids, policy))
@@ -305,13 +306,15 @@ class Pool:
             rule.before_loops(self.model, self.cache, np.array([s.slot for s in mine]),
                               np.array([s.loop + 1 for s in mine]), np.array([s.pos for s in mine]))
         old = torch.cat([s.state for s in seqs])
-        new = self._core(seqs, old)
+        new = self._core(seqs, torch.cat([s.state if s.run is None else s.run for s in seqs]))
         at = 0
         for s in seqs:
             s.loop += 1
             s.state, s.logits, s.signals = new[at:at + s.n_rows], None, None
             if s.prefilling:
                 s.row_loops[s.live] += 1
+                if s.run is not None:  # halted prompt positions loop on, their exit states kept
+                    s.run = s.state
                 if not s.sheds_halted:  # halted prompt positions ride along, frozen
                     s.state = torch.where(s.halted[:, None, None], old[at:at + s.n_rows], s.state)
             at += s.n_rows
@@ -346,6 +349,7 @@ class Pool:
         s.positions, s.pos, s.loop, s.logp_prev = list(range(start, end)), start, 0, None
         s.inject = cache.inject[0, start:end, None]
         s.state = s.dec.model.start_state(s.dec.noise[0, start:end, None], s.inject)
+        s.run = s.state if s.dec.rule.loops_on else None
         s.halted = torch.zeros(end - start, dtype=torch.bool, device=cache.inject.device)
         s.live = torch.arange(end - start)
         s.exits, s.row_loops, s.row_readouts = (torch.zeros(end - start, dtype=torch.long) for _ in range(3))
@@ -523,6 +527,8 @@ class Pool:
         and start decoding."""
         cache, start, end = s.dec.cache, s.pos, s.pos + s.n_rows
         cache.exit_state[:, start:end] = s.state[:, 0]
+        cache.run_state[:, start:end] = (s.state if s.run is None else s.run)[:, 0]
+        s.run = None
         cache.exit_loop[:, start:end] = s.exits
         s.dec.rule.finish(cache, start, s.exits[None], s.loop)
         s.out.prompt_exit_loops += s.exits.tolist()
@@ -544,7 +550,8 @@ class Pool:
         """These sequences' tokens halted: finish their positions under their KV rules and sample
         their next tokens."""
         slots, pos = (torch.from_numpy(a) for a in self._rows(seqs))
-        self.cache.exit_state[slots.to(self.device), pos.to(self.device)] = torch.cat([s.state for s in seqs])[:, 0]
+        at = slots.to(self.device), pos.to(self.device)
+        self.cache.exit_state[at] = self.cache.run_state[at] = torch.cat([s.state for s in seqs])[:, 0]
         self.cache.exit_loop[slots, pos] = torch.tensor([s.loop for s in seqs])
         for rule, mine in self._by_rule(seqs):  # every halted token of a rule at once
             rule.finish_tokens(self.cache, torch.tensor([s.slot for s in mine]), torch.tensor([s.pos for s in mine]),

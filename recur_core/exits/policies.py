@@ -33,6 +33,8 @@ A model trained with a learned exit gate (Ouro, recur_core.model.ouro):
   GateExit(q, gate)        Ouro's Q-exit: halt at the first loop whose exit CDF
                            1 - prod_{j<=i} (1 - lambda_j) is >= q, lambda_j = the gate's per-token
                            exit probability after loop j; may halt at loop 1.
+                           GateExit.of_checkpoint(ckpt, q): a checkpoint's gate, capped at its
+                           trained steps, q in (0, 1) (what decoding with Ouro takes).
 EntropyDiff, ArgmaxStable and GateExit compare with earlier loops: their online face remembers the values of
 its previous call (reset at loop 1), so it must be consulted at every loop (check_every 1); a call
 that skips loops starts a new run.
@@ -408,6 +410,26 @@ class GateExit(_Remembering):
             raise ValueError(f"q must be in [0, 1], got {q}")
         super().__init__(min_loops, r_max)
         self.q, self.gate = q, gate
+
+    @classmethod
+    def of_checkpoint(cls, ckpt, q, max_loops: int | None = None, min_loops: int = 1) -> "GateExit":
+        """Ouro's Q-exit at q as the halting policy of a checkpoint with a learned exit gate: its
+        gate, capped at its trained steps (the last one takes what is left, as in Ouro's code), or
+        at max_loops if that is fewer. q must lie in (0, 1): q <= 0 halts every token at loop 1 and
+        q >= 1 runs every step, which Uniform(1) / Uniform(steps) say plainly (the analysis' curve
+        takes those two ends from the constructor)."""
+        gate = getattr(ckpt.model, "exit_gate", None)
+        if gate is None:
+            raise ValueError(f"{getattr(ckpt, 'path', 'this model')} has no learned exit gate (an Ouro checkpoint has one)")
+        try:
+            q = float(q)
+        except (TypeError, ValueError):
+            raise ValueError(f"a gate threshold q must be a number in (0, 1), got {q!r}") from None
+        if not 0 < q < 1:
+            raise ValueError(f"a gate threshold q must lie in (0, 1), got {q} (q <= 0 halts every token at loop 1, "
+                             "q >= 1 runs every step: use Uniform for those)")
+        steps = ckpt.recipe.depth
+        return cls(q, ckpt.model.gate_lambda, min_loops, steps if max_loops is None else min(steps, int(max_loops)))
 
     def _update(self, value, fresh):
         if self.gate is None:

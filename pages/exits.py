@@ -26,17 +26,20 @@ c = st.columns(4)
 c[0].metric("Mean loops (A1)", f"{out.mean_loops:.2f}", help="Mean exit depth over the tokens that have a next "
             "token to score (all but the last).")
 best = analysis.smallest_uniform_depth(tr, out.loss, m.r_max)
-c[1].metric(f"Saving vs uniform r = {best}" if best else "Saving vs uniform depth",
-            f"{1 - out.mean_loops / best:.0%}" if best else "—",
-            help=f"Core-loop FLOP saving against the best uniform depth: 1 − mean loops / r, with r the smallest "
-                 f"uniform depth whose loss on this text is at most A1's (none up to r_max = {m.r_max} if '—'). "
-                 f"Against uniform r̄ = {m.r_bar}: {1 - out.mean_loops / m.r_bar:.0%}. The paper's FLOP proxy; "
-                 "the cost of the KL check itself is not counted.")
+saving = views.saving_vs_uniform(out.mean_loops, best)
+c[1].metric(saving.label, saving.value,
+            help=f"Core loops against the best uniform depth: the smallest uniform depth r whose loss on this text is "
+                 f"at most A1's ('—': none up to r_max = {m.r_max}, so A1's loss is below every uniform depth's). "
+                 f"Against uniform r̄ = {m.r_bar}: {out.mean_loops:.2f} against {m.r_bar} loops. The paper's FLOP "
+                 "proxy; the cost of the KL check itself is not counted.")
 c[2].metric("Loss (A1)", f"{out.loss:.3f} nats",
             **views.delta(out.loss - uniform.loss, ".3f", "nats worse than A0 at r̄", "nats better than A0 at r̄",
                           "lower", "as good as A0 at r̄"), help="Mean next-token cross-entropy with each token read out at its exit loop.")
 c[3].metric("Converged before r_max", f"{table.converged.mean():.0%}", help=f"Tokens whose KL fell below ε by "
             f"r_max = {m.r_max}; the others (pink, dashed) were stopped by the cap.")
+
+if saving.warning:
+    st.warning(saving.warning)
 
 pick_key = f"token_pos_{hash(enc.ids) & 0xFFFFFFFF:x}"  # a fresh picker for every text
 selected = st.session_state.get(pick_key, int(table.exit_depth.idxmax()))

@@ -173,8 +173,12 @@ def test_exit_page_exact_by_default_and_fast_on_request(app_env):
     # the saving is against the smallest uniform depth whose loss on the text reaches A1's
     tr = trace(ckpt, np.array(ids), loops, 0, topk=5, cache=False)
     best = next(r for r in range(1, r_max + 1) if fast_sums(tr, Uniform(r)).mean_loss <= decoded.loss + 1e-4)
-    saving = next(m for m in at.metric if m.label.startswith("Saving vs uniform"))
-    assert saving.label == f"Saving vs uniform r = {best}" and saving.value == f"{1 - decoded.mean_loops / best:.0%}"
+    saving = next(m for m in at.metric if " vs uniform" in m.label)
+    assert saving.label.endswith(f"vs uniform r = {best}")
+    if decoded.mean_loops < best:
+        assert saving.label.startswith("Saving") and saving.value == f"{1 - decoded.mean_loops / best:.0%} fewer loops"
+    else:  # a loss never reads as a saving
+        assert saving.label.startswith("Cost") and "not** a saving" in at.warning[0].value
     at.segmented_control(key="text_path_exits").set_value("fast").run()
     fast, converged = engine_depths(app_env["ckpt"], TEXT, 1e-3, exact=False)
     [strip] = strips(at)
@@ -194,7 +198,7 @@ def test_exit_page_heatmap_curves_and_metrics(app_env):
     curves = next(f for f in figures(at) if f["layout"].get("yaxis", {}).get("type") == "log")
     assert "KL" in curves["layout"]["yaxis"]["title"]["text"]
     labels = [m.label for m in at.metric]
-    assert "Mean loops (A1)" in labels and any("Saving vs uniform" in lab for lab in labels)
+    assert "Mean loops (A1)" in labels and any(" vs uniform" in lab for lab in labels)
     assert len(at.dataframe) >= 1  # logit lens
     picker = next(s for s in at.selectbox if s.label == "Token")
     picker.set_value(2).run()
@@ -479,6 +483,18 @@ def test_metric_deltas_point_the_way_of_the_change_and_colour_its_meaning():
     assert fewer_loops == {"delta": "0.45 fewer loops", "delta_arrow": "up", "delta_color": "normal"}  # green
     assert delta(0.00004, ".3f", "worse", "better", "lower", "as good") == \
         {"delta": "as good", "delta_arrow": "off", "delta_color": "off"}
+
+
+def test_saving_vs_uniform_never_reads_a_loss_as_a_win():
+    """Issue 39: 3.58 mean loops against a best uniform depth of 2 is a cost, said in words."""
+    from ui.views import saving_vs_uniform
+    cost = saving_vs_uniform(3.58, 2)
+    assert cost.label == "Cost vs uniform r = 2" and cost.value == "79% more loops"
+    assert "not** a saving" in cost.warning and "3.58" in cost.warning and "2 loops" in cost.warning
+    win = saving_vs_uniform(3.0, 4)
+    assert win.label == "Saving vs uniform r = 4" and win.value == "25% fewer loops" and win.warning is None
+    assert saving_vs_uniform(4.001, 4).value == "none (as many loops)"
+    assert saving_vs_uniform(2.0, None).value == "—"
 
 
 def test_strip_colours_span_the_depths_present():

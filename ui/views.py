@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -43,6 +44,30 @@ def delta(change: float, fmt: str, rise: str, fall: str, better: str, same: str)
     # the string has no leading "-": Streamlit paints it green under "normal" and red under "inverse"
     return {"delta": f"{size} {rise if change > 0 else fall}", "delta_arrow": "up" if good else "down",
             "delta_color": "normal" if good else "inverse"}
+
+
+@dataclass(frozen=True)
+class Saving:
+    """A per-token policy's loops against the best uniform depth, in words that never call a loss a
+    saving: `label` / `value` for st.metric, and `warning`, a sentence when the policy costs more."""
+    label: str
+    value: str
+    warning: str | None
+
+
+def saving_vs_uniform(mean_loops: float, best: int | None, policy: str = "A1") -> Saving:
+    """best: the smallest uniform depth whose loss reaches the policy's (None: none up to r_max)."""
+    if best is None:
+        return Saving("Saving vs uniform depth", "—", None)
+    change = mean_loops / best - 1
+    if change < 0:
+        return Saving(f"Saving vs uniform r = {best}", f"{-change:.0%} fewer loops", None)
+    if f"{change:.0%}" == "0%":
+        return Saving(f"Saving vs uniform r = {best}", "none (as many loops)", None)
+    return Saving(f"Cost vs uniform r = {best}", f"{change:.0%} more loops",
+                  f"On this text {policy} is **not** a saving: it spends {mean_loops:.2f} loops per token on average, "
+                  f"more than simply running every token {best} loop{'s' if best != 1 else ''}, which reaches the "
+                  f"same loss (or lower). A smaller ε (the slider) or another text may change that.")
 
 
 def _at_exit(values: np.ndarray, depth: np.ndarray) -> np.ndarray:

@@ -1,21 +1,27 @@
-"""Ground truth: on a checkpoint trained on multi-hop programs, do exit policies stop each answer
-token at the depth its hop count needs? Exact (as real halting) by default, the fast path one click away."""
+"""Ground truth: on a checkpoint whose answers have a known depth (multi-hop programs, word problems),
+do exit policies stop each answer token at the depth it needs? Exact (as real halting) by default, the
+fast path one click away."""
 import streamlit as st
 
-from ui import charts, compute, ground_truth, jobs, state, text, views
+from ui import charts, compute, ground_truth, jobs, state, views
 
 m = state.require_model()
-st.title("Ground truth: exit depth against hop count")
+st.title("Ground truth: exit depth against the depth each answer needs")
 if not ground_truth.has_ground_truth(m.path):
-    st.info("This checkpoint has no ground truth. Pick **checkpoints/hops** in the sidebar: a model trained on "
-            "variable-binding programs, where each answer token's required number of lookups (its hop count) is "
-            "known.")
+    st.info("This checkpoint has no ground truth. Pick **checkpoints/stories-reasoning** in the sidebar (word "
+            "problems in story form, each answer word labelled with the composition steps it needs) or "
+            "**checkpoints/hops** (variable-binding programs, each answer labelled with its number of lookups).")
     st.stop()
 
-st.caption("Programs bind variables in chains (`k=7;b=k;x=b;` … `x?7;`). The answer after `v?` needs one lookup per "
-           "hop, so its **hop count** is the depth it should need. A good exit policy spends more loops on deeper "
-           "answers. Each policy is shown at its **operating point**: the cheapest threshold whose answer accuracy "
-           "is within 1 point of uniform depth r̄.")
+unit = ground_truth.unit(m)
+operating = ("A good exit policy spends more loops on deeper answers. Each policy is shown at its **operating "
+             "point**: the cheapest threshold whose answer accuracy is within 1 point of uniform depth r̄.")
+st.caption(("Word problems in story form: counts changed several times, children following each other from "
+            "place to place, toys swapped, ages told relative to each other. Each answer word needs one "
+            "**step** of composition per change, link or swap since the last value the story states. "
+            if ground_truth.reads_problems(m) else
+            "Programs bind variables in chains (`k=7;b=k;x=b;` … `x?7;`). The answer after `v?` needs one lookup "
+            "per hop, so its **hop count** is the depth it should need. ") + operating)
 if state.first_look(m):
     st.info("The eval windows are being traced (once per checkpoint, then cached on disk); the page fills in when "
             "they are done.")
@@ -49,9 +55,9 @@ sp = a1["spearman_exit_vs_hops"]
 best = gt["best_uniform_depth"]
 c = st.columns(4)
 c[0].metric(f"Accuracy at r̄ = {m.r_bar}", f"{gt['uniform']['answer_accuracy'][m.r_bar - 1]:.1%}",
-            help=f"Answer accuracy over {gt['n_trained_answers']} answers at the trained hop counts "
-                 f"{gt['target_hops']} of {gt['n_programs']} held-out programs.")
-c[1].metric("Spearman(A1 exit, hops)", ground_truth.fmt_rho(sp).split(" [")[0],
+            help=f"Answer accuracy over {gt['n_trained_answers']} answers needing the trained {unit}s "
+                 f"{gt['target_hops']}, in {gt['n_programs']} held-out windows.")
+c[1].metric(f"Spearman(A1 exit, {unit}s)", ground_truth.fmt_rho(sp).split(" [")[0],
             help=f"With its 95% bootstrap CI over programs: {ground_truth.fmt_rho(sp)}")
 c[2].metric("Best uniform depth", f"{best}" if best else "none",
             help=f"The smallest uniform depth whose answer accuracy reaches the target, "
@@ -60,30 +66,31 @@ ratio = a1["vs_best_uniform_loops_ratio"]
 c[3].metric("A1 mean loops", f"{a1['mean_loops']:.2f}",
             **(views.delta(ratio - 1, ".0%", f"more than depth {best}", f"fewer than depth {best}", "lower",
                            f"as many as depth {best}") if ratio else {}),
-            help=f"Over all program tokens (answers and the rest), at A1's operating point; the change is against "
+            help=f"Over all tokens (answers and the rest), at A1's operating point; the change is against "
                  f"the best uniform depth {best} ({ratio or 0:.2f}×).")
 
-charts.show(ground_truth.exit_vs_hops(gt), "exit_vs_hops", key="exit_vs_hops")
-charts.show(ground_truth.accuracy_vs_loops(gt), "accuracy_vs_loops", key="accuracy_vs_loops")
-st.dataframe(ground_truth.policy_table(gt, fast if gt is not fast else None), hide_index=True,
-             column_config={"Spearman(exit, hops) [95% CI]": st.column_config.TextColumn(width="medium")})
+charts.show(ground_truth.exit_vs_hops(gt, unit), "exit_vs_hops", key="exit_vs_hops")
+charts.show(ground_truth.accuracy_vs_loops(gt, unit), "accuracy_vs_loops", key="accuracy_vs_loops")
+st.dataframe(ground_truth.policy_table(gt, fast if gt is not fast else None, unit), hide_index=True,
+             column_config={f"Spearman(exit, {unit}s) [95% CI]": st.column_config.TextColumn(width="medium")})
 
-st.subheader("One program, token by token")
-programs_key = f"gt_programs@{m.path}"
-programs = st.session_state.setdefault(programs_key, text.eval_programs(m))
+noun = "problem" if ground_truth.reads_problems(m) else "program"
+st.subheader(f"One {noun}, token by token")
+examples_key = f"gt_programs@{m.path}"
+examples = st.session_state.setdefault(examples_key, ground_truth.eval_examples(m))
 cols = st.columns([3, 1, 1])
-max_hops = cols[1].number_input("Max hop count", 1, gt["max_train_hops"] + 4,
+max_hops = cols[1].number_input(f"Max {unit} count", 1, gt["max_train_hops"] + 4,
                                 **state.keep("gt_max_hops", min(4, gt["max_train_hops"]), scope=m.path))
-cols[2].button("New random program", key="gt_new", on_click=ground_truth.add_random_program, args=(m, programs_key))
-programs = st.session_state[programs_key]
-pick = cols[0].selectbox("Program", list(range(len(programs))),
-                         **state.keep("gt_pick", 0, scope=m.path, valid=lambda i: 0 <= i < len(programs)),
-                         format_func=lambda i: text.program_label(programs[i], i))
-enc, hops = text.encode_program(m, programs[pick])
+cols[2].button(f"New random {noun}", key="gt_new", on_click=ground_truth.add_random_example, args=(m, examples_key))
+examples = st.session_state[examples_key]
+pick = cols[0].selectbox(noun.capitalize(), list(range(len(examples))),
+                         **state.keep("gt_pick", 0, scope=m.path, valid=lambda i: 0 <= i < len(examples)),
+                         format_func=lambda i: ground_truth.example_label(m, examples[i], i))
+enc, depths = ground_truth.encode_example(m, examples[pick])
 tr = compute.text_trace(*m.key, enc.ids, False)
 eps = state.eps_slider("ground_truth")
 out = compute.text_outcome(*m.key, enc.ids, tr, compute.a1(eps, m.r_max), path == "exact")  # the page's path
 table = views.token_table(m, tr, enc, out)
-table["ground_truth"] = ground_truth.ground_truth_notes(hops)
+table["ground_truth"] = ground_truth.ground_truth_notes(depths, unit)
 views.render_strip(m, table, f"A1 ε={eps:.1e}")
-st.dataframe(ground_truth.answer_table(table, hops), hide_index=True)
+st.dataframe(ground_truth.answer_table(table, depths, unit), hide_index=True)

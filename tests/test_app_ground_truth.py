@@ -32,7 +32,7 @@ def open_page() -> AppTest:
 
 
 def programs(at: AppTest, env) -> list[str]:
-    return at.session_state[f"gt_programs@{env['hops']}"]
+    return [ex.text for ex in at.session_state[f"gt_programs@{env['hops']}"]]
 
 
 def test_ground_truth_page_plots_and_tooltips(hops_env):

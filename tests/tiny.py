@@ -75,3 +75,21 @@ def make_tiny_hops_checkpoint(root: Path, steps: int = 40, trainer_kwargs: dict 
     Trainer("hops", cfg, settings, DataSpec(cfg.dataset), root / "run", progress=False,
             **(trainer_kwargs or {})).train()
     return root / "run" / "latest"
+
+
+TINY_MIXTURE = "word_problems:share=0.5,max_steps=3,extra_eval_steps=1"
+
+
+def make_tiny_reasoning_checkpoint(root: Path, steps: int = 40) -> Path:
+    """The stories-reasoning preset at its smallest: tiny stories mixed with word problems
+    (training/word_problems.py), a checkpoint with labelled answers. Returns the checkpoint dir."""
+    from training.data import DataSpec
+    from training.presets import PRESETS
+    from training.trainer import Trainer
+
+    train, val = write_corpus(root / "data")
+    settings = {**TINY_SETTINGS, "mixture": TINY_MIXTURE, "seq_len": "96", "tokenizer": "bpe:400"}
+    cfg = PRESETS["stories-reasoning"].with_overrides(settings)
+    cfg = cfg.with_overrides({"max_tokens": str(steps * cfg.batch_size * cfg.seq_len)})
+    Trainer("stories-reasoning", cfg, settings, DataSpec(str(train), str(val)), root / "run", progress=False).train()
+    return root / "run" / "latest"

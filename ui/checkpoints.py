@@ -165,11 +165,17 @@ def discover(typed: list[str] = ()) -> list[Entry]:
     return entries
 
 
+SHIPPED_DEFAULT = "stories-reasoning"  # the shipped specimen the app opens on (docs/benchmarks/specimen.md)
+
+
 def default_path(entries: list[Entry]) -> str | None:
-    """$RECUR_CHECKPOINT when it is listed, else the first usable entry, else the first."""
-    wanted = {str(p.expanduser().resolve()) for p in env_paths("RECUR_CHECKPOINT")}
-    for e in entries:
-        if e.path in wanted:
-            return e.path
+    """$RECUR_CHECKPOINT when it is listed, else the shipped SHIPPED_DEFAULT when it is usable, else
+    the first usable entry, else the first."""
+    explicit = {str(p.expanduser().resolve()) for p in env_paths("RECUR_CHECKPOINT")}
+    specimen = str((shipped_root() / SHIPPED_DEFAULT).resolve())
     usable = [e for e in entries if e.ok] or entries
+    for wanted, among in ((explicit, entries), ({specimen}, [e for e in entries if e.ok])):
+        for e in among:
+            if e.path in wanted:
+                return e.path
     return usable[0].path if usable else None

@@ -1,12 +1,17 @@
-"""The Ground truth page's cached calls and figures: exit policies against known hop counts.
+"""The Ground truth page's cached calls and figures: exit policies against the known depth of each answer.
 
-Only for checkpoints that carry ground truth (training/hops.py; recur_core.analysis.ground_truth). The
+Only for checkpoints that carry ground truth (recur_core.analysis.ground_truth): multi-hop programs
+(training/hops.py, an answer's depth in hops) or the stories-reasoning mixture's word problems
+(training/word_problems.py, in composition steps). The
 eval-set numbers are `recur_core.analysis.ground_truth.ground_truth_section` on the same trace and grids as
 `python -m recur_core.analyze`, so the page and report.json agree: exact (the masking harness, as
 real halting) by default, computed in the background into the harness's disk cache the first time,
 and the fast path one click away.
 """
 from __future__ import annotations
+
+import random
+from dataclasses import dataclass
 
 import numpy as np
 import plotly.graph_objects as go
@@ -20,10 +25,11 @@ from recur_core.analysis.ground_truth import (
 )
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
-from recur_core.settings import SETTINGS
-from training.hops import HopsTask, is_hops, random_program
+from recur_core.settings import SETTINGS, seed_for
+from training.hops import HopsTask, hop_counts, is_hops, random_program
+from training.word_problems import EVAL_SEED_OFFSET, WordProblems, eval_steps
 
-from . import compute, jobs, state
+from . import compute, jobs, state, text
 from .charts import FAMILY_COLORS, FAMILY_NAMES, PALETTE, base_layout
 
 POLICY_NAMES = {**FAMILY_NAMES, "A1": "A1 convergence exit", "latent": "latent rule (Huginn)",
@@ -50,9 +56,74 @@ def has_ground_truth(path: str) -> bool:
     return load_ground_truth(path) is not None
 
 
-def task_of(model: compute.SelectedCheckpoint) -> HopsTask:
-    dataset = model.meta.get("train_config", {}).get("dataset", "hops")
+# -- the labelled examples of the token-by-token section ---------------------------------------------
+@dataclass(frozen=True)
+class Example:
+    """A text with ground truth: a hops program (its labels read from its text, char_steps None) or a
+    word problem (the steps of the answer word starting at each character, from the generator)."""
+    text: str
+    char_steps: tuple[int, ...] | None = None
+
+    @property
+    def deepest(self) -> int:
+        return max(self.char_steps or hop_counts(self.text) or [0])
+
+
+def _train_config(model: compute.SelectedCheckpoint) -> dict:
+    return model.meta.get("train_config") or {}
+
+
+def reads_problems(model: compute.SelectedCheckpoint) -> bool:
+    """Whether the checkpoint's ground truth is word problems (else hops programs)."""
+    return bool(_train_config(model).get("mixture"))
+
+
+def unit(model: compute.SelectedCheckpoint) -> str:
+    """What an answer's depth is counted in."""
+    return "step" if reads_problems(model) else "hop"
+
+
+def hops_task(model: compute.SelectedCheckpoint) -> HopsTask:
+    dataset = _train_config(model).get("dataset", "hops")
     return HopsTask.parse(dataset if is_hops(dataset) else "hops")
+
+
+def problem_task(model: compute.SelectedCheckpoint) -> WordProblems:
+    return WordProblems.parse(_train_config(model)["mixture"])
+
+
+def eval_examples(model: compute.SelectedCheckpoint, n: int = 32) -> list[Example]:
+    """Held-out programs (the first n eval windows), or n word problems drawn with the held-out
+    seeds, told plain, cycling through every step count the eval set has."""
+    if not reads_problems(model):
+        return [Example(p) for p in text.eval_programs(model, n)]
+    task = problem_task(model)
+    seed = int(_train_config(model).get("seed", 0))
+    out = []
+    for i in range(n):
+        rng = random.Random(seed_for(seed, EVAL_SEED_OFFSET + i))
+        p = task.problem(rng, eval_steps(task, i)(rng, 0), running=False)
+        out.append(Example(p.text, tuple(p.steps)))
+    return out
+
+
+def random_example(model: compute.SelectedCheckpoint, seed: int, deepest: int) -> Example:
+    """A new seeded program or word problem whose deepest answer needs `deepest` hops / steps."""
+    if not reads_problems(model):
+        return Example(random_program(hops_task(model), seed, deepest).text)
+    p = problem_task(model).problem(random.Random(seed), deepest, running=False)
+    return Example(p.text, tuple(p.steps))
+
+
+def encode_example(model: compute.SelectedCheckpoint, ex: Example) -> tuple[text.Encoded, list[int]]:
+    """(what the model reads, each token's ground truth: its answer's hops / steps, else 0)."""
+    if ex.char_steps is None:
+        return text.encode_program(model, ex.text)
+    return text.encode_word_problem(model, ex.text, ex.char_steps)
+
+
+def example_label(model: compute.SelectedCheckpoint, ex: Example, i: int) -> str:
+    return f"#{i} · deepest answer {unit_words(ex.deepest, unit(model))} · {ex.text[:40]}…"
 
 
 def _inputs(path: str, ckpt_id: str, device: str):
@@ -120,34 +191,36 @@ def gap_sentence(exact: dict, fast: dict, policy: str = "A1") -> str:
             f"token stayed at full depth (the fast path) it would need **{f['mean_loops']:.2f}**.")
 
 
-def add_random_program(model: compute.SelectedCheckpoint, programs_key: str) -> None:
-    """Button callback: a new seeded program with the chosen max hop count, appended and picked."""
+def add_random_example(model: compute.SelectedCheckpoint, examples_key: str) -> None:
+    """Button callback: a new seeded example with the chosen deepest answer, appended and picked."""
     seed = st.session_state.get("gt_seed", 0) + 1
-    text = random_program(task_of(model), seed, int(st.session_state["gt_max_hops"])).text
+    ex = random_example(model, seed, int(st.session_state["gt_max_hops"]))
     st.session_state["gt_seed"] = seed
-    st.session_state[programs_key] = [*st.session_state[programs_key], text]
-    state.set_kept("gt_pick", len(st.session_state[programs_key]) - 1, scope=model.path)
+    st.session_state[examples_key] = [*st.session_state[examples_key], ex]
+    state.set_kept("gt_pick", len(st.session_state[examples_key]) - 1, scope=model.path)
 
 
-def hop_words(n: int) -> str:
-    return f"{n} hop" + ("" if n == 1 else "s")
+def unit_words(n: int, unit: str = "hop") -> str:
+    return f"{n} {unit}" + ("" if n == 1 else "s")
 
 
-def ground_truth_notes(hops: list[int]) -> list[str]:
-    """Per token of EOS + program: the tooltip line about its ground truth ("" for most tokens).
-    Position t predicts token t + 1, so the query `v?` before an answer carries the answer's hop count."""
-    notes = [""] * len(hops)
-    for t in range(len(hops)):
-        if t + 1 < len(hops) and hops[t + 1]:
-            notes[t] = f"ground truth: predicts an answer {hop_words(hops[t + 1])} deep"
-        elif hops[t]:
-            notes[t] = f"ground truth: answer token, {hop_words(hops[t])} deep (predicted at the query before it)"
+def ground_truth_notes(depths: list[int], unit: str = "hop") -> list[str]:
+    """Per token of EOS + example: the tooltip line about its ground truth ("" for most tokens).
+    Position t predicts token t + 1, so the token before an answer (a program's query `v?`, a word
+    problem's "had" / "the") carries the answer's hops / steps."""
+    notes = [""] * len(depths)
+    for t in range(len(depths)):
+        if t + 1 < len(depths) and depths[t + 1]:
+            notes[t] = f"ground truth: predicts an answer {unit_words(depths[t + 1], unit)} deep"
+        elif depths[t]:
+            notes[t] = (f"ground truth: answer token, {unit_words(depths[t], unit)} deep (predicted at the token "
+                        "before it)")
     return notes
 
 
 # -- figures ----------------------------------------------------------------------------------------
-def exit_vs_hops(gt: dict) -> go.Figure:
-    """Exit depth of every answer token against its hop count, one box (with points) per policy."""
+def exit_vs_hops(gt: dict, unit: str = "hop") -> go.Figure:
+    """Exit depth of every answer token against its hops / steps, one box (with points) per policy."""
     fig = go.Figure()
     hops = np.asarray(gt["answers"]["hops"])
     for name, depths in gt["answers"]["exit_depth"].items():
@@ -158,29 +231,29 @@ def exit_vs_hops(gt: dict) -> go.Figure:
                              line=dict(color=POLICY_COLORS.get(name, "#888"))))
     fig.add_vline(x=gt["max_train_hops"] + 0.5, line_dash="dot", line_color="#999",
                   annotation_text="trained up to here", annotation_position="top left")
-    fig.update_layout(boxmode="group", xaxis_title="hop count of the answer (ground truth)",
+    fig.update_layout(boxmode="group", xaxis_title=f"{unit}s the answer needs (ground truth)",
                       yaxis_title="exit depth (loops)", xaxis=dict(dtick=1))
-    return base_layout(fig, "Exit depth of each answer token against its hop count (each policy at its operating "
+    return base_layout(fig, f"Exit depth of each answer token against its {unit}s (each policy at its operating "
                             "point)", height=460)
 
 
-def accuracy_vs_loops(gt: dict) -> go.Figure:
-    """Answer accuracy against uniform loops, one line per hop count (dashed: past training)."""
+def accuracy_vs_loops(gt: dict, unit: str = "hop") -> go.Figure:
+    """Answer accuracy against uniform loops, one line per hops / steps count (dashed: past training)."""
     fig = go.Figure()
     loops = gt["uniform"]["loops"]
     for i, h in enumerate(gt["hop_counts"]):
         past = h > gt["max_train_hops"]
         fig.add_trace(go.Scatter(x=loops, y=gt["uniform"]["accuracy_by_hops"][str(h)], mode="lines+markers",
-                                 name=hop_words(h) + (" (unseen)" if past else ""),
+                                 name=unit_words(h, unit) + (" (unseen)" if past else ""),
                                  line=dict(color=PALETTE[i % len(PALETTE)], dash="dash" if past else "solid"),
                                  marker=dict(size=4)))
     fig.add_vline(x=gt["r_bar"], line_dash="dot", line_color="#999", annotation_text=f"r̄ = {gt['r_bar']}")
     fig.update_layout(xaxis_title="uniform loops (A0)", yaxis_title="answer accuracy", yaxis=dict(range=[0, 1.02]))
-    return base_layout(fig, "Answer accuracy against loops, one line per hop count", height=460)
+    return base_layout(fig, f"Answer accuracy against loops, one line per {unit} count", height=460)
 
 
 # -- tables -----------------------------------------------------------------------------------------
-def policy_table(gt: dict, fast: dict | None = None):
+def policy_table(gt: dict, fast: dict | None = None, unit: str = "hop"):
     """One row per policy at its operating point, with both baselines (and, beside an exact section,
     the fast path's mean loops at its own operating point)."""
     import pandas as pd
@@ -192,21 +265,21 @@ def policy_table(gt: dict, fast: dict | None = None):
             row["mean loops, fast path"] = fast["policies"][name]["mean_loops"]
         row.update({"loops on answers": pol["answer_mean_loops"], "× A0 at r̄": pol["vs_a0_rbar_loops_ratio"],
                     "× best uniform": pol["vs_best_uniform_loops_ratio"],
-                    "Spearman(exit, hops) [95% CI]": fmt_rho(pol["spearman_exit_vs_hops"]),
+                    f"Spearman(exit, {unit}s) [95% CI]": fmt_rho(pol["spearman_exit_vs_hops"]),
                     "matches A0 at r̄": pol["matches_a0_rbar"]})
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def answer_table(table, hops: list[int]):
-    """The query tokens of a program's token table (position t predicts t + 1): its answer's hop
-    count, its exit depth, what it predicts there, the answer, and whether the prediction is right."""
+def answer_table(table, depths: list[int], unit: str = "hop"):
+    """The tokens before the answers in an example's token table (position t predicts t + 1): the
+    answer's hops / steps, its exit depth, what it predicts there, the answer, and whether it is right."""
     import pandas as pd
-    at = [t for t in range(min(len(hops), len(table)) - 1) if hops[t + 1]]
+    at = [t for t in range(min(len(depths), len(table)) - 1) if depths[t + 1]]
     rows = table.iloc[at]
     answers = [table.token.iloc[t + 1] for t in at]
     predicted = rows.top_prediction.tolist()
-    return pd.DataFrame({"position": at, "hops": [hop_words(hops[t + 1]) for t in at],
+    return pd.DataFrame({"position": at, f"{unit}s": [unit_words(depths[t + 1], unit) for t in at],
                          "exit depth": rows.exit_depth.tolist(), "prediction": predicted, "answer": answers,
                          "right": ["✓ right" if p.strip() == a.strip() else "✗ wrong"
                                    for p, a in zip(predicted, answers, strict=True)],

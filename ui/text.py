@@ -5,13 +5,28 @@ one token per statement, query, answer or `;`; its examples are held-out program
 """
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 from training.hops import EOS, hop_counts, is_hops, token_hops
+from training.word_problems import WordProblems, token_steps
 
 from . import compute
 
+# (name, kind, steps, seed): word problems told plain, each answer 3 steps from what the story states
+WORD_PROBLEMS = (("counting", "count", 3, 1), ("who is where", "where", 3, 2), ("swapped toys", "swap", 2, 1),
+                 ("ages", "ages", 3, 0))
+
+
+def word_problem_examples() -> dict[str, str]:
+    """Word problems as the stories-reasoning specimen was trained on them (training/word_problems.py)."""
+    task = WordProblems()
+    return {f"Word problem: {name}": task.problem(random.Random(seed), steps, kind, running=False).text
+            for name, kind, steps, seed in WORD_PROBLEMS}
+
+
 EXAMPLES = {
+    **word_problem_examples(),
     "Story opening": "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
                      "park with her dog, Max. One day, Max found a big red ball under a tree.",
     "Numbers and dialogue": "Tom had 3 red balls and 12 blue ones. He gave 2 to Mia.\n"
@@ -43,13 +58,31 @@ class Encoded:
 def encode(path: str, ckpt_id: str, text: str, max_len: int) -> Encoded:
     enc = compute.tokenizer(path, ckpt_id).encode(text)
     ids = list(enc.ids)
+    pieces = _pieces(text, enc.offsets)
+    return Encoded(tuple(ids[:max_len]), tuple(pieces[:max_len]), len(ids), max_len)
+
+
+def _pieces(text: str, offsets) -> list[str]:
+    """The slice of the text each token covers; byte-level BPE gives every token of a split
+    character the same span: it is shown once."""
     pieces, covered = [], 0
-    for start, end in enc.offsets:
-        # byte-level BPE gives every token of a split character the same span: show it once
+    for start, end in offsets:
         start = max(start, covered)
         pieces.append(text[start:end] if end > start else "")
         covered = max(covered, end)
-    return Encoded(tuple(ids[:max_len]), tuple(pieces[:max_len]), len(ids), max_len)
+    return pieces
+
+
+def encode_word_problem(model: compute.SelectedCheckpoint, text: str, char_steps) -> tuple[Encoded, list[int]]:
+    """EOS + a word problem's tokens, as the stories-reasoning mixture was trained (EOS before every
+    problem), and the steps each token's answer word needs (training/word_problems.py; 0 elsewhere)."""
+    tok = compute.tokenizer(model.path, model.checkpoint_id)
+    enc = tok.encode(text, add_special_tokens=False)
+    ids = [tok.token_to_id(EOS), *enc.ids]
+    pieces = [EOS_PIECE, *_pieces(text, enc.offsets)]
+    steps = [0, *token_steps(enc.offsets, list(char_steps))]
+    n = model.max_seq_len
+    return Encoded(tuple(ids[:n]), tuple(pieces[:n]), len(ids), n), steps[:n]
 
 
 # -- hops programs --------------------------------------------------------------------------------------

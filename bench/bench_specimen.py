@@ -1,0 +1,121 @@
+"""`python -m bench.bench_specimen [CKPT]`: the four figures of the app's default specimen (issue 39), on
+the checkpoint's canonical eval set (its first SETTINGS.windows held-out windows: TinyStories text
+and word problems, alternating), from the same seeded trace and disk cache as the app.
+
+  1. loss drop from 1 loop to r_bar (uniform depth; nats per scored token), with a paired bootstrap
+     CI over windows (both depths from the same resampled windows);
+  2. answer-token accuracy by uniform loops (the word problems' labelled answers,
+     ground_truth.safetensors), overall and by composition steps;
+  3. its rise from 1 loop to r_bar in points, with the same paired bootstrap CI;
+  4. exact A1 (the masking harness: halted tokens frozen, as in real decoding) at matched loss: the
+     mean loops it needs to reach A0's loss at r_bar, against the *best* uniform depth reaching that
+     loss (the smallest r whose loss is within float noise of it) and against r_bar.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+from recur_core import load_checkpoint
+from recur_core.analysis.allocation import allocation
+from recur_core.analysis.cache import TraceCache
+from recur_core.analysis.curves import fast_sums, smallest_uniform_depth
+from recur_core.analysis.ground_truth import answer_hops, correct_at, load_ground_truth
+from recur_core.analysis.stats import Bootstrap
+from recur_core.analysis.trace import trace
+from recur_core.exits.policies import Uniform
+from recur_core.settings import SETTINGS
+
+DEFAULT = "checkpoints/stories-reasoning"
+
+
+def uniform_loss(tr, boot: Bootstrap, depth: int) -> np.ndarray:
+    """(1 + n_boot,) replicate losses (nats per scored token) of uniform depth `depth`."""
+    s = fast_sums(tr, Uniform(depth))
+    return boot.ratio(s.loss, s.tokens.astype(np.float64))
+
+
+def answer_accuracy(tr, boot: Bootstrap, answers: np.ndarray, depth: int) -> np.ndarray:
+    """(1 + n_boot,) replicate accuracies of the answer tokens (answers: (N, T) bool) at uniform depth."""
+    correct = correct_at(tr, np.full(answers.shape, depth)) & answers
+    return boot.ratio(correct.sum(1).astype(np.float64), answers.sum(1).astype(np.float64))
+
+
+def ci(est) -> str:
+    return f"{est.value:.4f} [{est.ci_low:.4f}, {est.ci_high:.4f}]"
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("checkpoint", nargs="?", default=DEFAULT)
+    p.add_argument("--windows", type=int, default=SETTINGS.windows)
+    p.add_argument("--fast-only", action="store_true", help="skip figure 4's exact harness")
+    p.add_argument("--json", help="also write the figures here")
+    args = p.parse_args(argv)
+    t0 = time.perf_counter()
+    ckpt = load_checkpoint(args.checkpoint)
+    truth = load_ground_truth(args.checkpoint)
+    if truth is None:
+        raise SystemExit(f"{args.checkpoint} has no ground_truth.safetensors: figures 2-3 need labelled answers")
+    max_loops = SETTINGS.trace_loops(ckpt.recipe)
+    r_max = min(ckpt.recipe.r_max, max_loops)
+    r_bar = min(ckpt.recipe.depth, r_max)
+    windows = ckpt.windows("eval")[:args.windows]
+    tr = trace(ckpt, windows, max_loops, SETTINGS.seed, cache=TraceCache(), progress=True)
+    boot = Bootstrap(tr.n_windows, SETTINGS.n_boot, SETTINGS.seed)
+    out: dict = {"checkpoint": ckpt.checkpoint_id, "windows": tr.n_windows, "r_bar": r_bar, "r_max": r_max,
+                 "n_boot": boot.n_boot, "ci_level": boot.level}
+
+    loss = {r: uniform_loss(tr, boot, r) for r in range(1, r_max + 1)}
+    drop = boot.summarise(loss[1] - loss[r_bar])
+    out["loss_by_depth"] = {r: float(v[0]) for r, v in loss.items()}
+    out["loss_drop_1_to_rbar"] = drop.to_dict()
+    print(f"{ckpt.checkpoint_id}: {tr.n_windows} eval windows x {tr.seq_len} tokens, r_bar {r_bar}, r_max {r_max}; "
+          f"{int(100 * boot.level)}% CIs from {boot.n_boot} paired bootstrap replicates over windows")
+    print(f"\n1. loss (nats/token) at 1 loop {loss[1][0]:.4f}, at r_bar {loss[r_bar][0]:.4f}: drop {ci(drop)}")
+
+    steps, max_train = truth
+    ah = answer_hops(tr, steps)
+    answers = (ah > 0) & (ah <= max_train)
+    acc = {r: answer_accuracy(tr, boot, answers, r) for r in range(1, r_max + 1)}
+    by_steps = {int(k): {r: float(answer_accuracy(tr, boot, answers & (ah == k), r)[0]) for r in range(1, r_max + 1)}
+                for k in np.unique(ah[answers])}
+    out["answer_accuracy_by_depth"] = {r: float(v[0]) for r, v in acc.items()}
+    out["answer_accuracy_by_steps"] = by_steps
+    out["n_answers"] = int(answers.sum())
+    print(f"\n2. answer-token accuracy by uniform loops ({int(answers.sum())} answers, steps 1..{max_train}):")
+    shown = [r for r in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32) if r <= r_max]
+    print("   loops      " + " ".join(f"{r:>6d}" for r in shown))
+    print("   all        " + " ".join(f"{acc[r][0]:6.3f}" for r in shown))
+    for k, row in by_steps.items():
+        print(f"   {k} step{'s' if k > 1 else ' '}    " + " ".join(f"{row[r]:6.3f}" for r in shown))
+    rise = boot.summarise(100 * (acc[r_bar] - acc[1]))
+    out["answer_accuracy_rise_points_1_to_rbar"] = rise.to_dict()
+    print(f"\n3. answer accuracy rise from 1 loop to r_bar: {rise.value:.1f} points "
+          f"[{rise.ci_low:.1f}, {rise.ci_high:.1f}]")
+
+    if not args.fast_only:
+        exact = allocation(tr, boot, r_max, r_bar, exact=(ckpt, windows), cache=TraceCache(), progress=True)
+        match = exact["report"]["a1_loops_to_match_a0_rbar"]
+        best = smallest_uniform_depth(tr, match["a0_loss"], r_max)
+        out["exact_a1"] = {**match, "best_uniform_depth": best,
+                           "vs_best_uniform": match["value"] / best if best else None,
+                           "vs_r_bar": match["value"] / r_bar}
+        print(f"\n4. exact A1 (halted tokens frozen) reaches A0@r_bar's loss {match['a0_loss']:.4f} at "
+              f"{match['value']:.2f} mean loops [{match['ci_low']:.2f}, {match['ci_high']:.2f}]; the best uniform "
+              f"depth reaching that loss is {best}: A1 / best uniform = "
+              + (f"{match['value'] / best:.2f}x" if best else "n/a")
+              + f"; A1 / r_bar = {match['value'] / r_bar:.2f}x")
+    out["seconds"] = time.perf_counter() - t0
+    print(f"\n({out['seconds']:.0f} s)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2, default=float)
+    return out
+
+
+if __name__ == "__main__":
+    main()

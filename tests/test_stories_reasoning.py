@@ -1,0 +1,96 @@
+"""The stories-reasoning preset's smallest run, end to end: the real trainer on tiny stories mixed
+with word problems writes a checkpoint whose eval windows alternate text and problems with labelled
+answers, which the runtime, the Ground truth page's loader and `bench.bench_specimen` all read."""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny import make_tiny_reasoning_checkpoint
+
+from recur_core import load_checkpoint
+from recur_core.analysis.ground_truth import load_ground_truth
+from training.word_problems import WordProblems
+
+
+@pytest.fixture(scope="module")
+def reasoning(tmp_path_factory):
+    return make_tiny_reasoning_checkpoint(tmp_path_factory.mktemp("reasoning"))
+
+
+def test_checkpoint_carries_the_mixture_and_aligned_answers(reasoning):
+    ckpt = load_checkpoint(reasoning)
+    meta = json.loads((reasoning / "meta.json").read_text())
+    task = WordProblems.parse(meta["train_config"]["mixture"])
+    steps, max_train = load_ground_truth(reasoning)
+    windows = ckpt.windows("eval")
+    assert steps.shape == tuple(windows.shape) and max_train == task.max_steps
+    labelled = (steps > 0).any(1)
+    n_text = int((~labelled).sum())  # text rows and problem rows alternate, then the longer set's rest
+    assert n_text > 0 and labelled[1:2 * n_text:2].all() and not labelled[0:2 * n_text:2].any()
+    assert steps.max() == task.max_steps + task.extra_eval_steps  # held-out problems go past training
+    tok = ckpt.tokenizer()
+    first = int(np.nonzero(steps[1])[0][0])
+    answer = tok.decode([int(windows[1, first])]).strip()
+    problem = tok.decode(windows[1, :first].tolist())
+    assert answer and "?" in problem  # an answer follows its question
+
+
+def test_bench_specimen_prints_its_four_figures(reasoning, capsys):
+    from bench.bench_specimen import main
+    out = main([str(reasoning), "--windows", "8"])
+    printed = capsys.readouterr().out
+    for figure in ("1. loss", "2. answer-token accuracy", "3. answer accuracy rise", "4. exact A1"):
+        assert figure in printed
+    r_bar = out["r_bar"]
+    drop = out["loss_drop_1_to_rbar"]
+    assert drop["ci_low"] <= drop["value"] <= drop["ci_high"]
+    assert math.isclose(drop["value"], out["loss_by_depth"][1] - out["loss_by_depth"][r_bar], abs_tol=1e-9)
+    acc = out["answer_accuracy_by_depth"]
+    rise = out["answer_accuracy_rise_points_1_to_rbar"]
+    assert math.isclose(rise["value"], 100 * (acc[r_bar] - acc[1]), abs_tol=1e-9)
+    assert out["n_answers"] > 0 and all(0 <= a <= 1 for a in acc.values())
+    a1 = out["exact_a1"]
+    best = a1["best_uniform_depth"]
+    assert best is None or 1 <= best <= r_bar
+    if best:
+        assert math.isclose(a1["vs_best_uniform"], a1["value"] / best)
+
+
+@pytest.fixture(scope="module")
+def reasoning_env(reasoning, tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RECUR_CHECKPOINT", str(reasoning))
+        mp.setenv("RECUR_CACHE_DIR", str(tmp_path_factory.mktemp("reasoning_cache")))
+        mp.setenv("RECUR_SHIPPED", str(tmp_path_factory.mktemp("no_shipped_checkpoints")))
+        yield Path(reasoning).resolve()
+
+
+def test_ground_truth_page_scores_word_problem_answers_in_steps(reasoning_env):
+    from streamlit.testing.v1 import AppTest
+    from test_app import settle, tooltips
+    at = AppTest.from_file("../app.py", default_timeout=300)
+    at.run()
+    at.switch_page("pages/ground_truth.py").run()
+    settle(at)
+    assert not at.error and any(m.label == "Spearman(A1 exit, steps)" for m in at.metric)
+    examples = at.session_state[f"gt_programs@{reasoning_env}"]
+    ex = examples[at.selectbox(key="gt_pick").value]
+    answers = at.dataframe[-1].value
+    labelled = [(pos, s) for pos, s in enumerate(ex.char_steps) if s]
+    # every answer the model reads (within its context) is a row, with the steps the generator gave it
+    assert 0 < len(answers) <= len(labelled)
+    assert answers["steps"].tolist() == [f"{s} step" + ("s" if s > 1 else "") for _, s in labelled[:len(answers)]]
+    for (pos, _), answer in zip(labelled, answers["answer"], strict=False):
+        assert ex.text[pos:].startswith(answer.strip()) and answer.strip()  # the answer word's first token
+    notes = [int(m) for t in tooltips(at) for m in re.findall(r"predicts an answer (\d+) steps? deep", t)]
+    assert notes == [s for _, s in labelled[:len(answers)]]
+    at.number_input(key="gt_max_hops").set_value(2).run()
+    at.button(key="gt_new").click().run()
+    assert not at.exception
+    new = at.session_state[f"gt_programs@{reasoning_env}"][-1]
+    assert new.deepest == 2 and at.selectbox(key="gt_pick").value == len(examples)

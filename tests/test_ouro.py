@@ -234,6 +234,41 @@ def test_gate_decoding_is_the_references_full_recompute(ouro, mode):
                                    msg=lambda m, q=q: f"q {q}: {m}")
 
 
+def every_threshold(cdf: torch.Tensor, gap: float = 1e-4) -> list[float]:
+    """One q inside each interval between consecutive distinct exit-CDF values of the steps before
+    the last (the last one's CDF is 1): as q sweeps (0, 1) the reference's exits change only at those
+    values, so these q give every exit assignment there is. Intervals narrower than gap are left out
+    (float32 CDFs that close could round either way in another op order)."""
+    v = torch.unique(cdf[:-1].double().flatten())
+    edges = torch.cat([torch.zeros(1, dtype=v.dtype), v, torch.ones(1, dtype=v.dtype)])
+    lo, hi = edges[:-1], edges[1:]
+    keep = (hi - lo) >= gap
+    return ((lo + hi) / 2)[keep].tolist()
+
+
+def test_gate_decoding_is_the_reference_at_every_threshold(ouro):
+    """Not only at the recorded thresholds: at a q in every interval of the reference's exit CDFs
+    (every assignment of exit steps the gate can make), decoding exits where the reference's Q-exit
+    would (its first step with CDF >= q, `exit_cdf`) and returns the reference's full-recompute
+    logits at that step (`logits_per_step`, every token through every step), token by token and
+    all positions at once."""
+    _, ck, ref = ouro
+    cdf, per_step, ids = ref["exit_cdf"], ref["logits_per_step"], ref["input_ids"]
+    qs = every_threshold(cdf)
+    assert len(qs) > 60
+    seen = set()
+    for q in qs:
+        want = (cdf >= q).int().argmax(0)  # 0-based step; the last step's CDF is 1
+        picked = per_step.gather(0, want[None, ..., None].expand(1, *per_step.shape[1:]))[0]
+        for mode in ("decode", "prefill"):
+            tf = teacher_forced(ck, ids, GateExit.of_checkpoint(ck, q), keep_logits=True, mode=mode)
+            assert torch.equal(tf.exit_loop, want[:, :-1] + 1), (q, mode)
+            torch.testing.assert_close(tf.logits, picked[:, :-1], atol=ATOL, rtol=RTOL,
+                                       msg=lambda m, q=q, mode=mode: f"q {q} ({mode}): {m}")
+        seen.add(tuple(want[:, :-1].flatten().tolist()))
+    assert len(seen) > 30  # the sweep really moves the exits
+
+
 def test_the_frozen_rules_are_not_the_reference():
     """What the test above rules out: with a halted token's keys frozen ("latest") or its state
     frozen ("recompute"), later tokens read another context than the reference's."""

@@ -11,7 +11,9 @@ st.caption("Every token is coloured by its **A1 exit depth**: the first loop i a
            "drops below ε, after which the token is frozen. A1 first checks at loop 2 (the paper's convention: "
            "loop 1's KL compares with the readout of the noise state). Hover a token for its depth and top "
            "prediction; pick one below to drill in. The heatmap and the drill-in show the uniform run (every "
-           "token to the last loop), with the exit marked.")
+           "token to the last loop), with the exit marked. **Colour each token by the loops that produced it** shifts "
+           "the colours by one: each token shows the exit of the token before it, the position that predicted it "
+           "(a word problem's answer word then carries the depth its answer took).")
 
 enc = state.pasted_text(m, "exits_form")
 tr = compute.text_trace(*m.key, enc.ids, False)
@@ -43,7 +45,8 @@ if saving.warning:
 
 pick_key = f"token_pos_{hash(enc.ids) & 0xFFFFFFFF:x}"  # a fresh picker for every text
 selected = st.session_state.get(pick_key, int(table.exit_depth.idxmax()))
-views.render_strip(m, table, f"A1 ε={eps:.1e}", selected=selected)
+colour_by = state.colour_by_control("exits")
+views.render_strip(m, table, f"A1 ε={eps:.1e}", selected=selected, colour_by=colour_by)
 
 charts.show(charts.kl_heatmap(tr.kl_prev[0], [plain_visible(p) for p in enc.pieces], out.depth[0],
                               out.converged[0], m.r_max, "A1, decoding" if exact else "A1"), "kl_heatmap",

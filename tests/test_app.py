@@ -152,6 +152,22 @@ def test_exit_strip_matches_engine_and_slider_changes_it(app_env):
     assert sum(loose) < sum(depth)
 
 
+def test_strip_coloured_by_the_loops_that_produced_each_token(app_env):
+    """"produced": token t shows the exit of position t - 1 (which predicted it), the first token none;
+    the choice is kept on the Ground truth page's strip too."""
+    at = submit_text(new_app(), TEXT)
+    [reading] = strips(at)
+    at.segmented_control(key="exits_colour_by").set_value("produced").run()
+    [produced] = strips(at)
+    assert [t["depth"] for t in produced[1:]] == [t["depth"] for t in reading[:-1]]
+    assert [t["converged"] for t in produced[1:]] == [t["converged"] for t in reading[:-1]]
+    tips = tooltips(at)
+    assert "no position before it" in tips[0] and all("produced at #" in t for t in tips[1:])
+    assert 'background:#eeeeee' in next(el.proto.body for el in at.html if 'data-testid="token-strip"' in el.proto.body)
+    assert at.session_state["kept:colour_by"] == "produced"
+    at.segmented_control(key="exits_colour_by").set_value("reading").run()
+
+
 def test_exit_page_exact_by_default_and_fast_on_request(app_env):
     """Exact (real decoding) is the default: the A1 loss is decoding's, and the tooltips carry no KL at
     exit (decoding keeps no per-loop signals). Fast reads exits, loss and KL off the uniform trace."""

@@ -87,7 +87,7 @@ def make_tiny_reasoning_checkpoint(root: Path, steps: int = 40) -> Path:
     from training.presets import PRESETS
     from training.trainer import Trainer
 
-    train, val = write_corpus(root / "data")
+    train, val = write_corpus(root / "data", n_val=20)  # fewer eval windows: the page's exact harness stays short
     settings = {**TINY_SETTINGS, "mixture": TINY_MIXTURE, "seq_len": "96", "tokenizer": "bpe:400"}
     cfg = PRESETS["stories-reasoning"].with_overrides(settings)
     cfg = cfg.with_overrides({"max_tokens": str(steps * cfg.batch_size * cfg.seq_len)})

@@ -28,7 +28,7 @@ from recur_core import CheckpointError
 from . import compute, jobs
 from .checkpoints import default_path, describe, discover, expand, task_of
 from .text import Encoded, encode_for, examples_for
-from .views import plain_md
+from .views import COLOUR_BY, plain_md
 
 _MISSING = object()
 
@@ -293,3 +293,9 @@ def text_path(page: str) -> bool:
              "every token off one run in which all tokens loop to the end, so later tokens see context that "
              "kept moving: its exit depths and losses can differ from decoding's.")
     return path == "exact"
+
+
+def colour_by_control(page: str) -> str:
+    """How the page's token strip is coloured, kept across pages: "reading" or "produced" (views.COLOUR_BY)."""
+    return st.segmented_control("Colour each token by", list(COLOUR_BY), required=True, format_func=COLOUR_BY.get,
+                                **keep(f"{page}_colour_by", "reading", store="kept:colour_by"))

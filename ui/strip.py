@@ -81,14 +81,22 @@ class TokenView:
     depth: int
     converged: bool
     tooltip: str
+    coloured: bool = True  # False: no depth to show (the first token, when tokens show the loops that produced them)
+
+
+UNCOLOURED = "#eeeeee"
 
 
 def tooltip(pos: int, piece: str, depth: int, converged: bool, r_max: int, kl: float | None = None,
             prediction: str | None = None, prob: float | None = None, loss: float | None = None,
-            policy: str = "", note: str | None = None) -> str:
-    """The strip's native tooltip; note: an extra line (e.g. a token's ground-truth hop count)."""
+            policy: str = "", note: str | None = None, producer: str | None = None) -> str:
+    """The strip's native tooltip; note: an extra line (e.g. a token's ground-truth hop count);
+    producer: the token before, when the depth shown is the one spent there predicting this token
+    (then prediction and loss are that position's too)."""
+    loops = f"{depth} loop{'s' if depth != 1 else ''}"
     lines = [f"#{pos}  {plain_visible(piece)!r}",
-             f"exit depth: {depth} loop{'s' if depth != 1 else ''}" +
+             (f"exit depth: {loops}" if producer is None else
+              f"produced at #{pos - 1} {plain_visible(producer)!r}, which exited at {loops}") +
              ("" if converged else f" (never converged: stopped at r_max = {r_max})")]
     if policy:
         lines.append(f"policy: {policy}")
@@ -112,7 +120,7 @@ def strip_html(tokens: Sequence[TokenView], scale: DepthScale, policy: str = "A1
                ids: Sequence[int] = ()) -> str:
     spans = []
     for pos, t in enumerate(tokens):
-        bg = scale.color(t.depth) if t.converged else NOT_CONVERGED
+        bg = UNCOLOURED if not t.coloured else scale.color(t.depth) if t.converged else NOT_CONVERGED
         border = "2px dashed #7a0030" if not t.converged else "1px solid rgba(0,0,0,.08)"
         if pos == selected:
             border = "2px solid #ff7f0e"

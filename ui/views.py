@@ -91,15 +91,29 @@ def token_table(model: compute.SelectedCheckpoint, tr: Trace, enc: Encoded, out:
         "top_prob": top_prob, "next_token_loss": ce})
 
 
-def strip_views(model: compute.SelectedCheckpoint, table: pd.DataFrame, policy: str) -> list[TokenView]:
-    views = []
-    for row in table.itertuples(index=False):
-        loss = None if math.isnan(row.next_token_loss) else float(row.next_token_loss)
-        kl = None if math.isnan(row.kl_at_exit) else float(row.kl_at_exit)
-        views.append(TokenView(row.token, int(row.exit_depth), bool(row.converged), tooltip(
-            int(row.position), row.token, int(row.exit_depth), bool(row.converged), model.r_max,
-            kl=kl, prediction=row.top_prediction, prob=float(row.top_prob), loss=loss,
-            policy=policy, note=getattr(row, "ground_truth", None))))
+COLOUR_BY = {"reading": "the loops at it (predicting the next token)",
+             "produced": "the loops that produced it (at the token before)"}
+
+
+def strip_views(model: compute.SelectedCheckpoint, table: pd.DataFrame, policy: str,
+                colour_by: str = "reading") -> list[TokenView]:
+    """One view per token. colour_by "reading": its own position's exit (it predicts the next token);
+    "produced": the exit of the position before, which predicted it (a word problem's answer word
+    then carries the depth its answer took; the first token has none)."""
+    views, rows = [], list(table.itertuples(index=False))
+    notes = [getattr(row, "ground_truth", None) for row in rows]
+    for i, row in enumerate(rows):
+        at = row if colour_by == "reading" else rows[i - 1] if i else None
+        if at is None:
+            views.append(TokenView(row.token, 0, True, f"#0  {plain_visible(row.token)!r}\nthe first token: no "
+                                   "position before it predicts it", coloured=False))
+            continue
+        loss = None if math.isnan(at.next_token_loss) else float(at.next_token_loss)
+        kl = None if math.isnan(at.kl_at_exit) else float(at.kl_at_exit)
+        views.append(TokenView(row.token, int(at.exit_depth), bool(at.converged), tooltip(
+            int(row.position), row.token, int(at.exit_depth), bool(at.converged), model.r_max,
+            kl=kl, prediction=at.top_prediction, prob=float(at.top_prob), loss=loss,
+            policy=policy, note=notes[i], producer=None if at is row else at.token)))
     return views
 
 
@@ -109,12 +123,12 @@ def strip_scale(model: compute.SelectedCheckpoint, *tables: pd.DataFrame) -> Dep
 
 
 def render_strip(model: compute.SelectedCheckpoint, table: pd.DataFrame, policy: str, selected: int | None = None,
-                 legend: bool = True, scale: DepthScale | None = None) -> None:
+                 legend: bool = True, scale: DepthScale | None = None, colour_by: str = "reading") -> None:
     """A strip with its legend (legend=False: the caller drew a shared one, and passes its scale)."""
     scale = scale or strip_scale(model, table)
     if legend:
         st.html(legend_html(scale))
-    st.html(strip_html(strip_views(model, table, policy), scale, policy=policy, selected=selected,
+    st.html(strip_html(strip_views(model, table, policy, colour_by), scale, policy=policy, selected=selected,
                        ids=table.token_id.tolist()))
 
 

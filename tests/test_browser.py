@@ -219,6 +219,7 @@ def test_app_in_chromium(server, browser, shots):
     assert page.evaluate("""() => Array.from(document.querySelectorAll('.js-plotly-plot'))
         .some(d => (d.data || []).some(t => t.type === 'heatmap'))""")
     snap(page, shots / "token_exit_depths.png")
+    word_problem_produced(page, ckpt, shots)
 
     # the depth / loss curve: move the ε slider with the keyboard, the highlighted point moves
     open_page(page, "Depth / loss curve")
@@ -245,6 +246,31 @@ def test_app_in_chromium(server, browser, shots):
         assert not page.locator("[data-testid='stException']").count(), title
         snap(page, shots / f"{name}.png")
     page.close()
+
+
+def word_problem_produced(page, ckpt: Path, shots: Path) -> None:
+    """The first word-problem example, each token coloured by the loops that produced it (the README's
+    word-problem image): token t shows position t - 1's exit, the first token none."""
+    from ui.text import EXAMPLES
+    from ui.views import COLOUR_BY
+    problem = next(t for name, t in EXAMPLES.items() if name.startswith("Word problem"))
+    box = page.locator("textarea[aria-label='Text']")
+    box.fill(problem)
+    box.press("Control+Enter")
+    page.wait_for_selector(strip_selector(ckpt, problem), timeout=RUN_TIMEOUT_MS)
+    wait_idle(page)
+    page.locator("button", has_text=COLOUR_BY["produced"]).click()
+    page.wait_for_function("""() => {
+        const t = document.querySelector("[data-testid='token-strip'] [data-testid='token']");
+        return t && (t.getAttribute('title') || '').includes('no position before it');
+    }""", timeout=RUN_TIMEOUT_MS)
+    wait_idle(page)
+    tokens = page.locator("[data-testid='token-strip'] [data-testid='token']")
+    depths = [int(tokens.nth(i).get_attribute("data-depth")) for i in range(tokens.count())]
+    assert depths[1:] == engine_depths(ckpt, problem, 1e-3)[0].tolist()[:-1]
+    snap(page, shots / "word_problem.png")
+    page.locator("button", has_text=COLOUR_BY["reading"]).click()
+    wait_idle(page)
 
 
 def test_two_tabs_at_once(server, browser):

@@ -23,7 +23,7 @@ from recur_core import load_checkpoint
 from recur_core.analysis.allocation import allocation
 from recur_core.analysis.cache import TraceCache
 from recur_core.analysis.curves import fast_sums, smallest_uniform_depth
-from recur_core.analysis.ground_truth import answer_hops, correct_at, load_ground_truth
+from recur_core.analysis.ground_truth import answer_hops, load_ground_truth, uniform_answer_accuracy
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
 from recur_core.exits.policies import Uniform
@@ -36,12 +36,6 @@ def uniform_loss(tr, boot: Bootstrap, depth: int) -> np.ndarray:
     """(1 + n_boot,) replicate losses (nats per scored token) of uniform depth `depth`."""
     s = fast_sums(tr, Uniform(depth))
     return boot.ratio(s.loss, s.tokens.astype(np.float64))
-
-
-def answer_accuracy(tr, boot: Bootstrap, answers: np.ndarray, depth: int) -> np.ndarray:
-    """(1 + n_boot,) replicate accuracies of the answer tokens (answers: (N, T) bool) at uniform depth."""
-    correct = correct_at(tr, np.full(answers.shape, depth)) & answers
-    return boot.ratio(correct.sum(1).astype(np.float64), answers.sum(1).astype(np.float64))
 
 
 def ci(est) -> str:
@@ -80,8 +74,8 @@ def main(argv=None) -> dict:
     steps, max_train = truth
     ah = answer_hops(tr, steps)
     answers = (ah > 0) & (ah <= max_train)
-    acc = {r: answer_accuracy(tr, boot, answers, r) for r in range(1, r_max + 1)}
-    by_steps = {int(k): {r: float(answer_accuracy(tr, boot, answers & (ah == k), r)[0]) for r in range(1, r_max + 1)}
+    acc = {r: uniform_answer_accuracy(tr, answers, r, boot) for r in range(1, r_max + 1)}
+    by_steps = {int(k): {r: float(uniform_answer_accuracy(tr, answers & (ah == k), r, boot)[0]) for r in range(1, r_max + 1)}
                 for k in np.unique(ah[answers])}
     out["answer_accuracy_by_depth"] = {r: float(v[0]) for r, v in acc.items()}
     out["answer_accuracy_by_steps"] = by_steps

@@ -94,3 +94,15 @@ def test_ground_truth_page_scores_word_problem_answers_in_steps(reasoning_env):
     assert not at.exception
     new = at.session_state[f"gt_programs@{reasoning_env}"][-1]
     assert new.deepest == 2 and at.selectbox(key="gt_pick").value == len(examples)
+
+
+def test_export_ships_the_ground_truth_and_a_word_problem_section(reasoning, tmp_path):
+    from training.export import export
+    dst = tmp_path / "stories-reasoning"
+    export(reasoning, dst, "python -m training.run stories-reasoning", "test machine")
+    src_steps, src_max = load_ground_truth(reasoning)
+    steps, max_train = load_ground_truth(dst)
+    assert np.array_equal(steps, src_steps) and max_train == src_max
+    card = (dst / "README.md").read_text()
+    assert "## Word problems" in card and "| all trained steps |" in card and "points**" in card
+    assert not (dst / "optimizer.safetensors").exists()  # the trainer's state stays behind

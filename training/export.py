@@ -27,6 +27,7 @@ from recur_core.model.recipe import Recipe
 from recur_core.settings import SETTINGS
 
 from .data import VAL_PER_MILLE
+from .mixture_card import is_mixture, mixture_section
 from .presets import shape_of
 from .sources import Source, identify
 
@@ -240,10 +241,11 @@ def export(src: Path, dst: Path, command: str, machine: str, compare: Path | Non
     """compare: a shipped checkpoint trained with another r̄, for the saturation section (for a
     checkpoint with ground truth, multi-hop programs, which gets its own card from
     training/hops_card.py: a hops checkpoint to set beside it)."""
-    if (src / GROUND_TRUTH).is_file():
+    ckpt = load_checkpoint(src)
+    mixture = is_mixture(ckpt.meta)
+    if (src / GROUND_TRUTH).is_file() and not mixture:
         from .hops_card import export_hops
         return export_hops(src, dst, command, machine, compare)
-    ckpt = load_checkpoint(src)
     meta = {**ckpt.meta, "vocab_size": ckpt.config.vocab_size}
     m = measure(src)
     rb = Recipe.from_meta(meta).depth
@@ -253,9 +255,11 @@ def export(src: Path, dst: Path, command: str, machine: str, compare: Path | Non
         other = json.loads((compare / "card.json").read_text())["measured"]["loss"]
         other_rb = load_checkpoint(compare).recipe.depth
         saturation = saturation_section(dst.name, m["loss"], rb, compare.name, other, other_rb)
+    if mixture:  # text mixed with word problems: its answers' ground truth ships, and a card section
+        saturation += "\n" + mixture_section(src, CARD_LOOPS)
 
     def write(tmp: Path):
-        for name in SHIPPED_FILES:
+        for name in SHIPPED_FILES + ((GROUND_TRUTH,) if mixture else ()):
             shutil.copyfile(src / name, tmp / name)
         (tmp / "README.md").write_text(card(dst.name, meta, m, c, command, machine, saturation))
         (tmp / "card.json").write_text(json.dumps({"measured": m, "checks": c}, indent=2) + "\n")

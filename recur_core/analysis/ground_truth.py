@@ -102,6 +102,13 @@ def correct_at(tr: Trace, depth: np.ndarray) -> np.ndarray:
     return pred == tr.targets
 
 
+def uniform_answer_accuracy(tr: Trace, answers: np.ndarray, depth: int, boot: Bootstrap) -> np.ndarray:
+    """(1 + n_boot,) replicate accuracies of the answer tokens (answers: (N, T) bool) at uniform depth
+    `depth`, pooled over the resampled windows (row 0: the data)."""
+    correct = correct_at(tr, np.full(answers.shape, depth)) & answers
+    return boot.ratio(correct.sum(1).astype(np.float64), answers.sum(1).astype(np.float64))
+
+
 def accuracy_by_hops(ah: np.ndarray, correct: np.ndarray) -> dict[int, float]:
     """Answer accuracy per hop count."""
     return {int(h): float(correct[ah == h].mean()) for h in np.unique(ah[ah > 0])}

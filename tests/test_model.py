@@ -133,3 +133,20 @@ def test_gradients_reach_only_the_last_k_loops():
 def test_sequence_longer_than_context_is_refused(model):
     with pytest.raises(ValueError, match="exceeds max_seq_len"):
         model(ids(T=41), 1)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 128, 129])
+def test_linear_equals_the_float32_product_to_bfloat16_rounding(rows):
+    """`linear`'s streaming forms (one row: mv; up to SKINNY_ROWS: weight @ x^T) agree with F.linear
+    and with the float32 product of the same bfloat16 values, at any leading shape."""
+    from recur_core.model.looped_lm import LARGE_WEIGHT, linear
+    g = torch.Generator().manual_seed(rows)
+    weight = (0.02 * torch.randn(LARGE_WEIGHT // 512, 512, generator=g)).bfloat16()
+    x = torch.randn(1, rows, 512, generator=g).bfloat16()
+    with torch.inference_mode():
+        got = linear(x, weight)
+        plain = torch.nn.functional.linear(x, weight)
+    assert got.shape == plain.shape == (1, rows, LARGE_WEIGHT // 512) and got.is_contiguous()
+    exact = x.float() @ weight.float().T
+    torch.testing.assert_close(got.float(), exact, atol=2e-2, rtol=1e-2)
+    assert (got == plain).float().mean() > 0.999

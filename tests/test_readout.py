@@ -5,12 +5,20 @@ Entropy tests: odd shapes, a vocabulary smaller than / not a multiple of the chu
 distributions, ignored targets, batched input and low-precision inputs with looser tolerances.
 """
 import math
+import platform
 
 import pytest
 import torch
 from readout_cases import assert_stats_close, make_inputs
 
-from recur_core.exits.readout import readout_stats, readout_stats_chunked, readout_stats_reference
+from recur_core.exits.readout import (
+    ReadoutStats,
+    readout_stats,
+    readout_stats_chunked,
+    readout_stats_reference,
+    readout_stats_sequence,
+)
+from recur_core.kernels.cpu_gemm import bf16_matmul_nt, can_multiply
 
 # Logit scales: N(0, scale^2) logits. 40 makes one token dominate, 1e-3 is nearly uniform.
 SCALES = {"peaked": 40.0, "normal": 1.0, "flat": 1e-3}
@@ -167,3 +175,61 @@ def test_buffers_made_in_inference_mode_are_not_reused_outside_it():
     with torch.inference_mode():
         readout_stats_chunked(*case)
     assert_stats_close(readout_stats_chunked(*case), readout_stats_reference(*case))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("topk", [0, 3])
+def test_a_sequence_equals_its_pairs(dtype, topk):
+    """readout_stats_sequence over hiddens (h_0 .. h_3) = readout of h_j against h_{j-1} for each j,
+    against the float32 reference; the batched leading shape is kept."""
+    g = torch.Generator().manual_seed(5)
+    W = (torch.randn(700, 32, generator=g) / math.sqrt(32)).to(dtype)
+    hs = torch.randn(4, 2, 11, 32, generator=g).cumsum(0).to(dtype)  # consecutive "loops", drifting
+    targets = torch.randint(0, 700, (2, 11), generator=g)
+    targets[0, ::3] = -1
+    got = readout_stats_sequence(hs, W, targets, topk=topk)
+    assert got.lse.shape == (3, 2, 11)
+    for j in range(1, 4):
+        expected = readout_stats_reference(hs[j], W, targets, hs[j - 1], topk=topk)
+        assert_stats_close(ReadoutStats(**{f: None if getattr(got, f) is None else getattr(got, f)[j - 1]
+                                           for f in ReadoutStats.__dataclass_fields__}), expected, dtype)
+
+
+def test_a_sequence_needs_two_hiddens():
+    with pytest.raises(ValueError):
+        readout_stats_sequence(torch.zeros(1, 3, 8), torch.zeros(10, 8))
+
+
+def test_bfloat16_logits_on_the_cpu_are_float32_products():
+    """The MKL product of bfloat16 operands equals float32 math on the upcast values (exact products,
+    float32 sums); on x86 torch carries MKL, so the readout's bfloat16 path is that product."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(37, 300, generator=g).bfloat16()
+    W = torch.randn(1001, 300, generator=g).bfloat16()
+    if platform.machine() in ("x86_64", "AMD64"):
+        assert can_multiply(x, W)
+    if not can_multiply(x, W):
+        pytest.skip("no MKL in this torch build")
+    out = torch.full((37, 400), math.nan)
+    bf16_matmul_nt(x, W[500:900], out)  # a row slice of W, as the readout's chunks are
+    torch.testing.assert_close(out, x.float() @ W[500:900].float().T, atol=1e-4, rtol=1e-5)
+    assert not can_multiply(x.float(), W) and not can_multiply(x, W.T)
+    assert not can_multiply(x[:1].expand(37, 300), W)  # overlapping rows (stride 0): not a cblas matrix
+    with pytest.raises(ValueError):
+        bf16_matmul_nt(x, W, torch.empty(37, 1001, dtype=torch.bfloat16))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("topk", [0, 3])  # 0: the Triton kernel where triton is installed; 3: chunked
+def test_a_sequence_on_cuda_equals_the_reference(topk):
+    g = torch.Generator().manual_seed(7)
+    W = (torch.randn(5000, 64, generator=g) / 8).bfloat16()
+    hs = torch.randn(5, 40, 64, generator=g).cumsum(0).bfloat16()
+    targets = torch.randint(-1, 5000, (40,), generator=g)
+    got = readout_stats_sequence(hs.cuda(), W.cuda(), targets.cuda(), topk=topk)
+    for j in range(1, 5):
+        expected = readout_stats_reference(hs[j], W, targets, hs[j - 1], topk=topk)
+        for name in ("lse", "ce", "entropy", "top1_prob", "kl_prev", "kl_prev_reverse"):
+            torch.testing.assert_close(getattr(got, name)[j - 1].cpu(), getattr(expected, name), atol=2e-3, rtol=1e-4,
+                                       equal_nan=True, msg=name)
+        assert (got.argmax[j - 1].cpu() == expected.argmax).float().mean() > 0.97

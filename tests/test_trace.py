@@ -148,3 +148,35 @@ def test_a_progress_callback_hears_the_start_at_once(ckpt, windows, tr):
     trace(ckpt, windows, tr.max_loops, tr.seed, cache=False, progress=lambda done, total: seen.append((done, total)))
     total = len(windows) * tr.max_loops
     assert seen[0] == (0, total) and seen[-1] == (total, total)
+
+
+def test_loops_read_out_in_groups_equal_loops_read_out_alone(ckpt, windows, tr, monkeypatch):
+    """The readout takes several loops' states per call (READOUT_ROWS); one loop per call, or all
+    of them in one, gives the same trace up to float rounding."""
+    assert trace_mod.readout_group(16 * 128) == 1 and trace_mod.readout_group(32) == 16
+    for rows in (1, 10 ** 6):
+        monkeypatch.setattr(trace_mod, "READOUT_ROWS", rows)
+        other = trace(ckpt, windows, LOOPS, seed=3, cache=False)
+        for name in ("kl_prev", "kl_prev_reverse", "ce", "entropy", "top1_prob", "topk_probs"):
+            np.testing.assert_allclose(getattr(other, name), getattr(tr, name), rtol=1e-5, atol=1e-6, err_msg=name)
+        np.testing.assert_array_equal(other.topk_ids, tr.topk_ids)
+
+
+def test_bfloat16_trace_reads_out_like_the_float32_reference(ckpt, windows, monkeypatch):
+    """A bfloat16 model's readout (MKL's bfloat16 products into float32 on x86) equals the upcast
+    float32 path on the same hidden states to float32 rounding, and the whole trace stays within
+    bfloat16's tolerance of the float32 model's."""
+    import copy
+
+    import recur_core.exits.readout as readout_mod
+    bf16 = copy.deepcopy(ckpt.model).to(torch.bfloat16)
+    ids = windows[:3]
+    fast = trace(bf16, ids, LOOPS, seed=3, cache=False)
+    monkeypatch.setattr(readout_mod, "can_multiply", lambda x, w: False)
+    upcast = trace(bf16, ids, LOOPS, seed=3, cache=False)
+    for name in ("kl_prev", "kl_prev_reverse", "ce", "entropy", "top1_prob"):
+        np.testing.assert_allclose(getattr(fast, name), getattr(upcast, name), rtol=1e-4, atol=1e-5, err_msg=name)
+    np.testing.assert_array_equal(fast.argmax, upcast.argmax)
+    fp32 = trace(copy.deepcopy(bf16).float(), ids, LOOPS, seed=3, cache=False)
+    np.testing.assert_allclose(fast.ce, fp32.ce, rtol=0.05, atol=0.05)
+    assert (fast.argmax == fp32.argmax).mean() > 0.9

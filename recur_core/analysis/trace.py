@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..exits.signals import cosine_change, loop_readout, relative_change
+from ..exits.signals import cosine_change, loops_readout, relative_change
 from ..model.checkpoint import Checkpoint, model_id, resolve_model
 from ..model.looped_lm import LoopedLM
 from .cache import TraceCache, trace_key
@@ -163,45 +163,74 @@ def split_inputs(ids) -> tuple[torch.Tensor, torch.Tensor]:
     raise ValueError(f"ids must be (N, T + 1) windows or a (T,) text, got shape {tuple(ids.shape)}")
 
 
+READOUT_ROWS = 512  # token rows the coda and head read out at once: loops are grouped up to this many
+
+
+def readout_group(rows: int) -> int:
+    """How many loops of a batch of `rows` token rows one readout call takes: enough to reach
+    READOUT_ROWS (one loop at a time for a batch of 16 windows x 128 tokens, 16 loops of a 32-token
+    text). At few rows every weight of the coda and the head is streamed from memory for a handful of
+    multiplications; grouped, each is read once for hundreds (docs/benchmarks/fullsize.md)."""
+    return max(1, -(-READOUT_ROWS // max(rows, 1)))
+
+
 def trace_batch(model: LoopedLM, inputs: torch.Tensor, targets: torch.Tensor, noise: torch.Tensor,
                 max_loops: int, topk: int = 0, probes: Sequence = (),
-                on_state: Callable[[int, torch.Tensor], None] | None = None) -> dict[str, torch.Tensor]:
+                on_state: Callable[[int, torch.Tensor], None] | None = None,
+                on_loop: Callable[[int], None] | None = None) -> dict[str, torch.Tensor]:
     """Run one batch to max_loops; returns {field: (B, T, L) or (B, T, L, k)} tensors on the CPU.
 
-    on_state(loop, state) is called after every loop (the probe harvest records states with it).
+    The core runs loop after loop; the readout (coda, head, statistics) takes `readout_group` loops'
+    states at once, after the group's last core step. on_state(loop, state) is called after every
+    core step (the probe harvest records states with it); on_loop(loop) too, except for the last
+    loop, which is reported once every readout is done.
     """
     targets = targets.to(inputs.device)
     e = model.prelude(inputs)
     state = model.start_state(noise.to(inputs.device), e)  # the noise, or e for a model without one (Ouro)
-    h_prev = model.coda(state)  # p_0: the readout of the initial state
     gated = model.exit_gate is not None
     names = (*LOOP_FIELDS, *TOPK_FIELDS, *((GATE_FIELD,) if gated else ()))
     per_loop: dict[str, list[torch.Tensor]] = {name: [] for name in names}
     chances: dict[str, list[torch.Tensor]] = {p.probe_id: [] for p in probes}
+    group = readout_group(inputs.numel())
+    pending, h_prev = [state], None  # states awaiting their readout; p_0 is read out with loop 1's group
     for loop in range(1, max_loops + 1):
         new = model.core_step(state, e)
         per_loop["state_change"].append(relative_change(new, state).cpu())
         per_loop["cosine_change"].append(cosine_change(new, state).cpu())
         if gated:
             per_loop[GATE_FIELD].append(model.gate_lambda(new).cpu())
-        h_prev, stats = loop_readout(model, new, h_prev, targets, topk)
-        for name in ("kl_prev", "kl_prev_reverse", "ce", "entropy", "argmax", "top1_prob"):
-            per_loop[name].append(getattr(stats, name).cpu())
-        per_loop["topk_ids"].append(_or_empty(stats.topk_ids, stats.argmax.shape, torch.long))
-        per_loop["topk_probs"].append(_or_empty(stats.topk_probs, stats.argmax.shape, torch.float32))
         for p in probes:
             chances[p.probe_id].append(p.chance(new, loop).float().cpu())
         if on_state is not None:
             on_state(loop, new)
+        pending.append(new)
+        if len(pending) - (h_prev is None) == group or loop == max_loops:
+            h_prev, stats = loops_readout(model, pending, h_prev, targets, topk)
+            _append_readout(per_loop, stats)
+            pending = []
+        if on_loop is not None and loop < max_loops:
+            on_loop(loop)
         state = new
+    if on_loop is not None:
+        on_loop(max_loops)
     out = {name: torch.stack(vals, dim=2) for name, vals in per_loop.items()}
     out.update({f"router_chance/{k}": torch.stack(v, dim=2) for k, v in chances.items()})
     return out
 
 
-def _or_empty(topk_field: torch.Tensor | None, lead: torch.Size, dtype) -> torch.Tensor:
-    """A top-k field on the CPU, or a (B, T, 0) placeholder when topk == 0."""
-    return topk_field.cpu() if topk_field is not None else torch.empty((*lead, 0), dtype=dtype)
+def _append_readout(per_loop: dict[str, list[torch.Tensor]], stats) -> None:
+    """Each loop's readout fields (stats of leading shape (G, B, T)) onto per_loop, on the CPU."""
+    for j in range(stats.argmax.shape[0]):
+        for name in ("kl_prev", "kl_prev_reverse", "ce", "entropy", "argmax", "top1_prob"):
+            per_loop[name].append(getattr(stats, name)[j].cpu())
+        per_loop["topk_ids"].append(_or_empty(stats.topk_ids, j, stats.argmax.shape[1:], torch.long))
+        per_loop["topk_probs"].append(_or_empty(stats.topk_probs, j, stats.argmax.shape[1:], torch.float32))
+
+
+def _or_empty(topk_field: torch.Tensor | None, j: int, lead: torch.Size, dtype) -> torch.Tensor:
+    """Loop j's top-k field on the CPU, or a (B, T, 0) placeholder when topk == 0."""
+    return topk_field[j].cpu() if topk_field is not None else torch.empty((*lead, 0), dtype=dtype)
 
 
 # -- the trace ----------------------------------------------------------------------------------
@@ -325,7 +354,7 @@ def _compute(model, inputs, targets, max_loops, seed, topk, probes, batch_size, 
     def run(rows: range) -> dict:
         return trace_batch(model, inputs[rows.start:rows.stop].to(device), targets[rows.start:rows.stop],
                            model.seeded_state(rows, seed, T), max_loops, topk, probes,
-                           on_state=(lambda loop, _: update(len(rows))) if lone else None)
+                           on_loop=(lambda loop: update(len(rows))) if lone else None)
     try:
         parts = map_batches(run, batches, device,
                             on_done=None if lone else lambda rows, _: update(len(rows) * max_loops))

@@ -9,10 +9,13 @@ softmax moments (`ReadoutPartials`) that combine exactly (`combine_partials`).
 
 Backends, all returning `ReadoutStats`:
   readout_stats_reference  materialises the float32 logits; the ground truth for tests.
-  readout_stats_chunked    vectorised PyTorch over column chunks of W; peak memory O(T * chunk).
+  readout_stats_chunked    vectorised PyTorch over column chunks of W; peak memory O(T * chunk);
+                           bfloat16 on a CPU multiplied by MKL into float32 (recur_core.kernels.cpu_gemm).
   readout_stats_triton     the fused kernel of recur_core.kernels.readout_triton (CUDA): h and h_prev
                            share each W tile, no logits leave the chip.
   readout_stats            picks one of these.
+  readout_stats_sequence   the same for consecutive loops' hiddens (h_0, ..., h_G) at once, each
+                           distribution's logits computed once (the tracer reads out loops in groups).
 
 Conventions: all statistics are float32 and in nats, whatever the input dtype. A negative target id
 (e.g. -1) means "no target"; ce is NaN there. h may be (T, d) or (B, T, d); outputs follow its
@@ -30,8 +33,10 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
+from ..kernels.cpu_gemm import bf16_matmul_nt, can_multiply
+
 # Vocabulary ids per chunk: fewer, larger ops pay less thread-scheduling latency with 2 threads
-# (the measurement is in docs/BENCHMARKS.md). Peak extra memory is ~2 * 2T * chunk floats.
+# (the measurement is in docs/BENCHMARKS.md). Peak extra memory is ~3 * 2T * chunk floats.
 DEFAULT_CHUNK = 8192
 BACKENDS = ("auto", "chunked", "triton", "reference")
 
@@ -194,44 +199,46 @@ def combine_partials(parts: ReadoutPartials, target_logit: Tensor | None = None,
 # --------------------------------------------------------------------------------------------------
 # Chunked PyTorch backend (CPU, or CUDA without Triton).
 
-def _chunk_moments(logits: Tensor, e: Tensor, n: int, v0: int, scratch: Tensor | None = None) -> tuple[Tensor, ...]:
+def _chunk_moments(z: Tensor, e: Tensor, scratch: Tensor | None, n: int, v0: int) -> tuple[Tensor, ...]:
     """Moments of one column chunk, as in ReadoutPartials, computed in place.
 
-    logits (R, C) float32 holds h's rows, then h_prev's if R > n; e and scratch are buffers of the
-    same shape. Each pass covers all R rows at once: few, large ops, on buffers reused across chunks.
-    Returns (m, s, u, arg) and, with h_prev, (m_prev, s_prev, k, k_rev).
+    z (S n, C) float32 holds the logits of S distributions, n rows each: one read out alone (S = 1,
+    scratch None), or a sequence whose blocks 1 .. S - 1 are read out, each against the block before
+    it. e and scratch are buffers of z's shape. Each pass covers all rows at once: few, large ops,
+    on buffers reused across chunks. Returns (m, s, u, arg) of the read-out rows and, for a sequence,
+    (m_prev, s_prev, k, k_rev).
     """
-    maxes = logits.amax(dim=1)  # m, then m_prev
-    arg = logits[:n].argmax(dim=1) + v0
-    logits.sub_(maxes[:, None])  # a - m, then b - m_prev: all <= 0
-    sums = torch.exp(logits, out=e).sum(dim=1)  # s, then s_prev
-    if logits.shape[0] > n:  # sum e^(b-m_prev) (a-m), then sum e^(b-m_prev) (b-m_prev)
-        c = logits.shape[1]
-        rev = torch.mul(logits.view(-1, n, c), e[n:], out=scratch.view(-1, n, c)).sum(dim=2)
-    # sum e^(a-m) (a-m), then sum e^(a-m) (b-m_prev)
-    dots = logits.view(-1, n, logits.shape[1]).mul_(e[:n]).sum(dim=2)
-    m, s, u = maxes[:n], sums[:n], dots[0]
-    if logits.shape[0] == n:
+    first = 0 if scratch is None else n  # the read-out rows are z[first:]
+    maxes = z.amax(dim=1)
+    arg = z[first:].argmax(dim=1) + v0
+    z.sub_(maxes[:, None])  # a - m per distribution: all <= 0
+    sums = torch.exp(z, out=e).sum(dim=1)
+    if scratch is not None:  # sum e_j z_{j-1} and sum e_{j-1} z_j over consecutive blocks j - 1, j
+        cur_on_prev = torch.mul(z[:-n], e[n:], out=scratch).sum(dim=1)
+        prev_on_cur = torch.mul(z[n:], e[:-n], out=scratch).sum(dim=1)
+    dots = z.mul_(e).sum(dim=1)  # sum e^(a-m) (a-m); z is not read again
+    m, s, u = maxes[first:], sums[first:], dots[first:]
+    if scratch is None:
         return m, s, u, arg
-    return m, s, u, arg, maxes[n:], sums[n:], u - dots[1], rev[1] - rev[0]
+    return m, s, u, arg, maxes[:-n], sums[:-n], u - cur_on_prev, dots[:-n] - prev_on_cur
 
 
 _WORKSPACE = threading.local()
 WORKSPACE_KEEP_BYTES = 256 << 20  # a thread keeps its readout buffers up to this size between calls
 
 
-def _workspace(rows: int, numel: int, like: Tensor) -> Tensor:
-    """A (rows, numel) float32 buffer on like's device, reused by the calling thread's later calls.
+def _workspace(rows: int, numel: int, device: torch.device) -> Tensor:
+    """A (rows, numel) float32 buffer on `device`, reused by the calling thread's later calls.
 
     A fresh buffer of this size is a new mapping on a CPU, and writing it first costs a page fault
     per 4 KiB page; reusing one pays that once (a 16-window trace ran 35-45% faster on a 2-core VM,
     docs/benchmarks/exact-harness.md). Per thread, so parallel batches (recur_core.analysis.parallel)
     never share one; buffers over WORKSPACE_KEEP_BYTES are not kept."""
     held = getattr(_WORKSPACE, "buffers", {})
-    key = (like.device, like.dtype, torch.is_inference_mode_enabled())  # inference tensors stay in it
+    key = (device, torch.is_inference_mode_enabled())  # inference tensors stay in it
     buf = held.get(key)
     if buf is None or buf.numel() < rows * numel:
-        buf = like.new_empty(rows * numel)
+        buf = torch.empty(rows * numel, device=device)
         if buf.numel() * buf.element_size() <= WORKSPACE_KEEP_BYTES:
             _WORKSPACE.buffers = {**held, key: buf}
     return buf[:rows * numel].view(rows, numel)
@@ -251,39 +258,75 @@ def _merge_topk(vals: list[Tensor], ids: list[Tensor], k: int) -> tuple[Tensor, 
 def readout_stats_chunked(h: Tensor, W: Tensor, targets: Tensor | None = None,
                           h_prev: Tensor | None = None, topk: int = 0,
                           chunk: int = DEFAULT_CHUNK) -> ReadoutStats:
-    """Walk W in chunks of `chunk` rows (vocabulary ids); extra memory ~ 2 R chunk floats.
+    """Walk W in chunks of `chunk` rows (vocabulary ids); extra memory ~ 3 R chunk floats (R = N, or
+    2N with h_prev: both are multiplied by each W chunk at once, into reused buffers). See
+    `_chunked_blocks` for the arithmetic."""
+    if h_prev is None:
+        return _chunked_blocks(h[None], W, targets, topk, chunk)
+    return _chunked_blocks(torch.stack([h_prev, h]), W, targets, topk, chunk)
 
-    h and h_prev are stacked into one (R = 2N, d) operand, so each W chunk is multiplied once, into
-    a reused buffer. W chunks of other dtypes are upcast to float32 before the product, which keeps
-    bf16 inputs as accurate as the float32 reference. Top-k keeps the k best logits of every chunk
+
+def _chunked_blocks(blocks: Tensor, W: Tensor, targets: Tensor | None, topk: int, chunk: int) -> ReadoutStats:
+    """ReadoutStats of blocks (S, N, d): of block 0 alone (S = 1), or of blocks 1 .. S - 1 each against
+    the block before it ((S - 1) N rows, targets (S - 1) N).
+
+    bfloat16 h and W on a CPU are multiplied by MKL into float32 (recur_core.kernels.cpu_gemm); other
+    inputs are upcast to float32 chunk by chunk. Either way the logits are float32 products of the
+    stored values, as accurate as the float32 reference. Top-k keeps the k best logits of every chunk
     and merges them at the end.
     """
+    S, n, d = blocks.shape
     V = W.shape[0]
     _check_topk(topk, V)
-    n = h.shape[0]
-    x = (h if h_prev is None else torch.cat([h, h_prev])).float()
+    first = n if S > 1 else 0
+    x = blocks.reshape(S * n, d)
+    mkl = can_multiply(x, W)
+    x = x if mkl else x.float()
     chunk = min(chunk, V)
-    logits_buf, e_buf, *scratch = _workspace(2 if h_prev is None else 3, x.shape[0] * chunk, x)
-    scratch = scratch[0] if scratch else None  # for the reverse KL
+    logits_buf, e_buf, *scratch = _workspace(3 if S > 1 else 2, x.shape[0] * chunk, x.device)
     moments, top_vals, top_ids = [], [], []
     for v0 in range(0, V, chunk):
-        W_chunk = W[v0:v0 + chunk].float()
+        W_chunk = W[v0:v0 + chunk]
         c = W_chunk.shape[0]
-        size = x.shape[0] * c
-        logits = torch.mm(x, W_chunk.T, out=logits_buf[:size].view(-1, c))
+        logits = logits_buf[:x.shape[0] * c].view(-1, c)
+        if mkl:
+            bf16_matmul_nt(x, W_chunk, logits)
+        else:
+            torch.mm(x, W_chunk.float().T, out=logits)
         if topk:
-            vals, ids = logits[:n].topk(min(topk, c), dim=1)
+            vals, ids = logits[first:].topk(min(topk, c), dim=1)
             top_vals.append(vals)
             top_ids.append(ids + v0)
-        moments.append(_chunk_moments(logits, e_buf[:size].view(-1, c), n, v0,
-                                      None if scratch is None else scratch[:size]))
+        moments.append(_chunk_moments(logits, e_buf[:logits.numel()].view(-1, c),
+                                      scratch[0][:(S - 1) * n * c].view(-1, c) if scratch else None, n, v0))
     parts = ReadoutPartials(*(torch.stack(field) for field in zip(*moments, strict=True)))
-    target_logit = None if targets is None else _target_logit(h, W, targets)
+    target_logit = None if targets is None else _target_logit(x[first:], W, targets)
     stats = combine_partials(parts, target_logit, targets)
     if topk:
         vals, stats.topk_ids = _merge_topk(top_vals, top_ids, topk)
         stats.topk_probs = (vals - stats.lse[:, None]).exp()
     return stats
+
+
+def readout_stats_sequence(hs: Tensor, W: Tensor, targets: Tensor | None = None, topk: int = 0,
+                           backend: str | None = None) -> ReadoutStats:
+    """Statistics of the distributions of hs[1], ..., hs[S - 1], each with its KLs against the one
+    before it (kl_prev = KL(p_j || p_{j-1})): hs (S, ..., d), S >= 2, consecutive hiddens, e.g. of
+    the same tokens after loops i - 1, i, ..., i + S - 2; targets (...) shared by every element. The
+    result has leading shape (S - 1, ...). What S - 1 calls of readout_stats(hs[j], W, targets,
+    hs[j - 1]) return, but the chunked backend computes each distribution's logits once, not twice.
+    backend: as in readout_stats (the Triton kernel reads both hiddens of each pair)."""
+    if hs.dim() < 3 or hs.shape[0] < 2:
+        raise ValueError(f"hs must be (S >= 2, ..., d), got {tuple(hs.shape)}")
+    lead = hs.shape[1:-1]
+    repeated = None if targets is None else targets.expand(hs.shape[0] - 1, *lead)
+    backend = _backend(backend, hs, topk)
+    if backend != "chunked":
+        return readout_stats(hs[1:], W, repeated, hs[:-1], topk=topk, backend=backend)
+    _check_shapes(hs[0], W, targets, None)
+    blocks = hs.reshape(hs.shape[0], -1, hs.shape[-1])
+    flat = None if repeated is None else repeated.reshape(-1)
+    return _chunked_blocks(blocks, W, flat, topk, DEFAULT_CHUNK).unflatten(torch.Size((hs.shape[0] - 1, *lead)))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -304,6 +347,16 @@ def _triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def _backend(backend: str | None, h: Tensor, topk: int) -> str:
+    """The backend readout_stats runs for `backend` (None: $RECUR_READOUT_BACKEND or "auto")."""
+    backend = backend or os.environ.get("RECUR_READOUT_BACKEND", "auto")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return "triton" if h.is_cuda and topk == 0 and _triton_available() else "chunked"
+    return backend
+
+
 def readout_stats(h: Tensor, W: Tensor, targets: Tensor | None = None, h_prev: Tensor | None = None,
                   topk: int = 0, backend: str | None = None) -> ReadoutStats:
     """Readout statistics through the best available backend.
@@ -312,11 +365,7 @@ def readout_stats(h: Tensor, W: Tensor, targets: Tensor | None = None, h_prev: T
     the Triton kernel for CUDA tensors when triton is installed and topk == 0 (the kernel has no
     top-k), else the chunked path. "chunked", "triton" and "reference" force one.
     """
-    backend = backend or os.environ.get("RECUR_READOUT_BACKEND", "auto")
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "auto":
-        backend = "triton" if h.is_cuda and topk == 0 and _triton_available() else "chunked"
+    backend = _backend(backend, h, topk)
     if backend == "reference":
         return readout_stats_reference(h, W, targets, h_prev, topk=topk)
     if backend == "chunked":

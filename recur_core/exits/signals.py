@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .readout import ReadoutStats, readout_stats
+from .readout import ReadoutStats, readout_stats, readout_stats_sequence
 
 
 @dataclass
@@ -66,10 +66,24 @@ def loop_readout(model, state: Tensor, h_prev: Tensor, targets: Tensor | None, t
     and kl_prev_reverse = KL(p_prev || p_cur) in nats with p_prev the distribution of h_prev, clamped
     at 0 (they are >= 0; float rounding can dip below)."""
     h = model.coda(state)
-    stats = readout_stats(h, model.head_weight, targets, h_prev, topk=topk)
+    return h, _clamped(readout_stats(h, model.head_weight, targets, h_prev, topk=topk))
+
+
+def loops_readout(model, states: list[Tensor], h_prev: Tensor | None, targets: Tensor | None, topk: int = 0):
+    """loop_readout of several consecutive loops' states (each (B, T, d)) in one coda call and one
+    pass over the head: (the last state's hidden, ReadoutStats of leading shape (G, B, T)), each loop
+    against the one before it. h_prev: the hidden of the state before states[0], or None: then
+    states[0] is that state and G = len(states) - 1 (else G = len(states))."""
+    hs = model.coda(torch.cat(states)).unflatten(0, (len(states), states[0].shape[0]))
+    if h_prev is not None:
+        hs = torch.cat([h_prev[None], hs])
+    return hs[-1], _clamped(readout_stats_sequence(hs, model.head_weight, targets, topk=topk))
+
+
+def _clamped(stats: ReadoutStats) -> ReadoutStats:
     stats.kl_prev = stats.kl_prev.clamp_min(0.0)
     stats.kl_prev_reverse = stats.kl_prev_reverse.clamp_min(0.0)
-    return h, stats
+    return stats
 
 
 def readout_fields(stats: ReadoutStats) -> dict[str, Tensor]:

@@ -44,6 +44,35 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
 
 
+SKINNY_ROWS = 128  # up to this many token rows, a large bfloat16 product takes the streaming form of `linear`
+LARGE_WEIGHT = 1 << 22  # elements: a weight below this stays in cache, F.linear is as fast
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weight^T (F.linear without a bias), in the fastest of equal forms for inference on a CPU.
+
+    For a few token rows (decoding's one, a text's dozens) of a large bfloat16 matrix the product is
+    bound by streaming the weight from memory, and oneDNN streams it faster as the left operand:
+    `weight @ x^T` for 2..SKINNY_ROWS rows (1.2-1.8x at 8-128 rows of Huginn-0125's matrices, the same
+    bits) and torch.mv for one row (1.5-1.7x; 99.98% of the values equal, the others one rounding
+    apart); measured in docs/benchmarks/fullsize.md. Float32, autograd, other devices, more rows and
+    small weights take F.linear."""
+    rows = x.numel() // x.shape[-1]
+    if (rows > SKINNY_ROWS or x.dtype != torch.bfloat16 or x.device.type != "cpu"
+            or weight.numel() < LARGE_WEIGHT or torch.is_grad_enabled()):
+        return F.linear(x, weight)
+    flat = x.reshape(rows, x.shape[-1])
+    out = torch.mv(weight, flat[0])[None] if rows == 1 else torch.mm(weight, flat.t()).t().contiguous()
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+class Dense(nn.Linear):
+    """nn.Linear without a bias whose product is `linear` (the same parameters and state-dict names)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight) if self.bias is None else super().forward(x)
+
+
 def rope_tables(head_dim: int, max_len: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables of shape (max_len, head_dim // 2) for rotary position embeddings."""
     inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
@@ -70,9 +99,9 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.rope_layout = cfg.rope_layout
-        self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
-        self.kv_proj = nn.Linear(cfg.d_model, 2 * cfg.n_kv_heads * cfg.head_dim, bias=False)
-        self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
+        self.q_proj = Dense(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
+        self.kv_proj = Dense(cfg.d_model, 2 * cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = Dense(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
         if cfg.qk_bias:  # added to q and k before RoPE (Huginn's qk_bias)
             self.q_bias = nn.Parameter(torch.zeros(cfg.n_heads, cfg.head_dim))
             self.k_bias = nn.Parameter(torch.zeros(cfg.n_kv_heads, cfg.head_dim))
@@ -133,8 +162,8 @@ class Attention(nn.Module):
 class SwiGLU(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_up = nn.Linear(cfg.d_model, 2 * cfg.ffn_dim, bias=False)
-        self.down = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=False)
+        self.gate_up = Dense(cfg.d_model, 2 * cfg.ffn_dim, bias=False)
+        self.down = Dense(cfg.ffn_dim, cfg.d_model, bias=False)
 
     def forward(self, x):
         gate, up = self.gate_up(x).chunk(2, dim=-1)
@@ -210,11 +239,11 @@ class LoopedLM(nn.Module):
         outer = SandwichBlock if cfg.outer_blocks == "sandwich" else Block
         self.prelude_blocks = nn.ModuleList(outer(cfg) for _ in range(cfg.n_prelude))
         self.prelude_norm = RMSNorm(cfg.d_model, cfg.norm_eps) if cfg.prelude_norm else None
-        self.adapter = nn.Linear(2 * cfg.d_model, cfg.d_model, bias=False) if cfg.loop_input == "adapter" else None
+        self.adapter = Dense(2 * cfg.d_model, cfg.d_model, bias=False) if cfg.loop_input == "adapter" else None
         self.core_blocks = nn.ModuleList(SandwichBlock(cfg) for _ in range(cfg.n_core))
         self.coda_blocks = nn.ModuleList(outer(cfg) for _ in range(cfg.n_coda))
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = None if cfg.tie_embeddings else Dense(cfg.d_model, cfg.vocab_size, bias=False)
         self.exit_gate = nn.Linear(cfg.d_model, 1) if cfg.exit_gate else None
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
@@ -309,7 +338,7 @@ class LoopedLM(nn.Module):
         """The adapter's e-part W_e e: adapter(concat(s, e)) = W_s s + W_e e (decoding computes it once
         per token instead of once per loop). Without an adapter (Ouro) e itself: the loops never
         read it, `start_state` does."""
-        return e if self.adapter is None else F.linear(e, self.adapter.weight[:, self.cfg.d_model:])
+        return e if self.adapter is None else linear(e, self.adapter.weight[:, self.cfg.d_model:])
 
     def start_state(self, noise: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         """The state loop 1 reads: the seeded noise, or for a model whose loop reads its own state
@@ -344,7 +373,7 @@ class LoopedLM(nn.Module):
         elif inject is None:
             x = self.adapter(torch.cat((state, e), dim=-1))
         else:
-            x = F.linear(state, self.adapter.weight[:, :self.cfg.d_model]) + inject
+            x = linear(state, self.adapter.weight[:, :self.cfg.d_model]) + inject
         last = len(self.core_blocks) - 1
         for i, (block, cache) in enumerate(zip(self.core_blocks, kv or [None] * len(self.core_blocks), strict=True)):
             x = block(x, cos, sin, cache, *((rows, valid) if i == last else (None, None)))
@@ -378,7 +407,7 @@ class LoopedLM(nn.Module):
 
     def readout(self, state: torch.Tensor, positions: torch.Tensor | None = None, kv=None) -> torch.Tensor:
         """State -> logits (B, T, V)."""
-        return F.linear(self.coda(state, positions, kv), self.head_weight)
+        return linear(self.coda(state, positions, kv), self.head_weight)
 
     # -- composition --------------------------------------------------------------------
     def forward(self, ids: torch.Tensor, loops: int, generator: torch.Generator | None = None,

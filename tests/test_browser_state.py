@@ -113,6 +113,7 @@ def test_a_markdown_prompt_is_shown_as_text(request):
     page.close()
 
 
+@pytest.mark.slow
 def test_a_slower_policy_points_down(request):
     """At the tightest ε A1 loops longer than uniform r̄: its delta says so, with a red down arrow."""
     base, _ = request.getfixturevalue("server")

@@ -299,6 +299,7 @@ def mixed_eps(ckpt, windows, check_every, cap):
     pytest.skip("no threshold mixes exits on this checkpoint")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("check_every, cap", [(1, 3), (3, 6)])
 def test_lockstep_rows_equal_decoding_each_window_alone(ckpt, windows, check_every, cap):
     """Rows decoded together give what each gives alone, with some rows halting at the cap (where,

@@ -25,6 +25,7 @@ def test_spearman_matches_pearson_of_ranks_with_ties():
     assert np.isnan(spearman(x, np.ones_like(x)))
 
 
+@pytest.mark.slow
 def test_analyze_adds_the_ground_truth_section(hops_ckpt, tmp_path):
     from recur_core.analyze import main
     report = main([str(hops_ckpt), "--out", str(tmp_path), *ANALYZE_ARGS])
@@ -101,6 +102,7 @@ def _masks(ckpt, tr, hops_ckpt):
     return (ah > 0) & (ah <= max_train), program_mask(tr, eos_id(ckpt.tokenizer()))
 
 
+@pytest.mark.slow
 def test_exact_ground_truth_curves_equal_a_naive_run_per_policy(exact_gt, hops_ckpt):
     """Every threshold of every family's curve: answer accuracy and mean loops equal one full-width
     masking-harness run of that policy alone (test_harness.naive_exact)."""
@@ -153,6 +155,7 @@ def test_checkpoints_without_ground_truth_have_no_section(tiny_ckpt, tmp_path):
     assert "ground_truth" not in report
 
 
+@pytest.mark.slow
 def test_export_writes_the_hops_card(hops_ckpt, tmp_path):
     from training.export import export
     dst = tmp_path / "shipped"

@@ -73,6 +73,7 @@ def test_the_cli_and_the_app_take_their_defaults_from_settings():
     assert -3.0 in SETTINGS.eps_log10 and SETTINGS.eps_grid[0] == 0.0 and math.isinf(SETTINGS.eps_grid[-1])
 
 
+@pytest.mark.slow
 def test_app_headline_figures_equal_report_json_on_the_demo_checkpoint(tmp_path, monkeypatch):
     """analyze and the app on checkpoints/demo with the same settings (4 windows, 8 probe windows and
     200 bootstrap replicates, to keep the test short): elasticity, convergence and every allocation

@@ -2,7 +2,7 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-CKPT ?= checkpoints/demo
+CKPT ?= checkpoints/stories-reasoning
 PORT ?= 8501
 
 .PHONY: app test test-slow lint install

@@ -171,19 +171,11 @@ def make_program(rng: random.Random, query_hops: list[int], max_tail: int, decoy
     lengths = [h + t for h, t in zip(query_hops, tails, strict=True)] + decoy_hops
     names = rng.sample(VARIABLES, sum(lengths))
     values = rng.sample(VALUES, len(lengths))
-    chains, at = [], 0
-    for n in lengths:
-        chains.append(names[at:at + n])
-        at += n
-    order = [c for c, chain in enumerate(chains) for _ in chain]
-    rng.shuffle(order)
-    next_in_chain = [0] * len(chains)
+    chains, links = interleaved_chains(rng, names, lengths)
     statements = []
-    for c in order:
-        i = next_in_chain[c]
+    for c, i in links:
         rhs = values[c] if i == 0 else chains[c][i - 1]
         statements.append(f"{chains[c][i]}={rhs};")
-        next_in_chain[c] += 1
     queries = [f"{chains[c][h - 1]}?{values[c]};" for c, h in enumerate(query_hops)]
     rng.shuffle(queries)
     text = "".join(statements + queries)
@@ -350,6 +342,23 @@ def window_hops(tok: Tokenizer, windows: torch.Tensor) -> torch.Tensor:
             raise ValueError("a saved window does not re-tokenize to itself: not a hops program window")
         rows.append(hops + [0] * (len(w) - len(hops)))
     return torch.tensor(rows, dtype=torch.int64)
+
+
+def interleaved_chains(rng: random.Random, names: list, lengths: list[int]) -> tuple[list[list], list[tuple[int, int]]]:
+    """`names` cut into chains of `lengths`, and the order their links are told in: (chain, link)
+    pairs, each chain in order, the chains interleaved at random (one rng.shuffle)."""
+    chains, at = [], 0
+    for n in lengths:
+        chains.append(names[at:at + n])
+        at += n
+    order = [c for c, chain in enumerate(chains) for _ in chain]
+    rng.shuffle(order)
+    told = [0] * len(chains)
+    links = []
+    for c in order:
+        links.append((c, told[c]))
+        told[c] += 1
+    return chains, links
 
 
 def random_program(task: HopsTask, seed: int, max_hops: int) -> Program:

@@ -33,6 +33,8 @@ import torch
 
 from recur_core.settings import seed_for
 
+from .hops import interleaved_chains
+
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
                 "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty")
 MAX_COUNT = 20  # counts and ages stay within 0 .. 20 (number words), so every answer is one word
@@ -139,18 +141,10 @@ def where_problem(rng: random.Random, steps: int, running: bool) -> Problem:
         lengths[lengths.index(max(lengths[1:]), 1)] -= 1
     names = rng.sample(NAMES, sum(lengths))
     places = rng.sample(PLACES, n_chains)
-    chains, at = [], 0
-    for n in lengths:
-        chains.append(names[at:at + n])
-        at += n
-    order = [c for c, chain in enumerate(chains) for _ in chain]
-    rng.shuffle(order)
-    nxt = [0] * n_chains
+    chains, links = interleaved_chains(rng, names, lengths)
     w = _Writer()
     w.add(_opening(rng))
-    for c in order:
-        i = nxt[c]
-        nxt[c] += 1
+    for c, i in links:
         if i == 0:
             w.add(f"{chains[c][0]} was at the {places[c]}. ")
         elif running and i < len(chains[c]) - 1:

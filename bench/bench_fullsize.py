@@ -23,11 +23,13 @@ Per folder, each part in a fresh subprocess:
                     reading weights (seconds, RSS growth, the message with the estimate).
   (c) the app       streamlit's AppTest of app.py with RECUR_CHECKPOINT=FOLDER, two sessions in one
                     process (as two browser tabs on one server), each with its own pasted sentence:
-                    seconds from the sentence to the token strip (the first session's includes
-                    loading the model), on the pages' Evaluation --app-path (exact: the app's
-                    default, real decoding after the trace; fast: the trace alone, at the app's
-                    depth), the progress bar's updates and the longest wait without one, each
-                    session's RSS growth, and whether
+                    seconds from the sentence to the first token strip (the first session's
+                    includes loading the model), on the pages' Evaluation --app-path (exact: the
+                    app's default: real decoding after the trace, in the background when it takes
+                    longer than a few seconds, the fast strip shown meanwhile; then the seconds to
+                    the exact strip; fast: the trace alone, at the app's depth), the progress
+                    updates (the trace's bar, then the decoding's, one per token) and the longest
+                    wait without one, each session's RSS growth, and whether
                     both sessions hold the same model object (one copy of the weights).
 The CPU's flags (AVX-512 BF16, AMX) are printed: bfloat16 matmuls are fast only where the CPU has them.
 Last line: a JSON object with the figures.
@@ -222,11 +224,11 @@ def child_refuse(folder: str, device: str = "cpu") -> dict:
 
 
 # -- (c) in a child: the app ---------------------------------------------------------------------------
-def child_app(folder: str, text_path: str = "exact") -> dict:
+def child_app(folder: str, text_path: str = "exact", n_sessions: int = len(SENTENCES)) -> dict:
     import streamlit as st
     from streamlit.testing.v1 import AppTest
 
-    from ui import compute
+    from ui import compute, jobs
     from ui.checkpoints import describe
     updates = []
     opened = compute.Progress.__call__
@@ -240,7 +242,7 @@ def child_app(folder: str, text_path: str = "exact") -> dict:
     os.environ.setdefault("RECUR_SHIPPED", "/nonexistent")
     st.cache_resource.clear()
     sessions, rows = [], []
-    for n, sentence in enumerate(SENTENCES):
+    for n, sentence in enumerate(SENTENCES[:n_sessions]):
         before = proc_status("VmRSS")
         at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=3000)
         at.session_state[f"text@{describe(folder).task}"] = sentence  # submitted before the first run (kept per task)
@@ -249,24 +251,40 @@ def child_app(folder: str, text_path: str = "exact") -> dict:
         at.run()
         seconds = time.perf_counter() - t0
         strips = [el for el in at.html if 'data-testid="token-strip"' in el.proto.body]
+        pending = [j for j in jobs._JOBS.values() if j.key[0] == "decoded_text" and j.started >= t0 - 1 and j.running]
         trace_updates = [u for u in updates if u[1].startswith("Tracing") and u[0] >= t0]
         marks = [t0, *(u[0] for u in updates if u[0] >= t0), t0 + seconds]  # the run's start, each update, its end
-        rows.append({"session": n + 1, "sentence": sentence, "seconds_text_to_strip": seconds,
-                     "strip_drawn": len(strips) == 1,
-                     "exceptions": [e.message for e in at.exception], "rss_growth_bytes": proc_status("VmRSS") - before,
-                     "trace_progress_updates": len(trace_updates),
-                     "trace_label": trace_updates[0][1] if trace_updates else None,
-                     "longest_wait_without_progress_s": max(b - a for a, b in zip(marks, marks[1:], strict=False))})
+        row = {"session": n + 1, "sentence": sentence, "seconds_text_to_strip": seconds,
+               "strip_drawn": len(strips) == 1, "first_strip": "fast, exact decoding pending" if pending else text_path,
+               "exceptions": [e.message for e in at.exception],
+               "trace_progress_updates": len(trace_updates), "trace_label": trace_updates[0][1] if trace_updates else None}
+        if pending:  # the page's progress bar follows the job (jobs.watch, once a second): sample it as often
+            seen, job = pending[0].done, pending[0]
+            while job.running:
+                time.sleep(0.25)
+                if job.done != seen:
+                    seen = job.done
+                    marks.append(time.perf_counter())
+            at.run()
+            marks.append(time.perf_counter())
+            row.update(seconds_text_to_exact_strip=marks[-1] - t0, decoding_steps=job.total, decoding_error=job.error,
+                       exact_strip_drawn=any('data-testid="token-strip"' in el.proto.body for el in at.html)
+                       and not any("Exact decoding" in c.value for c in at.caption))
+        row.update(longest_wait_without_progress_s=max(b - a for a, b in zip(marks, marks[1:], strict=False)),
+                   rss_growth_bytes=proc_status("VmRSS") - before)
+        rows.append(row)
         sessions.append(at)
     ckpt = compute.checkpoint(folder, "cpu")
     weights = sum(p.numel() * p.element_size() for p in ckpt.model.parameters())
-    return {"text_path": text_path, "sessions": rows, "weights_bytes": weights, "one_model_object": compute.checkpoint(folder, "cpu") is ckpt,
-            "second_session_growth_over_weights": rows[1]["rss_growth_bytes"] / weights}
+    return {"text_path": text_path, "sessions": rows, "weights_bytes": weights,
+            "one_model_object": compute.checkpoint(folder, "cpu") is ckpt,
+            "second_session_growth_over_weights": rows[1]["rss_growth_bytes"] / weights if len(rows) > 1 else None}
 
 
-def run_child(kind: str, folder: Path, threads: int | None, device: str = "cpu", app_path: str = "exact") -> dict:
+def run_child(kind: str, folder: Path, threads: int | None, device: str = "cpu", app_path: str = "exact",
+              app_sessions: int = len(SENTENCES)) -> dict:
     cmd = [sys.executable, "-m", "bench.bench_fullsize", "--child", kind, str(folder), "--device", device,
-           "--app-path", app_path]
+           "--app-path", app_path, "--app-sessions", str(app_sessions)]
     if threads:
         cmd += ["--threads", str(threads)]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
@@ -299,12 +317,18 @@ def report(folder: Path, r: dict) -> None:
     if "app" in r:
         c = r["app"]
         for s in c["sessions"]:
-            print(f"  (c) app session {s['session']} ({c['text_path']}): {s['sentence']!r} -> token strip "
-                  f"{s['seconds_text_to_strip']:.1f} s (strip drawn {s['strip_drawn']}, {s['trace_progress_updates']} "
-                  f"progress updates '{s['trace_label']}', longest wait without one "
-                  f"{s['longest_wait_without_progress_s']:.1f} s), RSS +{s['rss_growth_bytes'] / 1e9:.2f} GB")
-        print(f"      two sessions, one model object: {c['one_model_object']}; the second session's RSS growth = "
-              f"{c['second_session_growth_over_weights']:.3f}x the weights")
+            print(f"  (c) app session {s['session']} ({c['text_path']}): {s['sentence']!r} -> first token strip "
+                  f"{s['seconds_text_to_strip']:.1f} s ({s['first_strip']}; drawn {s['strip_drawn']}, "
+                  f"{s['trace_progress_updates']} progress updates '{s['trace_label']}')")
+            if "seconds_text_to_exact_strip" in s:
+                print(f"      exact strip (real decoding, {s['decoding_steps']} tokens in the background) "
+                      f"{s['seconds_text_to_exact_strip']:.1f} s after the text (drawn {s['exact_strip_drawn']}, "
+                      f"error {s['decoding_error']})")
+            print(f"      longest wait without a progress update {s['longest_wait_without_progress_s']:.1f} s; "
+                  f"RSS +{s['rss_growth_bytes'] / 1e9:.2f} GB")
+        if c["second_session_growth_over_weights"] is not None:
+            print(f"      two sessions, one model object: {c['one_model_object']}; the second session's RSS growth = "
+                  f"{c['second_session_growth_over_weights']:.3f}x the weights")
 
 
 def main(argv=None):
@@ -317,13 +341,15 @@ def main(argv=None):
                                                    "the CPU only and is skipped elsewhere)")
     p.add_argument("--app-path", choices=("exact", "fast"), default="exact",
                    help="(c)'s Evaluation on the pasted-text pages: exact (real decoding, the app's default) or fast")
+    p.add_argument("--app-sessions", type=int, choices=range(1, len(SENTENCES) + 1), default=len(SENTENCES),
+                   help="(c)'s app sessions, one sentence each (2: the second shows that sessions share the model)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.child:
         kind, folder = args.child
         child = {"load": child_load, "refuse": child_refuse}.get(kind)
-        print(json.dumps(child(folder, args.device) if child else child_app(folder, args.app_path)))
+        print(json.dumps(child(folder, args.device) if child else child_app(folder, args.app_path, args.app_sessions)))
         return
     flags = cpu_flags()
     print(f"CPU flags: {', '.join(flags)}; {os.cpu_count()} CPUs; torch {torch.__version__}; device {args.device}")
@@ -332,7 +358,7 @@ def main(argv=None):
         r = {"load": run_child("load", folder, args.threads, args.device),
              "refuse": run_child("refuse", folder, args.threads, args.device)}
         if not args.skip_app and args.device == "cpu":
-            r["app"] = run_child("app", folder, args.threads, app_path=args.app_path)
+            r["app"] = run_child("app", folder, args.threads, app_path=args.app_path, app_sessions=args.app_sessions)
         results["folders"][folder.name] = r
         report(folder, r)
     print(json.dumps(results))

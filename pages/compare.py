@@ -12,6 +12,7 @@ st.caption("The same text under the three depth-allocation policies. Set each po
 enc = state.pasted_text(m, "compare_form")
 tr = compute.text_trace(*m.key, enc.ids, True)
 exact = state.text_path("compare")
+decoding_note = st.container()
 
 
 def policy_outcome(policy) -> compute.Outcome:
@@ -56,7 +57,7 @@ for col, (_family, label, _policy), out, table in zip(cols, policies, outcomes, 
         a, b = st.columns(2)
         a.metric("Mean loops", f"{out.mean_loops:.2f}")
         b.metric("Loss [nats]", f"{out.loss:.3f}")
-        views.render_strip(m, table, label, legend=False, scale=scale)
+        views.render_strip(m, table, state.path_label(label, out), legend=False, scale=scale)
 st.subheader("Huginn's exit criteria · on the same tokens")
 h_cols = st.columns(2, gap="medium")
 with h_cols[0]:
@@ -70,11 +71,12 @@ with h_cols[0]:
         thr = st.number_input(knob, 0.0, 10.0, format="%.1e", **state.keep(f"cmp_huginn_{crit}", auto))
     h_policy = compute.huginn_policy(crit, thr, m.r_max)
     h_out = policy_outcome(h_policy)
+    shown = [*outcomes, h_out]
     a, b = st.columns(2)
     a.metric("Mean loops", f"{h_out.mean_loops:.2f}")
     b.metric("Loss [nats]", f"{h_out.loss:.3f}")
 with h_cols[1]:
-    views.render_strip(m, views.token_table(m, tr, enc, h_out), f"{crit} {thr:g}")
+    views.render_strip(m, views.token_table(m, tr, enc, h_out), state.path_label(f"{crit} {thr:g}", h_out))
 
 if compute.gate(*m.key) is not None:
     st.subheader("The model's learned exit gate · on the same tokens")
@@ -83,11 +85,15 @@ if compute.gate(*m.key) is not None:
         q = st.slider("q: halt at the first loop whose exit CDF ≥ q (Ouro's Q-exit)", 0.0, 1.0, 0.5, 0.01,
                       key="cmp_gate_q")
         g_out = policy_outcome(compute.gate_exit(*m.key, q, m.r_max))
+        shown.append(g_out)
         a, b = st.columns(2)
         a.metric("Mean loops", f"{g_out.mean_loops:.2f}")
         b.metric("Loss [nats]", f"{g_out.loss:.3f}")
     with g_cols[1]:
-        views.render_strip(m, views.token_table(m, tr, enc, g_out), f"gate q={q:.2f}", legend=False)
+        views.render_strip(m, views.token_table(m, tr, enc, g_out), state.path_label(f"gate q={q:.2f}", g_out),
+                           legend=False)
+
+state.follow_decoding(shown, decoding_note)
 
 with st.expander("A2 probe quality (held-out windows) and the raw trace"):
     if prb:

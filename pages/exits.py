@@ -16,6 +16,7 @@ st.caption("Every token is coloured by its **A1 exit depth**: the first loop i a
            "(a word problem's answer word then carries the depth its answer took).")
 
 enc = state.pasted_text(m, "exits_form")
+decoding_note = st.container()
 tr = compute.text_trace(*m.key, enc.ids, False)
 
 exact = state.text_path("exits")
@@ -23,6 +24,7 @@ eps = state.eps_slider("exits")
 out = compute.text_outcome(*m.key, enc.ids, tr, compute.a1(eps, m.r_max), exact)
 uniform = compute.outcome(tr, compute.a0(m.r_bar))  # A0 freezes no token early: its trace is its decoding
 table = views.token_table(m, tr, enc, out)
+state.follow_decoding([out], decoding_note)
 
 c = st.columns(4)
 c[0].metric("Mean loops (A1)", f"{out.mean_loops:.2f}", help="Mean exit depth over the tokens that have a next "
@@ -46,10 +48,10 @@ if saving.warning:
 pick_key = f"token_pos_{hash(enc.ids) & 0xFFFFFFFF:x}"  # a fresh picker for every text
 selected = st.session_state.get(pick_key, int(table.exit_depth.idxmax()))
 colour_by = state.colour_by_control("exits")
-views.render_strip(m, table, f"A1 ε={eps:.1e}", selected=selected, colour_by=colour_by)
+views.render_strip(m, table, state.path_label(f"A1 ε={eps:.1e}", out), selected=selected, colour_by=colour_by)
 
 charts.show(charts.kl_heatmap(tr.kl_prev[0], [plain_visible(p) for p in enc.pieces], out.depth[0],
-                              out.converged[0], m.r_max, "A1, decoding" if exact else "A1"), "kl_heatmap",
+                              out.converged[0], m.r_max, "A1, decoding" if out.decoded is not None else "A1"), "kl_heatmap",
             key="kl_heatmap")
 
 st.subheader("Drill into a token")

@@ -92,5 +92,6 @@ eps = state.eps_slider("ground_truth")
 out = compute.text_outcome(*m.key, enc.ids, tr, compute.a1(eps, m.r_max), path == "exact")  # the page's path
 table = views.token_table(m, tr, enc, out)
 table["ground_truth"] = ground_truth.ground_truth_notes(depths, unit)
-views.render_strip(m, table, f"A1 ε={eps:.1e}", colour_by=state.colour_by_control("ground_truth"))
+state.follow_decoding([out])
+views.render_strip(m, table, state.path_label(f"A1 ε={eps:.1e}", out), colour_by=state.colour_by_control("ground_truth"))
 st.dataframe(ground_truth.answer_table(table, depths, unit), hide_index=True)

@@ -204,6 +204,30 @@ def test_exit_page_exact_by_default_and_fast_on_request(app_env):
     assert at.segmented_control(key="text_path_compare").value == "fast"
 
 
+def test_exact_decoding_that_takes_long_runs_in_the_background_behind_the_fast_path(app_env):
+    """A decoding longer than compute.DECODE_WAIT_S (held here behind the decoding lock) leaves the
+    page on the fast path, said in words and in the strip's title, with the decoding's progress; once
+    it ends the page shows real decoding's exits."""
+    from ui import compute, jobs
+    text = "Tom had a red kite. He ran."
+    fast, _ = engine_depths(app_env["ckpt"], text, 1e-3, exact=False)
+    exact, _ = engine_depths(app_env["ckpt"], text, 1e-3)
+    with compute._DECODING:  # another decoding holds the CPU: this one waits its turn
+        at = submit_text(new_app(), text)
+        [strip] = strips(at)
+        assert [t["depth"] for t in strip] == fast.tolist()
+        assert any("Exact decoding" in c.value and "fast path" in c.value for c in at.caption)
+        assert "fast path (exact decoding running)" in next(el.proto.body for el in at.html
+                                                            if 'data-testid="token-strip"' in el.proto.body)
+        [job] = [j for j in jobs._JOBS.values() if j.key[0] == "decoded_text" and j.running]
+        assert job.stage.startswith("Waiting") and job.total == len(strip)
+    settle(at)
+    assert job.done == job.total == len(strip) and not job.error
+    [strip] = strips(at)
+    assert [t["depth"] for t in strip] == exact.tolist()
+    assert not any("Exact decoding" in c.value for c in at.caption)
+
+
 def test_exit_page_heatmap_curves_and_metrics(app_env):
     at = submit_text(new_app(), TEXT)
     heat = figure_with(at, "heatmap")

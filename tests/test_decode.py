@@ -354,6 +354,28 @@ def test_decoded_text_is_what_generate_gets_for_every_token(ckpt, windows):
         decoded_text(ckpt, ids[:0], a1, 8, SEED)
 
 
+def test_decoded_text_reports_each_token_and_replays_from_the_disk_cache(ckpt, windows, tmp_path):
+    """The app's background decoding: progress after every token (1 .. T of T), the result saved in
+    the disk cache and read back equal, keyed by the policy (another threshold misses); cache_only
+    misses without decoding."""
+    import numpy as np
+
+    from recur_core.analysis.cache import TraceCache
+    from recur_core.analysis.exact import decoded_text
+    ids, store = windows[2, :11].numpy(), TraceCache(tmp_path)
+    a1 = ConvergenceExit(3e-3, r_max=6)
+    assert decoded_text(ckpt, ids, a1, 8, SEED, cache=store, cache_only=True) is None
+    calls = []
+    first = decoded_text(ckpt, ids, a1, 8, SEED, cache=store, progress=lambda done, total: calls.append((done, total)))
+    assert calls == [(t, len(ids)) for t in range(1, len(ids) + 1)]
+    again = decoded_text(ckpt, ids, a1, 8, SEED, cache=store, cache_only=True)
+    for field in ("exit_depth", "converged", "argmax", "top_prob", "ce"):
+        np.testing.assert_array_equal(getattr(again, field), getattr(first, field))
+    assert again.loss == pytest.approx(first.loss, nan_ok=True) and again.mean_loops == first.mean_loops
+    assert decoded_text(ckpt, ids, ConvergenceExit(1e-2, r_max=6), 8, SEED, cache=store, cache_only=True) is None
+    assert decoded_text(ckpt, ids, a1, 8, SEED + 1, cache=store, cache_only=True) is None
+
+
 def test_halting_skips_compute_and_counts_readouts(ckpt, windows):
     a1 = generate(ckpt, windows[2, :8], 10, ConvergenceExit(1e-2, min_loops=2), max_loops=8, greedy=True)
     for loops, readouts in zip(a1.decode_exit_loops, a1.step_readouts, strict=True):

@@ -13,6 +13,7 @@ drawn from inside the function that does the long work (Streamlit replays it, em
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -314,7 +315,9 @@ def gate_exit(path: str, ckpt_id: str, device: str, q: float, r_max: int) -> Gat
 @dataclass
 class Outcome:
     """A policy applied to a trace (fast path) or in real decoding (exact, `decoded` set: each token's
-    output at its exit comes from decoding, not from the trace): per-token exits and the policy's score."""
+    output at its exit comes from decoding, not from the trace): per-token exits and the policy's score.
+    `pending`: exact decoding was asked for and is still running in the background; until it ends
+    this outcome is the fast path's."""
 
     depth: np.ndarray  # (N, T) exit loop
     converged: np.ndarray  # (N, T) False where only r_max stopped the token
@@ -322,6 +325,7 @@ class Outcome:
     loss: float  # nats / scored token
     n_scored: int
     decoded: TextDecoding | None = None
+    pending: jobs.Job | None = None
 
 
 def outcome(tr: Trace, policy) -> Outcome:
@@ -330,19 +334,47 @@ def outcome(tr: Trace, policy) -> Outcome:
     return Outcome(ex.depth, ex.converged, sums.mean_loops, sums.mean_loss, sums.n_scored)
 
 
-@st.cache_data(max_entries=64, show_spinner="Decoding the text token by token, with real halting…")
-def decoded_outcome(path: str, ckpt_id: str, device: str, ids: tuple[int, ...], policy_key: str, _policy) -> Outcome:
-    """A policy on a pasted text in real decoding (recur_core.analysis.exact.decoded_text), to the
-    trace's loop budget; policy_key (the policy's repr) keys the cache."""
+DECODE_WAIT_S = 3.0  # exact decoding of a text that takes longer runs on in the background (the fast path meanwhile)
+_DECODING = threading.Lock()  # one exact decoding at a time: they share the CPU cores
+
+
+def decoded_key(path: str, ckpt_id: str, device: str, ids: tuple[int, ...], policy) -> tuple:
+    return "decoded_text", path, ckpt_id, device, ids, repr(policy)
+
+
+def start_decoding(path: str, ckpt_id: str, device: str, ids: tuple[int, ...], policy) -> jobs.Job:
+    """The background job that decodes a text token by token under `policy` into the disk cache
+    (recur_core.analysis.exact.decoded_text), its progress one step per decoded token."""
     ckpt = _ckpt(path, ckpt_id, device)
-    d = decoded_text(ckpt, np.asarray(ids, dtype=np.int64), _policy, trace_loops(ckpt), S.seed)
-    return Outcome(d.exit_depth[None], d.converged[None], d.mean_loops, d.loss, len(ids) - 1, d)
+
+    def work(job: jobs.Job) -> None:
+        job.progress("Waiting for another decoding to end", "tokens")(0, len(ids))
+        with _DECODING:
+            decoded_text(ckpt, np.asarray(ids, dtype=np.int64), policy, trace_loops(ckpt), S.seed, cache=TraceCache(),
+                         progress=job.progress(f"Decoding {len(ids)} tokens with real halting ({policy!r})", "tokens"))
+    return jobs.start(decoded_key(path, ckpt_id, device, ids, policy), work)
 
 
 def text_outcome(path: str, ckpt_id: str, device: str, ids: tuple[int, ...], tr: Trace, policy,
                  exact: bool) -> Outcome:
-    """A policy on a pasted text: exact (real decoding) or fast (its uniform trace `tr`)."""
-    return decoded_outcome(path, ckpt_id, device, ids, repr(policy), policy) if exact else outcome(tr, policy)
+    """A policy on a pasted text: exact (real decoding, through the disk cache; a decoding that
+    takes more than DECODE_WAIT_S goes on in the background, and the fast path stands in with
+    `pending` set) or fast (its uniform trace `tr`)."""
+    if not exact:
+        return outcome(tr, policy)
+    ckpt, ids_np = _ckpt(path, ckpt_id, device), np.asarray(ids, dtype=np.int64)
+    lookup = lambda: decoded_text(ckpt, ids_np, policy, trace_loops(ckpt), S.seed, cache=TraceCache(),  # noqa: E731
+                                  cache_only=True)
+    d = lookup()
+    if d is None:
+        job = start_decoding(path, ckpt_id, device, ids, policy)
+        job.wait(DECODE_WAIT_S)
+        d = lookup()
+        if d is None:
+            fast = outcome(tr, policy)
+            fast.pending = job
+            return fast
+    return Outcome(d.exit_depth[None], d.converged[None], d.mean_loops, d.loss, len(ids) - 1, d)
 
 
 # -- sweeps (page 2) --------------------------------------------------------------------------------

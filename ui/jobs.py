@@ -39,6 +39,7 @@ class Job:
     finished: bool = False
     started: float = field(default_factory=time.monotonic)
     stop_event: threading.Event = field(default_factory=threading.Event)
+    ended: threading.Event = field(default_factory=threading.Event)  # set with `finished`
     work: Callable[[Job], None] | None = None
 
     def progress(self, stage: str, unit: str = "") -> Callable[[int, int], None]:
@@ -52,6 +53,10 @@ class Job:
     @property
     def running(self) -> bool:
         return not self.finished
+
+    def wait(self, seconds: float) -> bool:
+        """Block up to `seconds` for the job to end; whether it has."""
+        return self.ended.wait(seconds)
 
     def fraction(self) -> float:
         return min(self.done / self.total, 1.0) if self.total else 0.0
@@ -80,6 +85,7 @@ def start(key: tuple, work: Callable[[Job], None], again: bool = False) -> Job:
             job.error = f"{type(err).__name__}: {err}"
         finally:
             job.finished = True
+            job.ended.set()
 
     threading.Thread(target=run, name=f"recur-job-{key[0]}", daemon=True).start()
     return job

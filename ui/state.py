@@ -279,6 +279,26 @@ def refine(model: compute.SelectedCheckpoint, where) -> None:
                         "refines in place when it is done. Stop keeps this first look.")
 
 
+def follow_decoding(outcomes, where=None) -> None:
+    """While exact decoding of the pasted text runs in the background (compute.text_outcome gave
+    outcomes with `pending` set), say that the page shows the fast path and follow the decoding's
+    progress (one job at a time; the page reruns as each ends), in the container `where`."""
+    pending = [o.pending for o in outcomes if o.pending is not None]
+    if not pending:
+        return
+    job = next((j for j in pending if j.running), pending[0])
+    with where if where is not None else st.container():
+        jobs.watch(job, f"**Exact decoding** ({len(pending)} polic{'y' if len(pending) == 1 else 'ies'} left) runs "
+                        "in the background, token by token. Until it ends, the strips and figures marked *fast* "
+                        "are the **fast path** (one uniform trace: later tokens see context that kept moving, so "
+                        "its saving is an upper bound); they are replaced by real decoding's when it is done.")
+
+
+def path_label(label: str, out: compute.Outcome) -> str:
+    """A strip's title with the path its numbers come from while exact decoding is pending."""
+    return f"{label} · fast path (exact decoding running)" if out.pending is not None else label
+
+
 TEXT_PATHS = {"exact": "Exact (real decoding: a halted token stays frozen in context)",
               "fast": "Fast (one uniform trace: each token read out at its exit loop)"}
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -101,6 +102,7 @@ class TextDecoding:
     argmax: np.ndarray
     top_prob: np.ndarray
     ce: np.ndarray
+    FIELDS: ClassVar[tuple[str, ...]] = ("exit_depth", "converged", "argmax", "top_prob", "ce")
 
     @property
     def mean_loops(self) -> float:
@@ -112,21 +114,37 @@ class TextDecoding:
         return float(np.nanmean(self.ce)) if len(self.ce) > 1 else float("nan")
 
 
-def decoded_text(ckpt_or_model, ids, policy: Policy, max_loops: int | None, seed: int) -> TextDecoding:
+def decoded_text(ckpt_or_model, ids, policy: Policy, max_loops: int | None, seed: int, *, cache=False,
+                 progress=None, cache_only: bool = False) -> TextDecoding | None:
     """Decode one text (T,) token by token with real halting under the "recompute" KV rule (for a
     rule that reads only the state, the masking harness), with window 0's noise of `seed` (as
-    trace(ckpt, text, ...) draws it)."""
+    trace(ckpt, text, ...) draws it). progress: None or a callable(tokens decoded, T), after each
+    token. cache: the on-disk cache (as trace's); cache_only: None instead of decoding on a miss."""
     ids = np.asarray(ids, dtype=np.int64)
     if ids.ndim != 1 or len(ids) == 0:
         raise ValueError(f"decoded_text takes one non-empty text (T,), got shape {ids.shape}")
+    model, ckpt = resolve_model(ckpt_or_model)
+    cap = policy.cap(default_max_loops(policy, ckpt, max_loops))
+    store = resolve_cache(cache)
+    key = _exact_key(model_id(ckpt_or_model), ids[None], [policy], cap, seed, order="decoded-text")
+    path = None if store is None else store.trace_path(model_id(ckpt_or_model), f"text-{key[:32]}")
+    hit = None if store is None else store.load(path, key, {f: ids.shape for f in TextDecoding.FIELDS})
+    if hit is not None:
+        return TextDecoding(**{f: hit[0][f] for f in TextDecoding.FIELDS})
+    if cache_only:
+        return None
     window = np.concatenate([ids, ids[-1:]])[None]  # the last token's stand-in target: its loss is dropped
-    out = teacher_forced(ckpt_or_model, window, policy, "recompute", seed=seed, max_loops=max_loops, keep_logits=True)
-    cap = policy.cap(default_max_loops(policy, resolve_model(ckpt_or_model)[1], max_loops))
+    out = teacher_forced(ckpt_or_model, window, policy, "recompute", seed=seed, max_loops=max_loops, keep_logits=True,
+                         position_progress=progress)
     depth = out.exit_loop[0].numpy().astype(np.int64)
     ce = out.ce[0].numpy().astype(np.float32)
     ce[-1] = np.nan
-    return TextDecoding(depth, (depth < cap) | (policy.min_loops >= cap), out.argmax[0].numpy().astype(np.int64),
-                        torch.softmax(out.logits[0], dim=-1).max(dim=-1).values.numpy(), ce)
+    decoded = TextDecoding(depth, (depth < cap) | (policy.min_loops >= cap), out.argmax[0].numpy().astype(np.int64),
+                           torch.softmax(out.logits[0], dim=-1).max(dim=-1).values.numpy(), ce)
+    if store is not None:
+        store.save(path, key, {f: getattr(decoded, f) for f in TextDecoding.FIELDS},
+                   {"kind": "teacher-forced decoding of one text (recompute)", "policies": [repr(policy)]})
+    return decoded
 
 
 def _exact_key(ckpt_id: str, ids: np.ndarray, policies: list[Policy], max_loops: int, seed: int,

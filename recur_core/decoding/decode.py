@@ -443,7 +443,7 @@ def generate(ckpt_or_model, prompt, max_new_tokens: int, policy: Policy | None =
 def teacher_forced(ckpt_or_model, windows, policy: Policy, kv_rule: str | None = None, *, seed: int = 0,
                    max_loops: int | None = None, batch_size: int = 16, mode: str = "decode",
                    keep_logits: bool = False, first_window: int = 0,
-                   check_every: int = 1, noise_rows=None, progress=None) -> TeacherForced:
+                   check_every: int = 1, noise_rows=None, progress=None, position_progress=None) -> TeacherForced:
     """Decode windows (N, T + 1) with the true next tokens and score every position.
 
     mode "decode": token by token, exactly what `generate` computes for each window (rows in
@@ -453,7 +453,9 @@ def teacher_forced(ckpt_or_model, windows, policy: Policy, kv_rule: str | None =
     Window n's noise is model.seeded_state([first_window + n], seed), as in recur_core.analysis.trace;
     noise_rows (one row index per window) overrides that, e.g. [0] * N scores every window with the
     noise `generate` gives a sequence alone (what lm-eval's scoring does, so a score never depends on
-    the batch it was run in). progress: None or a callable(windows done, N), called after each batch.
+    the batch it was run in). progress: None or a callable(windows done, N), called after each batch;
+    position_progress: None or a callable(positions done, T), called after each position of a batch
+    (mode "decode": a long text's decoding reports token by token).
     Returns per-token ce (nats), exit loops and argmax (N, T), and the kept logits when keep_logits.
     """
     if mode not in ("decode", "prefill"):
@@ -478,7 +480,11 @@ def teacher_forced(ckpt_or_model, windows, policy: Policy, kv_rule: str | None =
         if mode == "prefill":
             logits, ex = dec.prefill(ids[:, :-1])
         else:
-            steps = [dec.step(ids[:, t], t) for t in range(T)]
+            steps = []
+            for t in range(T):
+                steps.append(dec.step(ids[:, t], t))
+                if position_progress is not None:
+                    position_progress(t + 1, T)
             logits = torch.stack([s[0] for s in steps], dim=1)
             ex = torch.stack([s[1] for s in steps], dim=1)
         readouts += dec.readouts

@@ -212,6 +212,7 @@ def test_exact_decoding_that_takes_long_runs_in_the_background_behind_the_fast_p
     text = "Tom had a red kite. He ran."
     fast, _ = engine_depths(app_env["ckpt"], text, 1e-3, exact=False)
     exact, _ = engine_depths(app_env["ckpt"], text, 1e-3)
+    settle(new_app())  # the default text decoded first: below, only this text's decoding waits
     with compute._DECODING:  # another decoding holds the CPU: this one waits its turn
         at = submit_text(new_app(), text)
         [strip] = strips(at)
@@ -223,6 +224,21 @@ def test_exact_decoding_that_takes_long_runs_in_the_background_behind_the_fast_p
         assert job.stage.startswith("Waiting") and job.total == len(strip)
     settle(at)
     assert job.done == job.total == len(strip) and not job.error
+    [strip] = strips(at)
+    assert [t["depth"] for t in strip] == exact.tolist()
+    assert not any("Exact decoding" in c.value for c in at.caption)
+
+
+def test_a_finished_decoding_is_shown_when_the_disk_cache_has_moved(app_env, tmp_path, monkeypatch):
+    """The decoding job holds its result: a page whose cache directory changed since (another test
+    module, a cleared or unwritable cache) shows it instead of rerunning forever on a cache miss."""
+    text = "Ann had two hats. She gave one away."
+    exact, _ = engine_depths(app_env["ckpt"], text, 1e-3)
+    settle(submit_text(new_app(), text))
+    monkeypatch.setenv("RECUR_CACHE_DIR", str(tmp_path / "moved_cache"))
+    at = AppTest.from_file("../app.py", default_timeout=60)
+    at.run()
+    submit_text(at, text)
     [strip] = strips(at)
     assert [t["depth"] for t in strip] == exact.tolist()
     assert not any("Exact decoding" in c.value for c in at.caption)

@@ -344,14 +344,16 @@ def decoded_key(path: str, ckpt_id: str, device: str, ids: tuple[int, ...], poli
 
 def start_decoding(path: str, ckpt_id: str, device: str, ids: tuple[int, ...], policy) -> jobs.Job:
     """The background job that decodes a text token by token under `policy` into the disk cache
-    (recur_core.analysis.exact.decoded_text), its progress one step per decoded token."""
+    (recur_core.analysis.exact.decoded_text), its progress one step per decoded token; the job holds
+    the decoding too (job.result), so a page never depends on the disk cache to see it."""
     ckpt = _ckpt(path, ckpt_id, device)
 
-    def work(job: jobs.Job) -> None:
+    def work(job: jobs.Job) -> TextDecoding:
         job.progress("Waiting for another decoding to end", "tokens")(0, len(ids))
         with _DECODING:
-            decoded_text(ckpt, np.asarray(ids, dtype=np.int64), policy, trace_loops(ckpt), S.seed, cache=TraceCache(),
-                         progress=job.progress(f"Decoding {len(ids)} tokens with real halting ({policy!r})", "tokens"))
+            return decoded_text(ckpt, np.asarray(ids, dtype=np.int64), policy, trace_loops(ckpt), S.seed,
+                                cache=TraceCache(), progress=job.progress(
+                                    f"Decoding {len(ids)} tokens with real halting ({policy!r})", "tokens"))
     return jobs.start(decoded_key(path, ckpt_id, device, ids, policy), work)
 
 
@@ -363,13 +365,11 @@ def text_outcome(path: str, ckpt_id: str, device: str, ids: tuple[int, ...], tr:
     if not exact:
         return outcome(tr, policy)
     ckpt, ids_np = _ckpt(path, ckpt_id, device), np.asarray(ids, dtype=np.int64)
-    lookup = lambda: decoded_text(ckpt, ids_np, policy, trace_loops(ckpt), S.seed, cache=TraceCache(),  # noqa: E731
-                                  cache_only=True)
-    d = lookup()
+    d = decoded_text(ckpt, ids_np, policy, trace_loops(ckpt), S.seed, cache=TraceCache(), cache_only=True)
     if d is None:
         job = start_decoding(path, ckpt_id, device, ids, policy)
         job.wait(DECODE_WAIT_S)
-        d = lookup()
+        d = job.result  # not the disk cache: it may since point elsewhere, or be unwritable
         if d is None:
             fast = outcome(tr, policy)
             fast.pending = job

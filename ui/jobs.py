@@ -40,7 +40,8 @@ class Job:
     started: float = field(default_factory=time.monotonic)
     stop_event: threading.Event = field(default_factory=threading.Event)
     ended: threading.Event = field(default_factory=threading.Event)  # set with `finished`
-    work: Callable[[Job], None] | None = None
+    work: Callable[[Job], object] | None = None
+    result: object = None  # what work(job) returned, once it has
 
     def progress(self, stage: str, unit: str = "") -> Callable[[int, int], None]:
         """A recur_core progress callback (done, total) for one stage of the job."""
@@ -66,7 +67,7 @@ _JOBS: dict[tuple, Job] = {}
 _LOCK = threading.Lock()
 
 
-def start(key: tuple, work: Callable[[Job], None], again: bool = False) -> Job:
+def start(key: tuple, work: Callable[[Job], object], again: bool = False) -> Job:
     """The job computing `key` (running, finished, stopped or failed), or a new thread running
     work(job); again: start a stopped or failed one anew."""
     with _LOCK:
@@ -77,7 +78,7 @@ def start(key: tuple, work: Callable[[Job], None], again: bool = False) -> Job:
 
     def run() -> None:
         try:
-            work(job)
+            job.result = work(job)
         except Stopped:
             job.stopped = True
         except Exception as err:  # noqa: BLE001  shown on the page, with the stack in the server log

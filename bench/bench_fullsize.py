@@ -17,7 +17,9 @@ Per folder, each part in a fresh subprocess:
                     readout's coda and LM head once, causal attention),
                     GFLOP/s, and the fraction of this CPU's bfloat16 matmul peak (best of 5
                     2048^3 torch.mm in bfloat16, same threads, measured before and after the
-                    traces in the same process: the larger). The loader's memory estimate
+                    traces in the same process: the larger); and the plain loop's weight products
+                    alone at its shapes (`matmuls_alone`: what the matmuls cost at these row counts,
+                    memory streaming included) as a share of the trace's time. The loader's memory estimate
                     (weights + working memory) against the peak RSS of the load and the traces.
   (b) refusal       RECUR_MEMORY_LIMIT set below the estimate: load_checkpoint refuses before
                     reading weights (seconds, RSS growth, the message with the estimate).
@@ -136,6 +138,43 @@ def plain_loop(model, inputs: torch.Tensor, loops: int) -> None:
     sync(device)
 
 
+def weight_products(module) -> list[torch.Tensor]:
+    """The weight matrices a module multiplies token rows by (its Dense layers), in model order."""
+    from recur_core.model.looped_lm import Dense
+    return [] if module is None else [m.weight for m in module.modules() if isinstance(m, Dense)]
+
+
+def matmuls_alone(model, rows: int, loops: int, repeats: int = 3) -> tuple[float, float]:
+    """The plain loop's weight products alone, at its shapes: (seconds, FLOPs). Each part (prelude,
+    a loop's adapter and core, a readout's coda and LM head) is one pass of `linear` over its weights
+    in model order on `rows` random rows, best of `repeats`, counted as often as the plain loop runs
+    it (readouts: loops + 1). The matmul speed this machine reaches at the trace's shapes, memory
+    streaming included: where the trace is bound by its matmuls, it approaches this time."""
+    from recur_core.model.looped_lm import linear
+
+    def of(*modules):
+        return [w for m in modules for w in weight_products(m)]
+    parts = [(of(*model.prelude_blocks), 1), (of(model.adapter, *model.core_blocks), loops),
+             ([*of(*model.coda_blocks), model.head_weight], loops + 1)]
+    seconds = flops = 0.0
+    gen = torch.Generator().manual_seed(2)
+    with torch.inference_mode():
+        for weights, count in parts:
+            if not weights:
+                continue
+            xs = [torch.randn(rows, w.shape[1], generator=gen).to(w) for w in weights]
+            best = float("inf")
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                for x, w in zip(xs, weights, strict=True):
+                    linear(x, w)
+                sync(w.device)
+                best = min(best, time.perf_counter() - t0)
+            seconds += count * best
+            flops += count * sum(2 * rows * w.numel() for w in weights)
+    return seconds, flops
+
+
 def loops_of(ckpt) -> list[int]:
     """The traces to time: Huginn-0125 at 32 loops; Ouro at its trained steps and twice that."""
     steps = ckpt.meta.get("exit_steps")
@@ -176,8 +215,11 @@ def child_load(folder: str, device: str = "cpu") -> dict:
             times["plain"].append(time.perf_counter() - t0)
         seconds, plain_s = min(times["trace"]), min(times["plain"])
         flops = len(plain_inputs) * trace_flops(ckpt.config, plain_inputs.shape[1], loops)
+        alone_s, alone_flops = matmuls_alone(ckpt.model, plain_inputs.size, loops)
         traces.append({"windows": len(plain_inputs), "tokens": plain_inputs.shape[1], "loops": loops,
                        "seconds": seconds, "plain_loop_seconds": plain_s, "all_seconds": times,
+                       "matmuls_alone_seconds": alone_s, "matmuls_alone_gflops_per_s": alone_flops / alone_s / 1e9,
+                       "matmuls_alone_over_trace": alone_s / seconds, "matmuls_alone_over_plain_loop": alone_s / plain_s,
                        "trace_over_plain_loop": seconds / plain_s, "gflop": flops / 1e9,
                        "gflops_per_s": flops / seconds / 1e9, "plain_loop_gflops_per_s": flops / plain_s / 1e9})
     peak = max(peak_before, bf16_matmul_peak(device))
@@ -311,6 +353,9 @@ def report(folder: Path, r: dict) -> None:
         print(f"      plain torch loop, same weights and work: {t['plain_loop_seconds']:.1f} s "
               f"(best of {', '.join(f'{x:.1f}' for x in t['all_seconds']['plain'])}) = "
               f"{t['plain_loop_fraction_of_bf16_peak']:.2f} of the peak; trace / plain loop {t['trace_over_plain_loop']:.2f}x")
+        print(f"      its weight products alone at these shapes (`matmuls_alone`): {t['matmuls_alone_seconds']:.1f} s "
+              f"({t['matmuls_alone_gflops_per_s']:.0f} GFLOP/s) = {t['matmuls_alone_over_trace']:.2f} of the trace's "
+              f"time ({t['matmuls_alone_over_plain_loop']:.2f} of the plain loop's)")
     b = r["refuse"]
     print(f"  (b) with RECUR_MEMORY_LIMIT below the estimate: refused {b['refused']} in {b['seconds']:.2f} s, "
           f"RSS +{b['rss_growth_bytes'] / 1e6:.0f} MB: {b['message']}")

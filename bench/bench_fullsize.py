@@ -138,10 +138,11 @@ def plain_loop(model, inputs: torch.Tensor, loops: int) -> None:
     sync(device)
 
 
-def weight_products(module) -> list[torch.Tensor]:
-    """The weight matrices a module multiplies token rows by (its Dense layers), in model order."""
+def weight_products(*modules) -> list[torch.Tensor]:
+    """The weight matrices modules multiply token rows by (their Dense layers), in model order; None
+    (a model without an adapter) has none."""
     from recur_core.model.looped_lm import Dense
-    return [] if module is None else [m.weight for m in module.modules() if isinstance(m, Dense)]
+    return [m.weight for module in modules if module is not None for m in module.modules() if isinstance(m, Dense)]
 
 
 def matmuls_alone(model, rows: int, loops: int, repeats: int = 3) -> tuple[float, float]:
@@ -151,11 +152,8 @@ def matmuls_alone(model, rows: int, loops: int, repeats: int = 3) -> tuple[float
     it (readouts: loops + 1). The matmul speed this machine reaches at the trace's shapes, memory
     streaming included: where the trace is bound by its matmuls, it approaches this time."""
     from recur_core.model.looped_lm import linear
-
-    def of(*modules):
-        return [w for m in modules for w in weight_products(m)]
-    parts = [(of(*model.prelude_blocks), 1), (of(model.adapter, *model.core_blocks), loops),
-             ([*of(*model.coda_blocks), model.head_weight], loops + 1)]
+    parts = [(weight_products(*model.prelude_blocks), 1), (weight_products(model.adapter, *model.core_blocks), loops),
+             ([*weight_products(*model.coda_blocks), model.head_weight], loops + 1)]
     seconds = flops = 0.0
     gen = torch.Generator().manual_seed(2)
     with torch.inference_mode():

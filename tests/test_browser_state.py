@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_app import engine_depths
 from test_browser import (  # noqa: F401  (fixtures are looked up by name)
     IDLE,
     ROOT,
@@ -221,4 +222,50 @@ def test_compare_shows_every_probe_label_kind(hops_cold, request, width):
         assert box and box["width"] > 0 and box["x"] + box["width"] <= width  # not clipped
     screenshots = request.getfixturevalue("shots")
     snap(page, Path(screenshots) / f"compare_hops_{width}.png")
+    page.close()
+
+
+def test_settings_survive_an_empty_text(request):
+    """An empty text stops the page before its controls draw; the next text is analysed with the
+    settings as they were, and the controls show them (issue 49, item 1)."""
+    base, ckpt = request.getfixturevalue("server")
+    page = request.getfixturevalue("browser").new_page(viewport={"width": 1440, "height": 1600})
+    page.goto(base + "/")
+    page.wait_for_selector("h1:has-text('Token exit depths')", timeout=RUN_TIMEOUT_MS)
+    wait_idle(page)
+    submit(page, TEXT)
+    page.wait_for_selector(strip_selector(ckpt, TEXT), timeout=RUN_TIMEOUT_MS)
+    eps = eps_value(page)
+    submit(page, "")
+    page.wait_for_selector("[data-testid='stAlert']:has-text('The text is empty')", timeout=RUN_TIMEOUT_MS)
+    other = "Tom and Mia went to the park."
+    for _ in range(2):  # the run after the empty text, and the one after that
+        submit(page, other)
+        page.wait_for_selector(strip_selector(ckpt, other), timeout=RUN_TIMEOUT_MS)
+        assert eps_value(page) == eps
+        for label in ("Evaluation", "Colour each token by"):
+            assert len(selected_options(page, label)) == 1, label
+        depths = [int(t.get_attribute("data-depth")) for t in
+                  page.locator("[data-testid='token-strip'] [data-testid='token']").all()]
+        assert depths == engine_depths(ckpt, other, 1e-3)[0].tolist()
+    page.close()
+
+
+def selected_options(page, label: str) -> list[str]:
+    """The options a segmented control shows as selected."""
+    control = page.locator("[data-testid='stButtonGroup']", has_text=label)
+    return [b.inner_text() for b in control.locator("button").all()
+            if "Active" in (b.get_attribute("kind") or "") or b.get_attribute("aria-checked") == "true"]
+
+
+def test_the_data_control_shows_its_choice_on_every_page(request):
+    """Pages that share the Data control show the kept choice after each switch (issue 49, item 4)."""
+    base, _ = request.getfixturevalue("server")
+    page = request.getfixturevalue("browser").new_page(viewport={"width": 1440, "height": 1600})
+    page.goto(base + "/convergence")
+    page.wait_for_selector("h1:has-text('Convergence')", timeout=RUN_TIMEOUT_MS)
+    wait_idle(page)
+    for title in ("Token classes", "Depth / loss curve", "Convergence", "Token classes"):
+        open_page(page, title)
+        assert len(selected_options(page, "Data")) == 1, title
     page.close()

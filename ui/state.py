@@ -37,17 +37,20 @@ _MISSING = object()
 def keep(key: str, default: Any, scope: str = "", store: str | None = None,
          valid: Callable[[Any], bool] | None = None) -> dict:
     """Keyword arguments (key, on_change, args) for a widget whose value outlives it: the value lives
-    in session key `store` (default kept:<key>@<scope>), which fills the widget before it draws
-    whenever the widget's own value is missing (Streamlit dropped it) or stale (set elsewhere, or
-    another scope's); the widget's on_change writes it back. `valid` rejects a stored value that no
-    longer fits (then `default`). Do not also pass the widget a default value."""
+    in session key `store` (default kept:<key>@<scope>), which fills the widget before every draw;
+    the widget's on_change writes it back. `valid` rejects a stored value that no longer fits (then
+    `default`). Do not also pass the widget a default value.
+
+    Filled on every draw, even when the widget's own state already holds the value: a run stopped
+    early (`st.stop`, e.g. on an empty text) keeps the state of the widgets it did not draw while
+    the browser forgets them, and a page switch draws the same key as a new widget; either way the
+    browser would show the widget's empty default while the script reads the kept value, then send
+    that default back on the next run. Only a value set through session state reaches the browser."""
     store = store or f"kept:{key}@{scope}"
     value = st.session_state.get(store, default)
     if valid is not None and not valid(value):
         value = default
-    st.session_state[store] = value
-    if st.session_state.get(key, _MISSING) != value:
-        st.session_state[key] = value
+    st.session_state[store] = st.session_state[key] = value
     return {"key": key, "on_change": _write_back, "args": (key, store)}
 
 

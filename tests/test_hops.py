@@ -128,7 +128,7 @@ def test_stream_position_is_its_state_and_loss_weights_favour_answers():
     b.load_state(a.state())
     batch = a.next_batch(4)
     assert torch.equal(batch, b.next_batch(4))
-    w = a.loss_weights(batch[:, :-1], batch[:, 1:])
+    w = a.loss_weights(batch[:, :-1], batch[:, 1:], slice(None))
     is_answer = torch.tensor([[tok.id_to_token(i).endswith("?") for i in row] for row in batch[:, :-1].tolist()])
     assert is_answer.sum() == 4 * task.chains  # one answer per queried chain
     assert (w[is_answer] == task.answer_weight).all() and (w[~is_answer] < task.answer_weight).all()

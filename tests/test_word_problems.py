@@ -1,6 +1,8 @@
 """The generated word problems (training/word_problems.py): every answer is right (checked by an
 independent solver that reads only the text), its steps label is where the answer word starts, the
-stream is seeded and resumable, and the stories-reasoning mixture saves aligned ground truth."""
+stream is seeded and resumable, the mixture saves aligned ground truth, weights its training tokens
+by label, and its curriculum holds each stage until it is learned and resumes exactly."""
+import dataclasses
 import random
 import re
 
@@ -11,6 +13,9 @@ from training.tokenizer import train_bpe
 from training.word_problems import (
     KINDS,
     NUMBER_WORDS,
+    TEXT_LABEL,
+    TOYS,
+    Curriculum,
     MixedWindows,
     ProblemStream,
     WordProblems,
@@ -92,7 +97,29 @@ def solve_ages(text: str) -> list[tuple[str, int]]:
     return out + [(NUMBER_WORDS[ages[asked]], since_stated)]
 
 
-SOLVERS = {"count": solve_count, "where": where_answers, "swap": solve_swap, "ages": solve_ages}
+def solve_inside(text: str) -> list[tuple[str, int]]:
+    """Every answered place in order: after ", so" (1 step) and after a question (its links to the
+    nearest container whose place was stated: at the place, or said to be there after a ", so")."""
+    story = text.split("Where was")[0]
+    roots = dict(re.findall(r"(?:^|(?<=\. )|(?<=, ))[Tt]he (\w+) was at the (\w+)\.", story))
+    parent = dict(re.findall(r"[Tt]he (\w+) was in the (\w+)", story))
+    resolved = set(roots) | set(re.findall(r"(\w+) was in the \w+, so", story))
+    out = []
+    for m in re.finditer(r"(\w+) was in the \w+, so the \w+ was at the (\w+)|Where was the (\w+)\?", text):
+        if m.group(3) is None:
+            out.append((m.group(2), 1))
+            continue
+        item, links = m.group(3), 0
+        while item not in resolved:
+            item, links = parent[item], links + 1
+        while item not in roots:
+            item = parent[item]
+        out.append((roots[item], links))
+    return out
+
+
+SOLVERS = {"count": solve_count, "where": where_answers, "swap": solve_swap, "ages": solve_ages,
+           "inside": solve_inside}
 
 
 @pytest.mark.parametrize("running", [False, True])
@@ -110,6 +137,16 @@ def test_every_answer_is_what_the_text_implies(kind, running):
         if not running:  # the first question's answer needs the steps asked for
             assert labelled[0][1] == steps
         assert len(labelled) >= (1 if kind in ("count", "ages") else 2)
+
+
+def test_inside_stories_name_each_container_once_and_ask_toys():
+    rng = random.Random(2)
+    for i in range(200):
+        p = TASK.problem(rng, 1 + i % 8, "inside")
+        story = p.text.split("Where was")[0]
+        contained = re.findall(r"(?:^|(?<=\. )|(?<=, ))[Tt]he (\w+) was (?:in|at) the", story)
+        assert len(contained) == len(set(contained)), p.text  # every item placed exactly once
+        assert all(t in TOYS for t in re.findall(r"Where was the (\w+)\?", p.text))
 
 
 def test_counts_and_ages_stay_number_words():
@@ -130,7 +167,8 @@ def test_problems_are_seeded():
 
 def test_parse_refuses_bad_settings():
     for bad in ("hops", "word_problems:share=1.5", "word_problems:kinds=count+sums", "word_problems:max_steps=0",
-                "word_problems:depth=3"):
+                "word_problems:depth=3", "word_problems:start_steps=7", "word_problems:advance_at=0",
+                "word_problems:answer_weight=0", "word_problems:text_weight=-1"):
         with pytest.raises(ValueError):
             WordProblems.parse(bad)
     assert WordProblems.parse("word_problems:kinds=swap,share=0.25").kind_list == ["swap"]
@@ -159,22 +197,26 @@ def test_token_steps_label_the_token_that_starts_the_answer(tok):
 
 def test_stream_windows_are_seeded_and_resume_exactly(tok):
     s = ProblemStream(TASK, tok, seed=0, window_len=65)
-    first = s.next_batch(3)
-    assert all(len(w) == 65 and w[0] == tok.token_to_id("<|endoftext|>") for w in first)
+    first, first_steps = s.next_batch(3)
+    assert first.shape == first_steps.shape == (3, 65)
+    assert (first[:, 0] == tok.token_to_id("<|endoftext|>")).all() and first_steps.max() <= TASK.max_steps
     again = ProblemStream(TASK, tok, seed=0, window_len=65)
-    again.position = 1
-    assert again.next_batch(2) == first[1:]
-    assert ProblemStream(TASK, tok, seed=1, window_len=65).next_batch(1)[0] != first[0]
+    again.load_state(s.state() | {"position": 1})
+    assert torch.equal(again.next_batch(2)[0], first[1:])
+    assert not torch.equal(ProblemStream(TASK, tok, seed=1, window_len=65).next_batch(1)[0][0], first[0])
+    old = ProblemStream(TASK, tok, seed=0, window_len=65)
+    old.load_state(2)  # a run saved before the curriculum: its state was the bare position
+    assert torch.equal(old.next_batch(1)[0], first[2:])
 
 
 class _Text:
     """A stand-in text source: rows counting up from 1000, so the mixed batch's order is visible."""
 
-    def __init__(self):
-        self.position = 0
+    def __init__(self, width=65):
+        self.position, self.width = 0, width
 
     def next_batch(self, n):
-        rows = torch.arange(self.position, self.position + n)[:, None].repeat(1, 65) + 1000
+        rows = torch.arange(self.position, self.position + n)[:, None].repeat(1, self.width) + 1000
         self.position += n
         return rows
 
@@ -187,14 +229,17 @@ class _Text:
     epoch = 0.0
 
 
+QUARTER = dataclasses.replace(TASK, share=0.25)
+
+
 def test_mixed_batches_alternate_at_the_share_and_resume(tok):
-    mixed = MixedWindows(_Text(), ProblemStream(TASK, tok, 0, 65), share=0.25)
+    mixed = MixedWindows(_Text(), ProblemStream(TASK, tok, 0, 65), QUARTER)
     batch = mixed.next_batch(8)
     is_text = (batch[:, 0] >= 1000).tolist()
     assert is_text == [True, False, True, False, True, True, True, True]
     state = mixed.state()
     after = mixed.next_batch(8)
-    resumed = MixedWindows(_Text(), ProblemStream(TASK, tok, 0, 65), share=0.25)
+    resumed = MixedWindows(_Text(), ProblemStream(TASK, tok, 0, 65), QUARTER)
     resumed.load_state(state)
     assert torch.equal(resumed.next_batch(8), after)
 
@@ -214,9 +259,81 @@ def test_mixture_data_aligns_ground_truth_with_the_windows(tok):
     assert (problem_rows[:, 0] == tok.token_to_id("<|endoftext|>")).all()
     assert steps[1::2].max() <= TASK.max_steps + TASK.extra_eval_steps and (steps[1::2] > 0).sum() >= 4
     # the held-out windows are not the training stream's, and not each other's
-    train_rows = torch.tensor(ProblemStream(TASK, tok, 0, 65).next_batch(8))
+    train_rows = ProblemStream(TASK, tok, 0, 65).next_batch(8)[0]
     assert not any(torch.equal(r, t) for r in problem_rows for t in train_rows)
     ids, _ = held_out_windows(TASK, tok, 0, 2, 65, 10)
     assert not torch.equal(ids[0], ids[1])
     assert gt["ground_truth.safetensors"]["max_train_hops"].item() == TASK.max_steps
     assert isinstance(batches, MixedWindows)
+
+
+WEIGHTED = WordProblems.parse("word_problems:share=0.5,answer_weight=1,other_weight=0.1,text_weight=0.3")
+
+
+def test_loss_weights_follow_the_labels_of_this_ranks_rows(tok):
+    mixed = MixedWindows(_Text(), ProblemStream(WEIGHTED, tok, 0, 65), WEIGHTED)
+    batch = mixed.next_batch(4)
+    for rows in (slice(None), slice(1, None, 2)):
+        mine = batch[rows]
+        w = mixed.loss_weights(mine[:, :-1], mine[:, 1:], rows)
+        labels = mixed.labels[rows, 1:]
+        assert w.shape == labels.shape
+        assert (w[labels == TEXT_LABEL] == 0.3).all() and (labels == TEXT_LABEL).any() == (rows.step is None)
+        assert (w[labels > 0] == 1.0).all() and (labels > 0).sum() >= 2
+        assert torch.allclose(w[labels == 0], torch.tensor(0.1))
+    with pytest.raises(ValueError, match="not the last batch's rows"):
+        mixed.loss_weights(batch[:1, :-1], batch[:1, 1:], slice(None))
+
+
+def test_curriculum_holds_a_stage_until_a_block_is_learned():
+    c = Curriculum(top=2, max_steps=4, advance_at=0.8, block=100)
+    c.record(79, 99)
+    assert c.top == 2  # the block is not full yet
+    c.record(0, 1)
+    assert (c.top, c.seen) == (2, 0)  # 79 of 100: held, and the next block counts afresh
+    c.record(60, 60)
+    c.record(20, 40)
+    assert (c.top, c.correct, c.seen) == (3, 0, 0)  # 80 of 100: moves on
+    c.record(100, 100)
+    c.record(100, 100)
+    assert c.top == 4
+    c.record(0, 100)
+    assert (c.top, c.seen) == (4, 0)  # the last stage keeps no count
+    again = Curriculum(top=2, max_steps=4, advance_at=0.8, block=100)
+    again.load_state(Curriculum(3, 4, 0.8, 100, correct=5, seen=9).state())
+    assert (again.top, again.correct, again.seen) == (3, 5, 9)
+
+
+CURRICULUM = WordProblems.parse("word_problems:share=0.5,max_steps=4,start_steps=2,advance_at=0.5,advance_answers=8")
+
+
+def test_curriculum_scores_top_answers_and_draws_up_to_its_top(tok):
+    mixed = MixedWindows(_Text(129), ProblemStream(CURRICULUM, tok, 0, 129), CURRICULUM)
+    assert mixed.has_curriculum and mixed.trained_hops == 2
+    assert not MixedWindows(_Text(), ProblemStream(TASK, tok, 0, 65), TASK).has_curriculum
+    for _ in range(3):
+        batch = mixed.next_batch(16)
+        assert mixed.labels.max() <= 2
+    targets = batch[:, 1:]
+    at_top = mixed.labels[:, 1:] == 2
+    assert at_top.any()
+    vocab = int(targets.max()) + 1
+    perfect = torch.nn.functional.one_hot(targets, vocab).float()  # logits whose argmax is every target
+    assert mixed.curriculum_counts(perfect, targets, slice(None)).tolist() == [at_top.sum().item()] * 2
+    wrong = torch.nn.functional.one_hot((targets + 1) % vocab, vocab).float()
+    assert mixed.curriculum_counts(wrong, targets, slice(None)).tolist() == [0, at_top.sum().item()]
+    mixed.record(torch.tensor([0, 8]))
+    assert mixed.trained_hops == 2  # a block at 0%: held
+    mixed.record(torch.tensor([8, 8]))
+    assert mixed.trained_hops == 3
+    drawn = []
+    for _ in range(6):
+        mixed.next_batch(16)
+        drawn.append(mixed.labels)
+    assert torch.cat(drawn).max() == 3  # the new top is drawn, nothing above it
+    state = mixed.state()
+    after = mixed.next_batch(16), mixed.labels
+    resumed = MixedWindows(_Text(129), ProblemStream(CURRICULUM, tok, 0, 129), CURRICULUM)
+    resumed.load_state(state)
+    assert resumed.trained_hops == 3
+    assert torch.equal(resumed.next_batch(16), after[0]) and torch.equal(resumed.labels, after[1])

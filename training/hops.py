@@ -286,8 +286,9 @@ class HopsStream:
         used = int((batch != pad).sum(1).max()) + 1  # the leading EOS and the longest program
         return batch[:, :min(used, self.window_len)]
 
-    def loss_weights(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Per target token: answer_weight on answers, other_weight on other program tokens, 0 on padding."""
+    def loss_weights(self, inputs: torch.Tensor, targets: torch.Tensor, rows: slice) -> torch.Tensor:
+        """Per target token: answer_weight on answers, other_weight on other program tokens, 0 on
+        padding. (`rows`, the batch's rows these are, is not needed: a program's tokens say it all.)"""
         pad = self.tok.token_to_id(PAD)
         w = torch.full(targets.shape, self.task.other_weight)
         w[answer_mask(inputs, self.tok)] = self.task.answer_weight

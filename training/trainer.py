@@ -237,7 +237,7 @@ class Trainer:
                     self.select_windows, self.probe_windows, self.train_windows)
                 self.validation = self._validation_record(self._validation_made_by() + " and held-out generated "
                                                           f"problems ({cfg.mixture}, training/word_problems.py)")
-                split = word_problems.split_answer_words(self.tokenizer)
+                split = word_problems.split_answer_words(self.tokenizer, WordProblems.parse(cfg.mixture))
                 if split and self.is_main:
                     print(f"{self.preset}: the tokenizer splits {len(split)} answer words ({', '.join(split[:5])}, ...); "
                           "their answers are scored on their first token", file=sys.stderr)
@@ -426,7 +426,7 @@ class Trainer:
     def save(self, which: str) -> None:
         if not self.is_main:
             return
-        if isinstance(self.train_windows, hops.HopsStream):  # the hop counts trained so far, not the task's H
+        if hasattr(self.train_windows, "trained_hops"):  # the hop counts trained so far, not the task's H
             self.ground_truth[hops.GROUND_TRUTH]["max_train_hops"] = torch.tensor([self.train_windows.trained_hops])
         extra_tensors = {EVAL_WINDOWS: {"ids": self.eval_windows}, PROBE_WINDOWS: {"ids": self.probe_windows},
                          **self.ground_truth}
@@ -454,7 +454,8 @@ class Trainer:
         lr = lr_at(self.step, cfg, self.total_steps)
         for group in self.opt.param_groups:
             group["lr"] = lr
-        batch = self.train_windows.next_batch(cfg.batch_size * self.world)[self.rank::self.world].to(self.device)
+        rows = slice(self.rank, None, self.world)  # this rank's rows of the global batch
+        batch = self.train_windows.next_batch(cfg.batch_size * self.world)[rows].to(self.device)
         inputs, targets = batch[:, :-1], batch[:, 1:]
         gen = torch.Generator().manual_seed(seed_for(cfg.seed, self.step) * 64 + self.rank)
         token_loops = None
@@ -464,7 +465,7 @@ class Trainer:
         with autocast_context(self.device, cfg.autocast):
             logits = self.ddp(inputs, r, gen, backprop_depth=cfg.backprop_depth, token_loops=token_loops)
         if hasattr(self.train_windows, "loss_weights"):  # e.g. answers weighted above other tokens
-            weights = self.train_windows.loss_weights(inputs, targets).to(self.device).flatten()
+            weights = self.train_windows.loss_weights(inputs, targets, rows).to(self.device).flatten()
             ce = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none")
             loss = (ce * weights).sum() / weights.sum()
         else:
@@ -478,9 +479,21 @@ class Trainer:
             raise NonFiniteLoss(f"gradient norm became {grad_norm.item()} at step {self.step} (r = {r})")
         self.opt.step()
         stats = {"loss": loss.item(), "r": r, "lr": lr, "grad_norm": grad_norm.item()}
+        if getattr(self.train_windows, "has_curriculum", False):
+            stats.update(self._advance_curriculum(logits.detach(), targets, rows))
         if token_loops is not None:  # mean loops per token this step
             stats["mean_token_loops"] = token_loops.float().mean().item()
         return stats
+
+    def _advance_curriculum(self, logits: torch.Tensor, targets: torch.Tensor, rows: slice) -> dict:
+        """Score this batch's answers at the curriculum's top (before the update: the logits of this
+        step's forward), summed over ranks so that every rank's curriculum moves alike."""
+        counts = self.train_windows.curriculum_counts(logits, targets, rows)
+        if self.world > 1:
+            dist.all_reduce(counts)
+        self.train_windows.record(counts)
+        right, seen = counts.tolist()
+        return {"curriculum_top": self.train_windows.trained_hops, "top_answers": seen, "top_right": right}
 
     def _request_stop(self, signum, frame):
         self._stop_requested = True

@@ -10,6 +10,8 @@ Four kinds of short story, each ending in a question and its answer sentence:
               Then Mia and Sam swapped their toys. What did Sam have? Sam had the kite. (steps: 2 swaps)
     ages      Ben was four years old. Mia was two years older than Ben. Tom was one year younger than
               Mia. How old was Tom? Tom was five years old.                          (steps: 2 links)
+    inside    The bag was at the park. The jar was at the lake. The box was in the bag. The kite was
+              in the box. Where was the kite? The kite was at the park.              (steps: 2 links)
 
 The word that answers the question (`seven`, `farm`, `kite`, `five`) is an **answer**, labelled with
 its **steps**: the number of facts that must be chained to get it (changes applied to a count, links
@@ -42,6 +44,9 @@ NAMES = ("Tom", "Sam", "Ben", "Lily", "Mia", "Anna", "Max", "Lucy", "Tim", "Sue"
          "Emma", "Kate", "Bob", "Jane", "Dan", "Sara")
 PLACES = ("park", "beach", "farm", "lake", "zoo", "school", "garden", "forest", "shop", "river", "hill", "pond")
 TOYS = ("ball", "kite", "book", "doll", "car", "hat", "drum", "cup", "bear", "boat")
+# what a toy is put in (and those in each other) in an "inside" story
+CONTAINERS = ("box", "bag", "basket", "jar", "sack", "bucket", "chest", "pot", "tin", "drawer", "bowl", "tub",
+              "crate", "case")
 # (plural noun, verbs that take some away, verbs that add some): what a count story counts
 THINGS = (("cookies", ("ate", "gave away"), ("baked", "made")),
           ("apples", ("ate", "gave away", "dropped"), ("picked", "found")),
@@ -52,7 +57,7 @@ THINGS = (("cookies", ("ate", "gave away"), ("baked", "made")),
           ("stickers", ("lost", "gave away"), ("got", "found")),
           ("eggs", ("dropped", "ate"), ("found", "got")))
 OPENINGS = ("", "", "", "One day, ", "One sunny day, ", "Once upon a time, ", "After school, ", "In the morning, ")
-KINDS = ("count", "where", "swap", "ages")
+KINDS = ("count", "where", "swap", "ages", "inside")
 
 
 @dataclass
@@ -132,11 +137,11 @@ def count_problem(rng: random.Random, steps: int, running: bool) -> Problem:
 
 def where_problem(rng: random.Random, steps: int, running: bool) -> Problem:
     """Chains of "X was with Y" from a child at a place; the first chain's last child is `steps`
-    links from the place. Two or three chains, interleaved, each in order; the last child of another
-    chain is asked too. Running: every link but the asked children's says where that puts the child
+    links from the place, the others' at most that many. Two or three chains, interleaved, each in
+    order; the last child of another chain is asked too. Running: every link but the asked children's says where that puts the child
     ("Tom was with Ben, so Tom was at the farm.", 1 step), so each answer is 1 step from a stated place."""
     n_chains = rng.randint(2, 3)
-    lengths = [steps + 1] + [rng.randint(2, min(steps + 2, 5)) for _ in range(n_chains - 1)]
+    lengths = [steps + 1] + [rng.randint(2, min(steps + 1, 5)) for _ in range(n_chains - 1)]
     while sum(lengths) > len(NAMES):
         lengths[lengths.index(max(lengths[1:]), 1)] -= 1
     names = rng.sample(NAMES, sum(lengths))
@@ -159,6 +164,43 @@ def where_problem(rng: random.Random, steps: int, running: bool) -> Problem:
         w.answer(places[c], 1 if running else len(chains[c]) - 1)
         w.add(". ")
     return w.problem("where")
+
+
+def inside_problem(rng: random.Random, steps: int, running: bool) -> Problem:
+    """Where a toy is through containers: chains "the X was in the Y" from a container at a place,
+    each ending in a toy; the first chain's toy is `steps` links from the place, the others' at most
+    that many. Two or three chains, interleaved, each told from its place outwards; the toys of the first and of one other chain
+    are asked. Running: every container but the outermost is said to be where that puts it ("The
+    box was in the bag, so the box was at the park.", 1 step)."""
+    n_chains = rng.randint(2, 3)
+    lengths = [steps + 1] + [rng.randint(2, min(steps + 1, 5)) for _ in range(n_chains - 1)]
+    while sum(lengths) - n_chains > len(CONTAINERS):
+        lengths[lengths.index(max(lengths[1:]), 1)] -= 1
+    containers = iter(rng.sample(CONTAINERS, sum(lengths) - n_chains))
+    toys = rng.sample(TOYS, n_chains)
+    items = [item for c, n in enumerate(lengths) for item in [*(next(containers) for _ in range(n - 1)), toys[c]]]
+    places = rng.sample(PLACES, n_chains)
+    chains, links = interleaved_chains(rng, items, lengths)
+    w = _Writer()
+    opening = _opening(rng)
+    w.add(opening)
+    for n, (c, i) in enumerate(links):
+        item = chains[c][i]
+        the = "the" if opening and n == 0 else "The"
+        if i == 0:
+            w.add(f"{the} {item} was at the {places[c]}. ")
+        elif running and i < len(chains[c]) - 1:
+            w.add(f"{the} {item} was in the {chains[c][i - 1]}, so the {item} was at the ")
+            w.answer(places[c], 1)
+            w.add(". ")
+        else:
+            w.add(f"{the} {item} was in the {chains[c][i - 1]}. ")
+    for c in (0, rng.randrange(1, n_chains)):
+        toy = chains[c][-1]
+        w.add(f"Where was the {toy}? The {toy} was at the ")
+        w.answer(places[c], 1 if running else len(chains[c]) - 1)
+        w.add(". ")
+    return w.problem("inside")
 
 
 def swap_problem(rng: random.Random, steps: int, running: bool) -> Problem:
@@ -213,7 +255,8 @@ def ages_problem(rng: random.Random, steps: int, running: bool) -> Problem:
 
 
 MAKERS: dict[str, Callable[[random.Random, int, bool], Problem]] = {
-    "count": count_problem, "where": where_problem, "swap": swap_problem, "ages": ages_problem}
+    "count": count_problem, "where": where_problem, "swap": swap_problem, "ages": ages_problem,
+    "inside": inside_problem}
 
 
 @dataclass(frozen=True)
@@ -224,6 +267,14 @@ class WordProblems:
     extra_eval_steps: int = 2  # held-out problems go to max_steps + this (extrapolation)
     kinds: str = "count+where+swap+ages"
     running_share: float = 0.5  # the share of problems told "running": each intermediate value stated
+    # loss weights per target token (1, 1, 1: the plain mean); hops weights answers 1 and the rest 0.1
+    answer_weight: float = 1.0  # answer words
+    other_weight: float = 1.0  # the problems' other tokens
+    text_weight: float = 1.0  # the text windows' tokens
+    # curriculum (start_steps 0: none, steps drawn from 1 .. max_steps throughout); see Curriculum
+    start_steps: int = 0  # the largest step count starts here ...
+    advance_at: float = 0.8  # ... and grows by one once this share of a block of its answers is right
+    advance_answers: int = 512  # answers at the top step count per block
 
     @classmethod
     def parse(cls, spec: str) -> "WordProblems":
@@ -246,6 +297,13 @@ class WordProblems:
             raise ValueError(f"word_problems share must be within (0, 1), got {task.share}")
         if task.max_steps < 1 or task.max_steps + task.extra_eval_steps > len(NAMES) - 1:
             raise ValueError(f"word_problems max_steps must be within 1 .. {len(NAMES) - 1 - task.extra_eval_steps}")
+        if not 0 <= task.start_steps <= task.max_steps:
+            raise ValueError(f"word_problems start_steps must be within 0 (no curriculum) .. max_steps, "
+                             f"got {task.start_steps}")
+        if not 0.0 < task.advance_at <= 1.0 or task.advance_answers < 1:
+            raise ValueError("word_problems advance_at must be within (0, 1] and advance_answers at least 1")
+        if min(task.answer_weight, task.other_weight, task.text_weight) < 0 or task.answer_weight == 0:
+            raise ValueError("word_problems loss weights must be >= 0, with answer_weight > 0")
         return task
 
     @property
@@ -305,8 +363,9 @@ def problem_window(task: WordProblems, tok, seed: int, window_len: int,
     return ids[:window_len], steps[:window_len]
 
 
-def train_steps(task: WordProblems) -> Callable[[random.Random, int], int]:
-    return lambda rng, i: rng.randint(1, task.max_steps)
+def train_steps(top: int) -> Callable[[random.Random, int], int]:
+    """Training problems' steps: uniform on 1 .. top."""
+    return lambda rng, i: rng.randint(1, top)
 
 
 def eval_steps(task: WordProblems, window: int) -> Callable[[random.Random, int], int]:
@@ -315,47 +374,145 @@ def eval_steps(task: WordProblems, window: int) -> Callable[[random.Random, int]
     return lambda rng, i: 1 + (window * 3 + i) % top
 
 
+@dataclass
+class Curriculum:
+    """Holds each stage until it is learned. Training problems need 1 .. `top` steps; the answers
+    labelled `top` steps are scored on each training batch before its update (argmax at that step's
+    sampled depth), in blocks of `block` answers; a block with at least `advance_at` of them right
+    raises `top` by one, up to `max_steps`, and every block starts counting afresh. Its fields are
+    its whole state (saved with the data stream, so --resume continues it exactly)."""
+    top: int
+    max_steps: int
+    advance_at: float
+    block: int
+    correct: int = 0
+    seen: int = 0
+
+    @classmethod
+    def of(cls, task: WordProblems) -> "Curriculum | None":
+        if not task.start_steps:
+            return None
+        return cls(task.start_steps, task.max_steps, task.advance_at, task.advance_answers)
+
+    def record(self, correct: int, seen: int) -> None:
+        if self.top >= self.max_steps:
+            return
+        self.correct += correct
+        self.seen += seen
+        if self.seen >= self.block:
+            if self.correct >= self.advance_at * self.seen:
+                self.top += 1
+            self.correct = self.seen = 0
+
+    def state(self) -> dict:
+        return {"top": self.top, "correct": self.correct, "seen": self.seen}
+
+    def load_state(self, state: dict) -> None:
+        self.top, self.correct, self.seen = int(state["top"]), int(state["correct"]), int(state["seen"])
+
+
 class ProblemStream:
-    """The infinite stream of training windows of generated problems; `position` is its whole state."""
+    """The infinite stream of training windows of generated problems; its state is `position` and,
+    with a curriculum, the curriculum's (which sets the steps of the windows drawn next)."""
 
     def __init__(self, task: WordProblems, tok, seed: int, window_len: int):
         self.task, self.tok, self.seed, self.window_len = task, tok, seed, window_len
         self.position = 0
+        self.curriculum = Curriculum.of(task)
 
-    def window(self, index: int) -> list[int]:
-        return problem_window(self.task, self.tok, seed_for(self.seed, index), self.window_len,
-                              train_steps(self.task))[0]
+    @property
+    def top(self) -> int:
+        """The largest step count of the windows drawn now."""
+        return self.curriculum.top if self.curriculum else self.task.max_steps
 
-    def next_batch(self, n: int) -> list[list[int]]:
+    def window(self, index: int) -> tuple[list[int], list[int]]:
+        return problem_window(self.task, self.tok, seed_for(self.seed, index), self.window_len, train_steps(self.top))
+
+    def next_batch(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, steps), each n x window_len."""
         rows = [self.window(self.position + i) for i in range(n)]
         self.position += n
-        return rows
+        return (torch.tensor([r[0] for r in rows], dtype=torch.int64),
+                torch.tensor([r[1] for r in rows], dtype=torch.int64))
+
+    def state(self) -> dict:
+        return {"position": self.position, **({"curriculum": self.curriculum.state()} if self.curriculum else {})}
+
+    def load_state(self, state: dict | int) -> None:
+        """A state of `state()`, or a bare position (runs saved before the curriculum existed)."""
+        state = state if isinstance(state, dict) else {"position": state}
+        self.position = int(state["position"])
+        if self.curriculum:
+            self.curriculum.load_state(state["curriculum"])
+
+
+TEXT_LABEL = -1  # the steps label of a text window's tokens in a training batch (problems: 0 or an answer's steps)
 
 
 class MixedWindows:
     """Training batches of text windows (TinyStories) and generated problem windows: of every batch
     of n, round(n * share) are problems, the rest text, alternating so that every DDP rank's slice
-    holds both. The state is both sources' positions (exact resume)."""
+    holds both. The state is both sources' (exact resume). The last batch's per-token labels
+    (`labels`: an answer's steps, 0 on other problem tokens, TEXT_LABEL on text) give each target
+    its loss weight and the curriculum its answers."""
 
-    def __init__(self, text, problems: ProblemStream, share: float):
-        self.text, self.problems, self.share = text, problems, share
+    def __init__(self, text, problems: ProblemStream, task: WordProblems):
+        self.text, self.problems, self.task = text, problems, task
+        self.labels: torch.Tensor | None = None
 
     def next_batch(self, n: int) -> torch.Tensor:
-        n_problems = round(n * self.share)
+        n_problems = round(n * self.task.share)
         text = self.text.next_batch(n - n_problems)
-        gen = torch.tensor(self.problems.next_batch(n_problems), dtype=torch.int64)
-        return interleave(text, gen)
+        gen_ids, gen_steps = self.problems.next_batch(n_problems)
+        self.labels = interleave(torch.full_like(text, TEXT_LABEL), gen_steps)
+        return interleave(text, gen_ids)
+
+    def target_labels(self, rows: slice) -> torch.Tensor:
+        """The labels of the last batch's targets (positions 1 ..), of the rows this rank trains on."""
+        return self.labels[rows, 1:]
+
+    def loss_weights(self, inputs: torch.Tensor, targets: torch.Tensor, rows: slice) -> torch.Tensor:
+        """Per target of the last batch's `rows` (inputs and targets: those rows' tokens):
+        answer_weight on answers, other_weight on the problems' other tokens, text_weight on text."""
+        labels = self.target_labels(rows)
+        if labels.shape != targets.shape:
+            raise ValueError(f"targets {tuple(targets.shape)} are not the last batch's rows {tuple(labels.shape)}")
+        weights = torch.full(labels.shape, self.task.other_weight)
+        weights[labels > 0] = self.task.answer_weight
+        weights[labels == TEXT_LABEL] = self.task.text_weight
+        return weights
+
+    def curriculum_counts(self, logits: torch.Tensor, targets: torch.Tensor, rows: slice) -> torch.Tensor:
+        """[right, seen] over the answers at the curriculum's top step count in the last batch's
+        `rows` (the model's argmax against the target)."""
+        at_top = self.target_labels(rows).to(targets.device) == self.problems.top
+        right = (logits.argmax(-1) == targets) & at_top
+        return torch.stack([right.sum(), at_top.sum()])
+
+    def record(self, counts: torch.Tensor) -> None:
+        """Counts of curriculum_counts (summed over ranks) move the curriculum."""
+        if self.problems.curriculum:
+            self.problems.curriculum.record(int(counts[0]), int(counts[1]))
+
+    @property
+    def has_curriculum(self) -> bool:
+        return self.problems.curriculum is not None
+
+    @property
+    def trained_hops(self) -> int:
+        """The largest step count trained so far (the ground truth's max_train_hops)."""
+        return self.problems.top
 
     @property
     def epoch(self):
         return self.text.epoch
 
     def state(self) -> dict:
-        return {"text": self.text.state(), "problems": self.problems.position, "kind": "word_problems"}
+        return {"text": self.text.state(), "problems": self.problems.state(), "kind": "word_problems"}
 
     def load_state(self, state: dict) -> None:
         self.text.load_state(state["text"])
-        self.problems.position = int(state["problems"])
+        self.problems.load_state(state["problems"])
 
 
 def interleave(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -377,7 +534,7 @@ def held_out_windows(task: WordProblems, tok, seed: int, n: int, window_len: int
 
 def probe_windows(task: WordProblems, tok, seed: int, n: int, window_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, steps): training-distribution windows from indices the stream never reaches (A2's probes)."""
-    rows = [problem_window(task, tok, seed_for(seed, PROBE_SEED_OFFSET + i), window_len, train_steps(task))
+    rows = [problem_window(task, tok, seed_for(seed, PROBE_SEED_OFFSET + i), window_len, train_steps(task.max_steps))
             for i in range(n)]
     return (torch.tensor([r[0] for r in rows], dtype=torch.int64),
             torch.tensor([r[1] for r in rows], dtype=torch.int64))
@@ -390,10 +547,11 @@ def tokenizer_sample(task: WordProblems, seed: int, n: int = 16_000) -> list[str
     return [task.problem(rng, rng.randint(1, task.max_steps + task.extra_eval_steps)).text for _ in range(n)]
 
 
-def split_answer_words(tok) -> list[str]:
-    """The answer words (after a space) that `tok` splits into several tokens: their first token
-    carries the label, so such an answer is scored on its first piece only."""
-    words = (*NUMBER_WORDS, *PLACES, *TOYS)
+def split_answer_words(tok, task: WordProblems) -> list[str]:
+    """The task's answer words, names and containers (after a space) that `tok` splits into several
+    tokens: an answer is then scored on its first piece only, and a lookup needs more than one."""
+    numbers = NUMBER_WORDS if {"count", "ages"} & set(task.kind_list) else ()
+    words = (*numbers, *PLACES, *TOYS, *NAMES, *CONTAINERS)
     return [w for w in words if len(tok.encode(" " + w, add_special_tokens=False).ids) != 1]
 
 
@@ -420,5 +578,5 @@ def mixture_data(task: WordProblems, tok, seed: int, window_len: int, text_eval:
     probe_ids, probe_steps = mixed(text_probe, lambda n: probe_windows(task, tok, seed, n, window_len))
     ground_truth = {GROUND_TRUTH: {"hops": eval_steps_, "probe_hops": probe_steps,
                                    "max_train_hops": torch.tensor([task.max_steps])}}
-    batches = MixedWindows(text_train, ProblemStream(task, tok, seed, window_len), task.share)
+    batches = MixedWindows(text_train, ProblemStream(task, tok, seed, window_len), task)
     return eval_ids, select_ids, probe_ids, batches, ground_truth

@@ -19,6 +19,7 @@ from training.word_problems import (
     MixedWindows,
     ProblemStream,
     WordProblems,
+    guess_chance,
     held_out_windows,
     interleave,
     mixture_data,
@@ -337,3 +338,14 @@ def test_curriculum_scores_top_answers_and_draws_up_to_its_top(tok):
     resumed.load_state(state)
     assert resumed.trained_hops == 3
     assert torch.equal(resumed.next_batch(16), after[0]) and torch.equal(resumed.labels, after[1])
+
+
+def test_guess_chance_counts_the_places_or_toys_told_before_each_answer():
+    rng = random.Random(4)
+    for kind in ("where", "inside", "swap"):
+        for i in range(50):
+            p = TASK.problem(rng, 1 + i % 5, kind, running=False)
+            chance = guess_chance(p)
+            n_candidates = 3 if kind == "swap" else len(set(re.findall(r"at the (\w+)\.", p.text.split("Where")[0])))
+            assert chance == [1 / n_candidates] * len(p.answer_steps), p.text
+    assert all(c != c for c in guess_chance(TASK.problem(rng, 2, "ages")))  # nan: no class to guess in

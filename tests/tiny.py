@@ -80,16 +80,19 @@ def make_tiny_hops_checkpoint(root: Path, steps: int = 40, trainer_kwargs: dict 
 TINY_MIXTURE = "word_problems:share=0.5,max_steps=3,extra_eval_steps=1"
 
 
-def make_tiny_reasoning_checkpoint(root: Path, steps: int = 40) -> Path:
-    """The stories-reasoning preset at its smallest: tiny stories mixed with word problems
-    (training/word_problems.py), a checkpoint with labelled answers. Returns the checkpoint dir."""
+def make_tiny_reasoning_checkpoint(root: Path, steps: int = 40, preset: str = "stories-reasoning",
+                                   trainer_kwargs: dict | None = None, **overrides: str) -> Path:
+    """A mixture preset (stories-reasoning, or specimen) at its smallest: tiny stories mixed with word
+    problems (training/word_problems.py), a checkpoint with labelled answers. trainer_kwargs go to
+    Trainer (e.g. stop_at_step, resume); overrides are preset fields. Returns the checkpoint dir."""
     from training.data import DataSpec
     from training.presets import PRESETS
     from training.trainer import Trainer
 
     train, val = write_corpus(root / "data", n_val=20)  # fewer eval windows: the page's exact harness stays short
-    settings = {**TINY_SETTINGS, "mixture": TINY_MIXTURE, "seq_len": "96", "tokenizer": "bpe:400"}
-    cfg = PRESETS["stories-reasoning"].with_overrides(settings)
+    settings = {**TINY_SETTINGS, "mixture": TINY_MIXTURE, "seq_len": "96", "tokenizer": "bpe:400", **overrides}
+    cfg = PRESETS[preset].with_overrides(settings)
     cfg = cfg.with_overrides({"max_tokens": str(steps * cfg.batch_size * cfg.seq_len)})
-    Trainer("stories-reasoning", cfg, settings, DataSpec(str(train), str(val)), root / "run", progress=False).train()
+    Trainer(preset, cfg, settings, DataSpec(str(train), str(val)), root / "run", progress=False,
+            **(trainer_kwargs or {})).train()
     return root / "run" / "latest"

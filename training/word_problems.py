@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -315,6 +316,19 @@ class WordProblems:
         kind = kind or rng.choice(self.kind_list)
         running = rng.random() < self.running_share if running is None else running
         return MAKERS[kind](rng, steps, running)
+
+
+def guess_chance(problem: Problem) -> list[float]:
+    """Per answer, in order: the accuracy of guessing among the words of its class (places, or toys)
+    told before it, what a model that reads the story's places or toys but follows no link gets.
+    Counts and ages (number words) have no such class: nan."""
+    out = []
+    for pos, _ in ((p, s) for p, s in enumerate(problem.steps) if s):
+        word = problem.text[pos:].split()[0].strip(".,?")
+        vocabulary = PLACES if word in PLACES else TOYS if word in TOYS else ()
+        told = {w for w in re.findall(r"\b(?:the|a) (\w+)", problem.text[:pos]) if w in vocabulary}  # not "After school"
+        out.append(1.0 / len(told) if told else float("nan"))
+    return out
 
 
 def is_word_problems(spec: str) -> bool:

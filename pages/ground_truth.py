@@ -35,10 +35,21 @@ path = st.segmented_control(
 fast = ground_truth.section(*m.key, m.r_max, m.r_bar, False)
 exact_ready = ground_truth.exact_ready(*m.key, m.r_max, m.r_bar)
 if path == "exact" and not exact_ready:
-    job = ground_truth.start_exact(*m.key, m.r_max, m.r_bar)
-    jobs.watch(job, "The exact figures are computed once per checkpoint, then cached on disk: every policy's "
-                    "thresholds in the masking harness, then the readout rules (A1, Huginn's KL / entropy / argmax) "
-                    "decoded near their operating points. Meanwhile the **fast path** is shown below.")
+    job = jobs.get(ground_truth.exact_key(*m.key))
+    if job is None:  # minutes to hours on a CPU: started only when asked
+        n_policies, n_windows = ground_truth.exact_size(*m.key, m.r_max)
+        st.warning(f"**The exact figures are not computed yet, and on a CPU they take long**: tens of minutes on a "
+                   f"small model, hours on a larger one. They run {n_policies} policy thresholds on {n_windows} eval "
+                   "windows in the masking harness, then decode the readout rules (A1, Huginn's KL / entropy / "
+                   "argmax) near their operating points; once started, the bar shows the time left at its own pace "
+                   "and Stop acts within seconds. The result is cached on disk (`python -m recur_core.analyze` "
+                   "fills the same cache). The **fast path** is shown below meanwhile.", icon=":material/schedule:")
+        st.button("Compute the exact figures", key="gt_start_exact", on_click=ground_truth.start_exact,
+                  args=(*m.key, m.r_max, m.r_bar))
+    else:
+        jobs.watch(job, "The exact figures are computed once per checkpoint, then cached on disk: every policy's "
+                        "thresholds in the masking harness, then the readout rules (A1, Huginn's KL / entropy / "
+                        "argmax) decoded near their operating points. Meanwhile the **fast path** is shown below.")
 gt = ground_truth.section(*m.key, m.r_max, m.r_bar, True) if path == "exact" and exact_ready else fast
 if exact_ready:
     exact = gt if gt is not fast else ground_truth.section(*m.key, m.r_max, m.r_bar, True)

@@ -28,7 +28,14 @@ def open_page() -> AppTest:
     at = AppTest.from_file("../app.py", default_timeout=TIMEOUT)
     at.run()
     at.switch_page("pages/ground_truth.py").run()
-    return settle(at)  # the eval trace, then the exact harness, run in the background
+    settle(at)  # the eval trace runs in the background
+    if "gt_start_exact" in button_keys(at):
+        at.button(key="gt_start_exact").click().run()  # the exact figures start when asked
+    return settle(at)
+
+
+def button_keys(at: AppTest) -> set[str]:
+    return {b.key for b in at.button}
 
 
 def programs(at: AppTest, env) -> list[str]:
@@ -91,3 +98,24 @@ def test_checkpoint_without_ground_truth_says_so(hops_env):
     at.switch_page("pages/ground_truth.py").run()
     assert not at.exception
     assert any("no ground truth" in i.value for i in at.info)
+
+
+def test_the_exact_figures_start_only_when_asked(hops_env, tmp_path, monkeypatch):
+    """With nothing computed, the page shows the fast path, says the exact figures take long and
+    starts nothing until its button is pressed (issue 49, item 2)."""
+    from ui import compute, ground_truth, jobs
+    monkeypatch.setenv("RECUR_CACHE_DIR", str(tmp_path))  # nothing computed yet
+    monkeypatch.setattr(jobs, "_JOBS", {})
+    monkeypatch.setattr(ground_truth, "_EXACT_READY", set())
+    at = AppTest.from_file("../app.py", default_timeout=TIMEOUT)
+    at.run()
+    at.switch_page("pages/ground_truth.py").run()
+    settle(at)
+    key = ground_truth.exact_key(*compute.open_model(str(hops_env["hops"]), "cpu").key)
+    assert jobs.get(key) is None
+    assert any("take long" in w.value and "thresholds" in w.value for w in at.warning)
+    assert not any("Under real halting" in md.value for md in at.markdown)  # the fast path meanwhile
+    at.button(key="gt_start_exact").click().run()
+    assert jobs.get(key) is not None
+    settle(at)
+    assert any("Under real halting" in md.value for md in at.markdown)

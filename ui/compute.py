@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from recur_core import CheckpointError, load_checkpoint
+from recur_core import CheckpointError, cancel, load_checkpoint
 from recur_core.analysis import allocation as alloc
 from recur_core.analysis import curves as analysis
 from recur_core.analysis.cache import TraceCache
@@ -350,10 +350,14 @@ def start_decoding(path: str, ckpt_id: str, device: str, ids: tuple[int, ...], p
 
     def work(job: jobs.Job) -> TextDecoding:
         job.progress("Waiting for another decoding to end", "tokens")(0, len(ids))
-        with _DECODING:
+        while not _DECODING.acquire(timeout=0.5):
+            cancel.check()  # Stop acts while it waits too
+        try:
             return decoded_text(ckpt, np.asarray(ids, dtype=np.int64), policy, trace_loops(ckpt), S.seed,
                                 cache=TraceCache(), progress=job.progress(
                                     f"Decoding {len(ids)} tokens with real halting ({policy!r})", "tokens"))
+        finally:
+            _DECODING.release()
     return jobs.start(decoded_key(path, ckpt_id, device, ids, policy), work)
 
 

@@ -22,6 +22,7 @@ from recur_core.analysis.ground_truth import (
     eos_id,
     ground_truth_section,
     load_ground_truth,
+    operating_point_families,
 )
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
@@ -173,13 +174,23 @@ def exact_ready(path: str, ckpt_id: str, device: str, r_max: int, r_bar: int) ->
     return True
 
 
+def exact_size(path: str, ckpt_id: str, device: str, r_max: int) -> tuple[int, int]:
+    """(policy thresholds, eval windows) the exact section runs in the masking harness."""
+    ckpt = compute._ckpt(path, ckpt_id, device)
+    families = operating_point_families(r_max, compute._train_probes(ckpt, path), SETTINGS.eps_grid,
+                                        SETTINGS.tau_grid)
+    return sum(map(len, families.values())), min(SETTINGS.windows, len(ckpt.windows("eval")))
+
+
 def start_exact(path: str, ckpt_id: str, device: str, r_max: int, r_bar: int) -> jobs.Job:
     """The background job that runs every policy's thresholds in the masking harness, then decodes the
-    readout rules near their operating points (all cached on disk)."""
+    readout rules near their operating points (all cached on disk). The harness counts passes over
+    the windows (all policies that share lanes make one pass; each policy that remembers earlier loops
+    makes its own), each decoding counts windows decoded."""
     def work(job: jobs.Job) -> None:
         _section(path, ckpt_id, device, r_max, r_bar, True,
-                 progress=job.progress("Exact: every policy in the masking harness, then readout rules decoded",
-                                       "windows"))
+                 progress=job.progress("Exact: the masking harness (window passes), then each readout rule "
+                                       "decoded near its operating point (windows)"))
     return jobs.start(exact_key(path, ckpt_id, device), work)
 
 

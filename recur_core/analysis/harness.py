@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .. import cancel
 from ..exits.policies import Policy
 from ..exits.readout import readout_stats
 from ..exits.signals import LoopSignals, loop_readout, readout_fields
@@ -241,6 +242,7 @@ class _Sweep:
 
     def _advance(self, chunk: list[_Lane], loop: int, readout: bool) -> None:
         """Run one loop for a chunk of lanes, then split each lane by what its policies halt."""
+        cancel.check()
         width = max(ln.active_len for ln in chunk)
         state = torch.stack([ln.state[:width] for ln in chunk])
         frozen_np = np.stack([ln.frozen[:width] for ln in chunk])
@@ -327,6 +329,7 @@ def _exact_batch(model: LoopedLM, inputs, targets, noise, policy: Policy, cap: i
     exit_depth = torch.full(inputs.shape, cap, dtype=torch.long, device=device)
     converged = torch.zeros_like(frozen)
     for loop in range(1, cap + 1):
+        cancel.check()
         new = model.core_step(state, e, freeze=frozen)
         readout = {}
         if policy.needs_readout:

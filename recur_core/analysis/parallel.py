@@ -10,6 +10,7 @@ each); within either, the same inputs give the same numbers.
 """
 from __future__ import annotations
 
+import contextvars
 import ctypes
 import os
 import sys
@@ -42,7 +43,8 @@ def map_batches(fn: Callable[[T], R], items: Iterable[T], device: torch.device |
 
     on_done(item, result) runs in the calling thread as each result is taken (in order), so it
     may touch a UI (a Streamlit progress bar only works from the script's own thread). The workers
-    run fn under the caller's inference / grad mode (both are per thread in torch)."""
+    run fn under the caller's inference / grad mode (both are per thread in torch) and its context
+    variables."""
     items = list(items)
     workers = min(cpu_workers(device), len(items))
     if workers <= 1:
@@ -51,7 +53,8 @@ def map_batches(fn: Callable[[T], R], items: Iterable[T], device: torch.device |
     modes = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
     pool = ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,))
     try:
-        futures = [pool.submit(_in_modes, modes, fn, item) for item in items]
+        # each item in a copy of the caller's context (recur_core.cancel's stop condition travels in it)
+        futures = [pool.submit(contextvars.copy_context().run, _in_modes, modes, fn, item) for item in items]
         return [_done(on_done, item, f.result()) for item, f in zip(items, futures, strict=True)]
     finally:  # on an error or an interrupt, batches not yet started are dropped
         pool.shutdown(wait=True, cancel_futures=True)

@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .. import cancel
 from ..exits.signals import cosine_change, loops_readout, relative_change
 from ..model.checkpoint import Checkpoint, model_id, resolve_model
 from ..model.looped_lm import LoopedLM
@@ -195,6 +196,7 @@ def trace_batch(model: LoopedLM, inputs: torch.Tensor, targets: torch.Tensor, no
     group = readout_group(inputs.numel())
     pending, h_prev = [state], None  # states awaiting their readout; p_0 is read out with loop 1's group
     for loop in range(1, max_loops + 1):
+        cancel.check()
         new = model.core_step(state, e)
         per_loop["state_change"].append(relative_change(new, state).cpu())
         per_loop["cosine_change"].append(cosine_change(new, state).cpu())

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import cancel
 from ..exits.policies import Policy, Uniform
 from ..exits.signals import LoopSignals, cosine_change, readout_signals, relative_change
 from ..model.checkpoint import Checkpoint, resolve_model
@@ -482,6 +483,7 @@ def teacher_forced(ckpt_or_model, windows, policy: Policy, kv_rule: str | None =
         else:
             steps = []
             for t in range(T):
+                cancel.check()
                 steps.append(dec.step(ids[:, t], t))
                 if position_progress is not None:
                     position_progress(t + 1, T)

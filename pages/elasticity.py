@@ -4,20 +4,22 @@ import streamlit as st
 
 from recur_core import CheckpointError
 from ui import charts, compute, download, state
-from ui.checkpoints import discover
+from ui.checkpoints import discover, eval_set
 
 m = state.require_model()
 st.title("Elasticity & saturation")
 st.caption("Loss on each checkpoint's eval windows when every token gets the same r loops. The saturation "
-           "hypothesis: useful depth stops growing near the training mean depth r̄ (diamond). Checkpoints of the "
-           "same task and tokenizer are offered (others on request); each is traced once, then cached on disk.")
+           "hypothesis: useful depth stops growing near the training mean depth r̄ (diamond). Checkpoints "
+           "evaluated on the same eval windows are offered (others on request); each is traced once, then cached "
+           "on disk.")
 
 usable = {e.path: e for e in discover(st.session_state.get("typed_paths", [])) if e.ok}
-task = usable[m.path].task if m.path in usable else None
-others = st.toggle("Offer checkpoints of other tasks or tokenizers", **state.keep("elastic_other_tasks", False),
-                   help="Off: only checkpoints trained on the same data with the same tokenizer as the selected one "
-                        "(their losses are comparable). On: every checkpoint found.")
-offered = {p: e for p, e in usable.items() if others or e.task == task or p == m.path}
+same_windows = {p for p in usable if eval_set(p) is not None and eval_set(p) == eval_set(m.path)} | {m.path}
+others = st.toggle("Offer checkpoints evaluated on other data", **state.keep("elastic_other_tasks", False),
+                   help="Off: only checkpoints whose eval windows and tokenizer are identical to the selected one's "
+                        "(the same tokens scored: their losses compare, and pair window by window). On: every "
+                        "checkpoint found.")
+offered = {p: e for p, e in usable.items() if others or p in same_windows}
 default = ([m.path] if m.path in offered else []) + [p for p in offered if p != m.path]
 chosen = st.multiselect("Checkpoints", list(offered), format_func=lambda p: offered[p].label(),
                         **state.keep("elastic_ckpts", default[:3], scope=f"{m.path}|{others}",
@@ -42,9 +44,10 @@ for path in chosen:
 if not runs:
     st.info("Pick at least one checkpoint.")
     st.stop()
-if any(offered[p].task != task for p in chosen):
-    st.caption("⚠ The checkpoints picked were trained on different data or tokenizers: their losses are in "
-               "different units of difficulty.")
+if any(p not in same_windows for p in chosen):
+    st.warning("The checkpoints picked are evaluated on different eval windows or tokenizers: their losses are "
+               "measured on different tokens, so they are not the same task's numbers, and no paired difference "
+               "is drawn.", icon="⚠️")
 diffs, note = [], None
 if len(runs) > 1 and pending:
     note = "The paired difference is drawn once every checkpoint's full trace is done."

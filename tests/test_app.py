@@ -516,6 +516,29 @@ def test_elasticity_page_compares_checkpoints_by_paired_difference(app_env, tmp_
     assert "Elasticity" in figures(at)[0]["layout"]["title"]["text"]
 
 
+def test_elasticity_offers_only_checkpoints_scored_on_the_same_windows(app_env, tmp_path, monkeypatch):
+    """"The same task" is the same eval windows and tokenizer, not a data-source string: a copy whose
+    windows differ (its meta.json unchanged) is offered only on request, and then with a warning
+    (issue 49, item 3)."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+    copy = tmp_path / "ckpts" / "tiny_other_windows"
+    shutil.copytree(app_env["ckpt"], copy)
+    windows = load_file(copy / "eval_windows.safetensors")
+    save_file({k: np.roll(v, 1, axis=0) for k, v in windows.items()}, copy / "eval_windows.safetensors")
+    monkeypatch.setenv("RECUR_CHECKPOINTS", str(tmp_path / "ckpts"))
+    at = goto(new_app(), "elasticity")
+    assert len(at.multiselect(key="elastic_ckpts").options) == 1  # the same meta.json, other windows
+    assert not at.warning
+    at.toggle(key="elastic_other_tasks").set_value(True).run()
+    picker = at.multiselect(key="elastic_ckpts")
+    assert len(picker.options) == 2
+    picker.set_value([str(app_env["ckpt"]), str(copy.resolve())]).run()
+    settle(at)
+    assert any("different eval windows" in w.value for w in at.warning)
+
+
 def test_text_and_settings_survive_a_page_round_trip(app_env):
     at = submit_text(new_app(), "Ben found 2 cakes.")
     eps_slider(at).set_value(-2.0).run()

@@ -11,12 +11,14 @@ config.json, no meta.json) is described from its config and safetensors headers
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from recur_core import CheckpointError, describe_folder
-from recur_core.model.checkpoint import CONFIG, META, WEIGHTS
+from recur_core.model.checkpoint import CONFIG, EVAL_WINDOWS, META, TOKENIZER, WEIGHTS
 from recur_core.model.recipe import Recipe
 
 APP_ROOT = Path(__file__).resolve().parents[1]
@@ -94,6 +96,28 @@ def task_of(meta: dict | None, path: str) -> str:
     dataset = (m.get("train_config") or {}).get("dataset") or m.get("data")
     tokenizer = m.get("tokenizer")
     return f"{dataset}|{tokenizer}" if dataset and tokenizer else f"folder:{path}"
+
+
+def eval_set(path: str) -> str | None:
+    """What a checkpoint is evaluated on, as an id: the hash of its eval windows and its tokenizer
+    (None when it ships no eval windows). Two checkpoints with the same id are scored on the very same
+    tokens, so their losses compare and pair window by window; a data-source string in meta.json
+    cannot promise that (stories-reasoning's names TinyStories, as demo's does, but its windows mix in
+    word problems)."""
+    files = [Path(path) / EVAL_WINDOWS, Path(path) / TOKENIZER]
+    try:
+        stamps = tuple((f.stat().st_mtime_ns, f.stat().st_size) for f in files)
+    except OSError:
+        return None
+    return _eval_set(path, stamps)
+
+
+@lru_cache(maxsize=64)
+def _eval_set(path: str, stamps: tuple) -> str:
+    digest = hashlib.sha256()
+    for name in (EVAL_WINDOWS, TOKENIZER):
+        digest.update((Path(path) / name).read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def human_count(n) -> str:

@@ -44,7 +44,8 @@ from recur_core.analysis.ground_truth import load_ground_truth
 from recur_core.analysis.matching import Match
 from recur_core.analysis.probe import load_or_train_probes
 from recur_core.decoding.decode import generate, generation_drift
-from recur_core.exits.policies import ConvergenceExit, LatentDiff, LinearRouter, Policy, Uniform
+from recur_core.exits import catalogue
+from recur_core.exits.policies import Policy, Uniform
 from recur_core.settings import SETTINGS
 
 from .calibrate import HarnessResult, LossCalibrator
@@ -53,6 +54,7 @@ from .hops_decode import bench_hops
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CKPTS = ("checkpoints/demo-r8", "checkpoints/demo")
+A1, LATENT, A2 = (catalogue.FAMILIES[name] for name in ("A1", "latent", "A2"))
 
 
 def parse_args(argv=None):
@@ -144,21 +146,22 @@ def calibrate(calibrator: LossCalibrator, work: Workload, args) -> Calibration:
     a0 = calibrator.evaluate(Uniform(work.r_bar))
     target = a0.loss + args.tolerance
     log(f"  target: A0@{work.r_bar} loss {a0.loss:.5f} + {args.tolerance} = {target:.5f}")
-    a1 = calibrator.match(lambda th: ConvergenceExit(th, r_max=cap), SETTINGS.calibration_eps, target, args.bisect)
-    latent = calibrator.match(lambda th: LatentDiff(th, r_max=cap), SETTINGS.calibration_delta, target, args.bisect)
+    a1 = calibrator.match(lambda th: catalogue.make("A1", th, r_max=cap), A1.calibration, target, args.bisect)
+    latent = calibrator.match(lambda th: catalogue.make("latent", th, r_max=cap), LATENT.calibration, target,
+                              args.bisect)
     a1_every = None
     if work.every:  # checks at loops n + 1, 2n + 1, ...: KL(p_i || p_{i-n}) from loop 1's readout on (none of p_0)
-        a1_every = calibrator.match(lambda th: ConvergenceExit(th, min_loops=work.every + 1, r_max=cap),
-                             SETTINGS.calibration_eps, target, args.bisect, check_every=work.every)
+        a1_every = calibrator.match(lambda th: catalogue.make("A1", th, min_loops=work.every + 1, r_max=cap),
+                             A1.calibration, target, args.bisect, check_every=work.every)
     a2 = a2_recompute = None
     if not args.no_a2:
         probe = kl_probe(work, args.seed)
-        a2 = calibrator.match(lambda th: LinearRouter(probe, th, r_max=cap), SETTINGS.calibration_tau, target,
-                              args.bisect)
+        a2 = calibrator.match(lambda th: catalogue.make("A2", th, r_max=cap, probe=probe), A2.calibration,
+                              target, args.bisect)
         # under "latest", A2's own exits make the stale keys help (docs/BENCHMARKS.md, the KV rule and
         # A2's loss); the exact rule ("recompute" = the masking harness) needs its own threshold
-        a2_recompute = calibrator.match(lambda th: LinearRouter(probe, th, r_max=cap), SETTINGS.calibration_tau, target,
-                                 args.bisect, kv_rule="recompute")
+        a2_recompute = calibrator.match(lambda th: catalogue.make("A2", th, r_max=cap, probe=probe), A2.calibration,
+                                        target, args.bisect, kv_rule="recompute")
     return Calibration(a0=a0, target=target, a1=a1, latent=latent, a1_every=a1_every, a2=a2,
                        a2_recompute=a2_recompute)
 

@@ -24,7 +24,7 @@ from recur_core.analysis.cache import TraceCache
 from recur_core.analysis.curves import fast_curve, loops_to_match
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
-from recur_core.exits.policies import ConvergenceExit, Uniform
+from recur_core.exits import catalogue
 from recur_core.settings import SETTINGS
 from training.depth_sampler import sample_depth
 from training.presets import PRESETS
@@ -83,12 +83,12 @@ def first_check_figures(ckpt) -> dict:
     tr = trace(ckpt, ckpt.windows("eval")[:SETTINGS.windows], SETTINGS.trace_loops(recipe), SETTINGS.seed,
                cache=TraceCache(), progress=True)
     boot = Bootstrap(tr.n_windows, SETTINGS.n_boot, SETTINGS.seed)
-    a0 = fast_curve(tr, "A0", [Uniform(r) for r in range(1, recipe.r_max + 1)], boot)
+    a0 = fast_curve(tr, "A0", catalogue.sweep("A0", recipe.r_max), boot)
     out = {}
     for first in (1, 2):
-        curve = fast_curve(tr, "A1", [ConvergenceExit(e, first, recipe.r_max) for e in SETTINGS.eps_grid], boot)
+        curve = fast_curve(tr, "A1", catalogue.sweep("A1", recipe.r_max, min_loops=first), boot)
         match = loops_to_match(curve, a0, recipe.depth, boot)
-        exits = ConvergenceExit(SETTINGS.moving_kl, first, recipe.r_max).exits(tr).depth[tr.has_target]
+        exits = catalogue.make("A1", SETTINGS.moving_kl, min_loops=first, r_max=recipe.r_max).exits(tr).depth[tr.has_target]
         out[first] = {"loops_to_match": match, "frac_exit_loop1_at_1e-3": float((exits == 1).mean())}
         print(f"A1 first check at loop {first}: loops to match A0@{recipe.depth} {match['value']:.3f} "
               f"[{match['ci_low']:.3f}, {match['ci_high']:.3f}]; at ε {SETTINGS.moving_kl:g}, "

@@ -52,8 +52,8 @@ from recur_core.analysis.ground_truth import load_ground_truth
 from recur_core.analysis.matching import match_threshold
 from recur_core.analysis.probe import load_or_train_probes
 from recur_core.decoding.serve import Request, serve
-from recur_core.exits.policies import ConvergenceExit, LatentDiff, LinearRouter, Policy, Uniform
-from recur_core.settings import SETTINGS
+from recur_core.exits import catalogue
+from recur_core.exits.policies import Policy, Uniform
 
 from .calibrate import AccuracyCalibrator, LossCalibrator
 from .cost import CostModel, served_cost
@@ -103,9 +103,9 @@ def log(*a):
 
 
 def policy_of(kind: str, threshold: float, cap: int, probe=None):
-    return {"uniform": lambda: Uniform(int(threshold)), "a1": lambda: ConvergenceExit(threshold, r_max=cap),
-            "latent": lambda: LatentDiff(threshold, r_max=cap),
-            "a2": lambda: LinearRouter(probe, threshold, r_max=cap)}[kind]()
+    """A saved configuration's policy: kind is a catalogue family's name or alias ("uniform", "a1",
+    "latent", "a2" in the shipped calibrations)."""
+    return catalogue.make(kind, threshold, r_max=cap, probe=probe)
 
 
 @dataclass(frozen=True)
@@ -242,9 +242,10 @@ def search(ckpt, args, cap, r_bar, probe) -> Calibration:
     cal = Calibration(configs={}, target=target, r_bar=r_bar, best_uniform=best_u, windows=n_cal, metric=metric)
     cal.configs[cal.a0_name] = Config("uniform", r_bar, Uniform(r_bar), a0, True)
     cal.configs[cal.uniform_name] = Config("uniform", best_u, Uniform(best_u), evaluate(Uniform(best_u)), True)
-    grids = {"a1": ("A1 eps", SETTINGS.calibration_eps), "latent": ("latent delta", SETTINGS.calibration_delta)}
+    grids = {"a1": ("A1 eps", catalogue.FAMILIES["A1"].calibration),
+             "latent": ("latent delta", catalogue.FAMILIES["latent"].calibration)}
     if probe is not None:
-        grids["a2"] = ("A2 tau", SETTINGS.calibration_tau)
+        grids["a2"] = ("A2 tau", catalogue.FAMILIES["A2"].calibration)
     for kind, (label, grid) in grids.items():
         m = match_threshold(evaluate, lambda x: policy_of(kind, x, cap, probe), grid, meets,  # noqa: B023
                             args.bisect)

@@ -33,7 +33,7 @@ from recur_core.analysis.harness import run_exact
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
 from recur_core.decoding.decode import teacher_forced
-from recur_core.exits.policies import ConvergenceExit, LatentDiff
+from recur_core.exits import catalogue
 from recur_core.settings import SETTINGS
 
 
@@ -58,8 +58,7 @@ def main(argv=None) -> dict:
     r_max = args.max_loops or ckpt.recipe.r_max
     r_bar = min(round(ckpt.recipe.r_bar), r_max)
     tr = trace(ckpt, windows, r_max, seed=SETTINGS.seed, cache=False)
-    families = {"A1": [ConvergenceExit(e, r_max=r_max) for e in SETTINGS.eps_grid],
-                "latent": [LatentDiff(d, r_max=r_max) for d in SETTINGS.delta_grid]}
+    families = {name: catalogue.sweep(name, r_max) for name in ("A1", "latent")}
     gt = ground_truth_section(tr, hops, max_train, eos_id(ckpt.tokenizer()), r_max, r_bar,
                               Bootstrap(tr.n_windows, 20, SETTINGS.seed), exact=(ckpt, windows), families=families)
     ah, program = answer_hops(tr, hops), program_mask(tr, eos_id(ckpt.tokenizer()))

@@ -30,7 +30,8 @@ from recur_core.analysis.ground_truth import load_ground_truth, probe_answers
 from recur_core.analysis.matching import Match
 from recur_core.analysis.probe import load_or_train_probes
 from recur_core.decoding.decode import teacher_forced
-from recur_core.exits.policies import ConvergenceExit, LatentDiff, LinearRouter, Uniform
+from recur_core.exits import catalogue
+from recur_core.exits.policies import Uniform
 from recur_core.settings import SETTINGS
 from training.hops import PAD
 
@@ -80,16 +81,15 @@ def time_policies(ckpt, rows, first_window, policies, repeats, cap, seed, kv_rul
 def match_policies(calibrator: AccuracyCalibrator, ckpt, cap: int, target: float, args) -> dict[str, Match]:
     """{"A1", "latent", "A2_<label kind>" for every probe kind that trains (unless --no-a2): the
     cheapest threshold whose accuracy is at least target}."""
-    matched = {"A1": calibrator.match(lambda th: ConvergenceExit(th, r_max=cap), SETTINGS.calibration_eps,
-                                      target, args.bisect),
-               "latent": calibrator.match(lambda th: LatentDiff(th, r_max=cap), SETTINGS.calibration_delta,
-                                          target, args.bisect)}
+    matched = {name: calibrator.match(lambda th, name=name: catalogue.make(name, th, r_max=cap),
+                                      catalogue.FAMILIES[name].calibration, target, args.bisect)
+               for name in ("A1", "latent")}
     if not args.no_a2:
         answers = probe_answers(ckpt.path, SETTINGS.probe_windows)  # labels matched on answers, as the card's
         for kind, probe in load_or_train_probes(ckpt, cap, args.seed, n_windows=SETTINGS.probe_windows,
                                                 answers=answers).items():
-            matched[f"A2_{kind}"] = calibrator.match(lambda th, probe=probe: LinearRouter(probe, th, r_max=cap),
-                                                     SETTINGS.calibration_tau, target, args.bisect)
+            matched[f"A2_{kind}"] = calibrator.match(lambda th, probe=probe: catalogue.make("A2", th, r_max=cap, probe=probe),
+                                                     catalogue.FAMILIES["A2"].calibration, target, args.bisect)
     return matched
 
 

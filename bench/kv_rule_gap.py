@@ -31,9 +31,10 @@ from recur_core.analysis.harness import run_exact
 from recur_core.analysis.probe import load_or_train_probes
 from recur_core.analysis.trace import trace
 from recur_core.decoding.decode import Decoder, teacher_forced
-from recur_core.exits.policies import LinearRouter, Policy, Uniform
+from recur_core.exits import catalogue
+from recur_core.exits.policies import Policy, Uniform
 
-# Section 2's own grid, not SETTINGS.calibration_tau: steps of 0.1 with the investigated tau (the
+# Section 2's own grid, not A2's catalogue calibration grid: steps of 0.1 with the investigated tau (the
 # --tau default) on it, searched without bisection, so both rules are compared at the same thresholds.
 TAU_GRID = (0.9, 0.8, 0.7, 0.671, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05)
 
@@ -103,7 +104,7 @@ def main(argv=None):
     windows = ckpt.windows("eval")
     cal, held = windows[:args.cal], windows[args.cal:args.cal + args.held]
     probe = load_or_train_probes(ckpt, cap, args.seed, kinds=("kl",))["kl"]
-    a2 = lambda tau: LinearRouter(probe, tau, r_max=cap)  # noqa: E731
+    a2 = lambda tau: catalogue.make("A2", tau, r_max=cap, probe=probe)  # noqa: E731
     out = {}
     sections = {int(x) for x in args.sections.split(",")}
     if 1 in sections:

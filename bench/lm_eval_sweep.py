@@ -9,7 +9,7 @@ checkpoint with ground truth and a task whose documents carry `hops`, it adds ac
 and, beside each uniform depth, the project's own answer accuracy (recur_core.analysis.ground_truth on
 the fast path: the argmax over the whole vocabulary at that loop of the trace of the eval windows,
 SETTINGS.seed, each window its own noise row), so the harness's figure is checked against the
-project's. Defaults: A1's ε and the latent δ from SETTINGS.calibration_eps / calibration_delta. The
+project's. Defaults: A1's ε and the latent δ from their catalogue calibration grids. The
 last line is JSON.
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from recur_core import load_checkpoint
+from recur_core.exits import catalogue
 from recur_core.settings import SETTINGS
 
 
@@ -46,8 +47,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kv-rule", default=SETTINGS.kv_rule)
     p.add_argument("--mode", default="decode", choices=("decode", "prefill"))
     p.add_argument("--max-depth", type=int, default=None, help="A0 at 1 .. this (default: the recipe's r̄)")
-    p.add_argument("--eps", default=",".join(f"{e:g}" for e in SETTINGS.calibration_eps), help="A1's ε grid")
-    p.add_argument("--delta", default=",".join(f"{d:g}" for d in SETTINGS.calibration_delta),
+    p.add_argument("--eps", default=",".join(f"{e:g}" for e in catalogue.FAMILIES["A1"].calibration), help="A1's ε grid")
+    p.add_argument("--delta", default=",".join(f"{d:g}" for d in catalogue.FAMILIES["latent"].calibration),
                    help="the latent rule's δ grid")
     p.add_argument("--out", default=None, help="also write the rows as JSON here")
     return p.parse_args(argv)

@@ -1,7 +1,8 @@
 """Compare policies: A0 / A1 / A2 token strips of the pasted text side by side."""
 import streamlit as st
 
-from ui import charts, compute, download, state, views
+from recur_core.exits import catalogue
+from ui import compute, download, state, views
 from ui.strip import legend_html
 
 m = state.require_model()
@@ -61,22 +62,24 @@ for col, (_family, label, _policy), out, table in zip(cols, policies, outcomes, 
 st.subheader("Huginn's exit criteria · on the same tokens")
 h_cols = st.columns(2, gap="medium")
 with h_cols[0]:
-    crit = st.selectbox("Criterion (seal-rg/recurrent-pretraining's exit evaluators)", list(compute.HUGINN_CRITERIA),
-                        **state.keep("cmp_huginn", next(iter(compute.HUGINN_CRITERIA))))
-    _, knob, auto = compute.HUGINN_CRITERIA[crit]
-    if isinstance(auto, int):
-        thr = st.number_input(knob, 1, m.r_max, **state.keep(f"cmp_huginn_{crit}", min(auto, m.r_max), scope=m.path,
-                                                             valid=lambda v: 1 <= v <= m.r_max))
+    criteria = [f.name for f in catalogue.shown_in(catalogue.COMPARE)]
+    crit = st.selectbox("Criterion (seal-rg/recurrent-pretraining's exit evaluators)", criteria,
+                        format_func=catalogue.display, **state.keep("cmp_huginn", criteria[0],
+                                                                   valid=lambda v: v in criteria))
+    fam = catalogue.family(crit)
+    if fam.integer:
+        thr = st.number_input(fam.rule, 1, m.r_max, **state.keep(f"cmp_huginn_{crit}", min(fam.default, m.r_max),
+                                                                  scope=m.path, valid=lambda v: 1 <= v <= m.r_max))
     else:
-        thr = st.number_input(knob, 0.0, 10.0, format="%.1e", **state.keep(f"cmp_huginn_{crit}", auto))
-    h_policy = compute.huginn_policy(crit, thr, m.r_max)
+        thr = st.number_input(fam.rule, 0.0, 10.0, format="%.1e", **state.keep(f"cmp_huginn_{crit}", fam.default))
+    h_policy = compute.policy(crit, thr, m.r_max)
     h_out = policy_outcome(h_policy)
     shown = [*outcomes, h_out]
     a, b = st.columns(2)
     a.metric("Mean loops", f"{h_out.mean_loops:.2f}")
     b.metric("Loss [nats]", f"{h_out.loss:.3f}")
 with h_cols[1]:
-    views.render_strip(m, views.token_table(m, tr, enc, h_out), state.path_label(f"{crit} {thr:g}", h_out))
+    views.render_strip(m, views.token_table(m, tr, enc, h_out), state.path_label(f"{fam.display} {fam.knob} = {thr:g}", h_out))
 
 if compute.gate(*m.key) is not None:
     st.subheader("The model's learned exit gate · on the same tokens")
@@ -101,4 +104,4 @@ with st.expander("A2 probe quality (held-out windows) and the raw trace"):
     download.trace_buttons(tr, "text_trace_with_router")
 st.caption(f"Loss: mean next-token cross-entropy over the {max(len(enc.ids) - 1, 0)} tokens that have a next token, "
            f"each read out at its exit loop ({'in real decoding' if exact else 'of the uniform run'}). "
-           f"{charts.FAMILY_NAMES['A2_kl']} uses A1's own signal as labels.")
+           f"{catalogue.display('A2_kl')} uses A1's own signal as labels.")

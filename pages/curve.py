@@ -3,6 +3,7 @@ import math
 
 import streamlit as st
 
+from recur_core.exits import catalogue
 from ui import charts, compute, download, jobs, state, views
 
 m = state.require_model()
@@ -96,7 +97,7 @@ st.caption("At each uniform depth r: every policy's loss at the same mean loops 
            "and its paired difference from A0, with 95% bootstrap CIs. Negative = better than uniform.")
 matched = views.estimate_columns(rep["matched_depth"])
 download.table(matched, "matched_depth", column_config=views.number_formats(matched))
-st.caption(" · ".join(views.match_sentence(charts.FAMILY_NAMES[k], rep[f"{k.lower()}_loops_to_match_a0_rbar"], m.r_bar)
+st.caption(" · ".join(views.match_sentence(catalogue.display(k), rep[f"{k.lower()}_loops_to_match_a0_rbar"], m.r_bar)
                       for k in views.FAMILIES[1:] if f"{k.lower()}_loops_to_match_a0_rbar" in rep))
 with st.expander("A2 label kinds side by side"):
     if first_look:

@@ -9,6 +9,7 @@ import streamlit as st
 from recur_core.decoding.decode import generate, token_pieces
 from recur_core.decoding.kv import KV_RULES
 from recur_core.decoding.serve import Request, serve
+from recur_core.exits import catalogue
 from recur_core.exits.policies import Uniform
 from ui import compute, decoding, state
 from ui.strip import DepthScale
@@ -30,17 +31,18 @@ else:
                                                           scope=state.task_scope(m)))
 left, right = st.columns(2)
 with left:
-    kind = st.radio("Policy", list(decoding.POLICIES), format_func=decoding.POLICIES.get,
-                    **state.keep("gen_policy", next(iter(decoding.POLICIES))))
-    if kind == "a1":
+    kind = st.radio("Policy", decoding.POLICIES, format_func=decoding.policy_title,
+                    **state.keep("gen_policy", "A1", valid=lambda v: v in decoding.POLICIES))
+    fam = catalogue.family(kind)
+    if kind == "A1":
         threshold = state.eps_slider()
-    elif kind == "latent":
-        threshold = st.select_slider("δ", decoding.DELTAS, format_func=lambda x: f"{x:g}",
-                                     **state.keep("gen_delta", 0.02, valid=lambda v: v in decoding.DELTAS))
+    elif fam.integer:
+        threshold = st.slider(fam.rule, 1, m.r_max, **state.keep("gen_r", m.r_bar, scope=m.path,
+                                                                 valid=lambda v: 1 <= v <= m.r_max))
     else:
-        threshold = st.slider("Loops r", 1, m.r_max, **state.keep("gen_r", m.r_bar, scope=m.path,
-                                                                  valid=lambda v: 1 <= v <= m.r_max))
-    cap = st.slider("Loop cap", 1, m.r_max, disabled=kind == "a0",
+        threshold = st.select_slider(fam.rule, fam.calibration, format_func=lambda x: f"{x:g}",
+                                     **state.keep(f"gen_{kind}", fam.default, valid=lambda v: v in fam.calibration))
+    cap = st.slider("Loop cap", 1, m.r_max, disabled=kind == "A0",
                     **state.keep("gen_cap", m.r_max, scope=m.path, valid=lambda v: 1 <= v <= m.r_max))
     kv_rule = st.radio("Keys and values of halted tokens at later loops", list(KV_RULES), horizontal=True,
                        **state.keep("gen_kv", next(iter(KV_RULES)), valid=lambda v: v in KV_RULES),

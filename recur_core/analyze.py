@@ -43,6 +43,7 @@ from .analysis.parallel import keep_freed_memory
 from .analysis.probe import LABEL_EPS_A1, ProbeSet, load_or_train_probes
 from .analysis.stats import Bootstrap
 from .analysis.trace import trace
+from .exits import catalogue
 from .exits.policies import ConvergenceExit
 from .model.formats import load_checkpoint
 from .settings import SETTINGS
@@ -148,13 +149,13 @@ def main(argv=None) -> dict:
         "allocation_fast": {**fast["report"], "path": "fast"},
         "token_classes": {"eps": class_eps, "path": "fast", **token_classes(
             tr, vocab_classes(ckpt.tokenizer(), ckpt.config.vocab_size),
-            ConvergenceExit(class_eps, r_max=r_max), boot)},
+            catalogue.make("A1", class_eps, r_max=r_max), boot)},
     }
     gt = load_ground_truth(args.checkpoint)
     if gt is not None:  # a checkpoint whose answer tokens have known hop counts (training/hops.py)
         t0 = time.perf_counter()
         section = lambda exact: ground_truth_section(  # noqa: E731
-            tr, *gt, eos_id(ckpt.tokenizer()), r_max, r_bar, boot, probes, SETTINGS.eps_grid, SETTINGS.tau_grid,
+            tr, *gt, eos_id(ckpt.tokenizer()), r_max, r_bar, boot, probes,
             exact=exact, cache=cache, progress=True)
         fast_gt = section(None)
         report["ground_truth"] = fast_gt if args.fast_only else section((ckpt, windows))

@@ -31,15 +31,8 @@ class Settings:
                                    0.9, 0.95, 0.99, math.inf)  # A2's router threshold τ
     # GateExit's q grid (the exit CDF a learned gate must reach; Ouro's Q-exit): 0 = loop 1, 1 = its cap
     q_grid: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 0.999, 1.0)
-    # LatentDiff's δ grid (relative state change), for ground truth
-    delta_grid: tuple[float, ...] = (0.0, 1e-3, 3e-3, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, math.inf)
     default_eps: float = 1e-3  # the app's A1 ε when it opens (the paper's "still moving" threshold)
     kv_rule: str = "latest"  # decoding's default KV rule (recur_core.decoding.kv.KV_RULES)
-    # The coarse, descending grids the decoding benches calibrate a policy's threshold on (bisection
-    # then refines between neighbours): A1's ε, LatentDiff's δ, A2's τ.
-    calibration_eps: tuple[float, ...] = (1.0, 0.3, 0.1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5, 1e-6)
-    calibration_delta: tuple[float, ...] = (1.0, 0.5, 0.3, 0.2, 0.1, 0.05, 0.03, 0.02, 0.01, 5e-3, 2e-3, 1e-3, 1e-4)
-    calibration_tau: tuple[float, ...] = (0.9, 0.7, 0.5, 0.3, 0.2, 0.1, 0.05, 0.02, 0.01, 3e-3, 1e-3)
     probe_windows: int = 32  # training-side windows A2's probes are trained on
     probe_tokens: int = 64  # sampled positions per probe window
 

@@ -5,10 +5,11 @@
 
 model_args:
   pretrained   a checkpoint folder (any format `recur_core.load_checkpoint` opens)
-  policy       uniform (A0) | a1 | a2 | latent | reverse_kl | entropy | argmax | cosine (default a1)
-  threshold    the policy's threshold: A1's / reverse_kl's ε, A2's τ, latent / entropy / cosine's δ,
-               argmax's run length n (default: SETTINGS.default_eps for a1, 1e-3 for the others,
-               0.5 for a2, 5 for argmax)
+  policy       a family of recur_core.exits.catalogue, by name in any case or alias: A0 (uniform) | A1 |
+               A2 | latent | huginn_kl (reverse_kl) | huginn_entropy (entropy) | huginn_cosine (cosine)
+               | huginn_argmax (argmax) (default a1)
+  threshold    the policy's threshold (A1's / huginn_kl's ε, A2's τ, latent / entropy / cosine's δ,
+               argmax's run length n; default: the catalogue's)
   loops        A0's depth (default: the recipe's r̄)
   max_loops    the loop cap of every token (default: the recipe's r_max)
   min_loops    the first loop the policy is consulted at (default: the policy's own)
@@ -41,23 +42,13 @@ from tqdm import tqdm
 
 from recur_core import load_checkpoint
 from recur_core.decoding.decode import generate
-from recur_core.exits.policies import (
-    ArgmaxStable,
-    ConvergenceExit,
-    CosineExit,
-    EntropyDiff,
-    LatentDiff,
-    LinearRouter,
-    Policy,
-    ReverseKLExit,
-    Uniform,
-)
+from recur_core.exits import catalogue
+from recur_core.exits.policies import Policy, Uniform
 from recur_core.settings import SETTINGS
 
 from .scoring import Request, score_requests
 
 EOS = "<|endoftext|>"
-POLICIES = ("uniform", "a1", "a2", "latent", "reverse_kl", "entropy", "argmax", "cosine")
 
 
 class LoopScored(tuple):
@@ -78,29 +69,24 @@ def make_policy(ckpt, policy: str = "a1", threshold: float | None = None, loops:
                 min_loops: int | None = None, max_loops: int | None = None, probe: str = "argmax",
                 seed: int = SETTINGS.seed) -> Policy:
     """The recur_core policy that model_args name (see the module docstring)."""
-    name = str(policy).lower()
-    if name not in POLICIES:
-        raise ValueError(f"policy {policy!r}: expected one of {', '.join(POLICIES)}")
+    fam = catalogue.family(policy)
+    if fam.needs_gate:
+        raise ValueError(f"policy {policy!r} needs a learned exit gate: lm-eval runs the readout and state rules")
     recipe = ckpt.recipe
     cap = recipe.r_max if max_loops is None else int(max_loops)
-    extra = {} if min_loops is None else {"min_loops": int(min_loops)}
-    if name == "uniform":
+    if fam.name == "A0":
         r = round(recipe.r_bar) if loops is None else int(loops)
         if r < 1 or r > cap:
             raise ValueError(f"loops must be in 1..{cap} (max_loops), got {r}")
         return Uniform(r)
     if loops is not None:
-        raise ValueError(f"loops sets A0's depth; policy {name} takes threshold (and max_loops for its cap)")
-    if name == "a1":
-        return ConvergenceExit(SETTINGS.default_eps if threshold is None else float(threshold), r_max=cap, **extra)
-    if name == "a2":
+        raise ValueError(f"loops sets A0's depth; policy {fam.name} takes threshold (and max_loops for its cap)")
+    router = None
+    if fam.needs_probe:
         from recur_core.analysis.probe import load_or_train_probes
         router = load_or_train_probes(ckpt, cap, seed, kinds=(probe,))[probe]
-        return LinearRouter(router, 0.5 if threshold is None else float(threshold), r_max=cap, **extra)
-    if name == "argmax":
-        return ArgmaxStable(5 if threshold is None else int(threshold), r_max=cap, **extra)
-    rule = {"latent": LatentDiff, "reverse_kl": ReverseKLExit, "entropy": EntropyDiff, "cosine": CosineExit}[name]
-    return rule(1e-3 if threshold is None else float(threshold), r_max=cap, **extra)
+    return catalogue.make(fam.name, threshold, r_max=cap, min_loops=None if min_loops is None else int(min_loops),
+                          probe=router)
 
 
 def pick_device(device: str | None) -> str:

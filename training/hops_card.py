@@ -55,7 +55,7 @@ def measure(ckpt_dir: Path, n_boot: int = SETTINGS.n_boot, max_train: int | None
     boot = Bootstrap(tr.n_windows, n_boot, seed)
     section = lambda exact: ground_truth_section(  # noqa: E731
         tr, hops, max_train, eos_id(ckpt.tokenizer()), max(CARD_LOOPS, r_max), r_bar, boot, probes,
-        SETTINGS.eps_grid, SETTINGS.tau_grid, exact=exact, progress=True)
+        exact=exact, progress=True)
     exact, fast = section((ckpt, windows)), section(None)
     tok = ckpt.tokenizer()
     texts = [tok.decode([i for i in w.tolist() if i != tok.token_to_id("<|endoftext|>")]) for w in ckpt.windows("eval")]

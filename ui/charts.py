@@ -13,16 +13,12 @@ import plotly.graph_objects as go
 import streamlit as st
 from plotly.subplots import make_subplots
 
+from recur_core.exits import catalogue
+
 KL_AXIS = "KL(p_i ‖ p_{i−1}) [nats]"
 LOSS_AXIS = "loss [nats/token]"
 LOOPS_AXIS = "mean loops per token"
 DIFF_AXIS = "loss − A0's at the same mean loops [nats/token]"
-FAMILY_COLORS = {"A0": "#4c78a8", "A1": "#f58518", "A2_argmax": "#54a24b", "A2_kl": "#b279a2",
-                 "A2_argmax_any": "#72b7b2", "A2_kl_any": "#e45756", "Gate": "#9d755d"}
-FAMILY_NAMES = {"A0": "A0 uniform depth", "A1": "A1 convergence exit (KL < ε)",
-                "A2_argmax": "A2 router (argmax labels)", "A2_kl": "A2 router (KL labels)",
-                "A2_argmax_any": "A2 router (argmax, any later loop)", "A2_kl_any": "A2 router (KL, any later loop)",
-                "Gate": "Learned exit gate (Ouro's Q-exit, CDF ≥ q)"}
 PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d")
 KL_FLOOR = 1e-12  # log10 of a KL of exactly 0 is drawn at this floor
 # Inferno, with its first stop "#000004" nudged: the app frontend turned exactly that colour into lavender
@@ -139,13 +135,13 @@ def depth_loss(curves: dict[str, list[dict]], highlight: dict | None, reference:
     fig = go.Figure()
     for name, pts in curves.items():
         pts = sorted(pts, key=lambda p: p["mean_loops"])
-        color = FAMILY_COLORS.get(name, "#666")
+        color = catalogue.colour(name)
         x = [p["mean_loops"] for p in pts]
         if bands:
             fig.add_trace(band(x, [p["ci_low"] for p in pts], [p["ci_high"] for p in pts], color, name, group=name))
         thr = [fmt_threshold(p["threshold_name"], p["threshold"]) for p in pts]
         fig.add_trace(go.Scatter(
-            x=x, y=[p["loss"] for p in pts], mode="lines+markers", name=FAMILY_NAMES.get(name, name),
+            x=x, y=[p["loss"] for p in pts], mode="lines+markers", name=catalogue.display(name),
             legendgroup=name, line=dict(color=color, width=2), marker=dict(size=5),
             customdata=np.array([[t, p["ci_low"], p["ci_high"]] for t, p in zip(thr, pts, strict=True)], dtype=object),
             hovertemplate=("%{customdata[0]}<br>mean loops %{x:.2f}<br>loss %{y:.4f} "
@@ -180,17 +176,17 @@ def difference_curves(diffs: dict[str, dict], highlight: dict | None, title: str
     fig = go.Figure()
     xs = [x for d in diffs.values() for x in d["mean_loops"]]
     if xs:
-        fig.add_trace(go.Scatter(x=[min(xs), max(xs)], y=[0, 0], mode="lines", name=FAMILY_NAMES["A0"] + " (zero)",
-                                 line=dict(color=FAMILY_COLORS["A0"], width=2), hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=[min(xs), max(xs)], y=[0, 0], mode="lines", name=catalogue.display("A0") + " (zero)",
+                                 line=dict(color=catalogue.colour("A0"), width=2), hoverinfo="skip"))
     for name, d in diffs.items():
         order = np.argsort(d["mean_loops"], kind="stable")
         pick = lambda key, d=d, order=order: np.asarray(d[key], dtype=float)[order]
         x, y, lo, hi = pick("mean_loops"), pick("diff"), pick("ci_low"), pick("ci_high")
-        color = FAMILY_COLORS.get(name, "#666")
+        color = catalogue.colour(name)
         fig.add_trace(band(x, lo, hi, color, name, group=name))
         thr = np.array([fmt_threshold(d["threshold_name"], t) for t in d["thresholds"]], dtype=object)[order]
         fig.add_trace(go.Scatter(
-            x=x, y=y, mode="lines+markers", name=FAMILY_NAMES.get(name, name), legendgroup=name,
+            x=x, y=y, mode="lines+markers", name=catalogue.display(name), legendgroup=name,
             line=dict(color=color, width=2), marker=dict(size=5), customdata=np.stack([thr, lo, hi], axis=1),
             hovertemplate=("%{customdata[0]}<br>mean loops %{x:.2f}<br>− A0: %{y:+.4f} "
                            "[%{customdata[1]:+.4f}, %{customdata[2]:+.4f}]<extra>" + name + "</extra>")))

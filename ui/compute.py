@@ -30,17 +30,8 @@ from recur_core.analysis.ground_truth import probe_answers
 from recur_core.analysis.probe import load_or_train_probes
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import Trace, is_cached, trace
-from recur_core.exits.policies import (
-    ArgmaxStable,
-    ConvergenceExit,
-    CosineExit,
-    EntropyDiff,
-    GateExit,
-    LatentDiff,
-    LinearRouter,
-    ReverseKLExit,
-    Uniform,
-)
+from recur_core.exits import catalogue
+from recur_core.exits.policies import ConvergenceExit, GateExit, LinearRouter, Uniform
 from recur_core.model.checkpoint import EVAL_WINDOWS, METRICS, TOKENIZER, WEIGHTS, read_meta
 from recur_core.model.hf_folder import INDEX
 from recur_core.model.recipe import Recipe
@@ -276,29 +267,20 @@ def source_trace(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | No
 
 # -- policies on a trace ----------------------------------------------------------------------------
 def a0(r: int) -> Uniform:
-    return Uniform(r)
+    return catalogue.make("A0", r)
 
 
 def a1(eps: float, r_max: int) -> ConvergenceExit:
-    return ConvergenceExit(eps, r_max=r_max)
+    return catalogue.make("A1", eps, r_max=r_max)
 
 
 def a2(path: str, ckpt_id: str, device: str, kind: str, tau: float, r_max: int) -> LinearRouter:
-    return LinearRouter(probes(path, ckpt_id, device)[kind], tau, r_max=r_max)
+    return catalogue.make("A2", tau, r_max=r_max, probe=probes(path, ckpt_id, device)[kind])
 
 
-# Huginn's exit criteria: (policy class, its knob's label, Huginn's "auto" threshold)
-HUGINN_CRITERIA = {
-    "entropy-diff": (EntropyDiff, "δ: halt once |H(p_i) − H(p_{i−1})| < δ [nats]", 1e-3),
-    "argmax-stability": (ArgmaxStable, "n: halt once the argmax is unchanged for n loops", 5),
-    "cosine": (CosineExit, "δ: halt once 1 − cos(s_i, s_{i−1}) < δ", 1e-3),
-    "KL, Huginn's direction": (ReverseKLExit, "ε: halt once KL(p_{i−1} ‖ p_i) < ε [nats] (reverse of A1's)", 1e-3),
-    "latent-diff": (LatentDiff, "δ: halt once ‖s_i − s_{i−1}‖ / ‖s_i‖ < δ", 0.03),
-}
-
-
-def huginn_policy(name: str, threshold: float, r_max: int):
-    return HUGINN_CRITERIA[name][0](threshold, r_max=r_max)
+def policy(name: str, threshold, r_max: int):
+    """A catalogue family that needs neither a probe nor a gate (the Compare page's criteria)."""
+    return catalogue.make(name, threshold, r_max=r_max)
 
 
 def gate(path: str, ckpt_id: str, device: str) -> tuple | None:
@@ -308,8 +290,7 @@ def gate(path: str, ckpt_id: str, device: str) -> tuple | None:
 
 def gate_exit(path: str, ckpt_id: str, device: str, q: float, r_max: int) -> GateExit:
     """Ouro's Q-exit at q, capped at the gate's trained steps (and r_max)."""
-    gate_lambda, steps = gate(path, ckpt_id, device)
-    return GateExit(q, gate_lambda, r_max=min(steps, r_max))
+    return catalogue.make("Gate", q, r_max=r_max, gate=gate(path, ckpt_id, device))
 
 
 @dataclass

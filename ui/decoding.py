@@ -8,17 +8,15 @@ import streamlit as st
 import torch
 
 from recur_core.decoding.decode import generate
-from recur_core.exits.policies import ConvergenceExit, LatentDiff, Uniform
+from recur_core.exits import catalogue
+from recur_core.exits.policies import Uniform
 
 from . import compute
 from .strip import DepthScale, TokenView, legend_html, strip_html, tooltip
 from .text import examples_for, reads_programs
 from .views import delta
 
-POLICIES = {"a1": "A1 convergence exit: KL(p_i ‖ p_i−1) < ε",
-            "latent": "Latent difference: ‖s_i − s_i−1‖ / ‖s_i‖ < δ (no coda or head per loop)",
-            "a0": "A0 uniform depth"}
-DELTAS = (0.3, 0.2, 0.1, 0.05, 0.03, 0.02, 0.01, 5e-3, 2e-3, 1e-3)
+POLICIES = [f.name for f in catalogue.shown_in(catalogue.GENERATE)]
 
 
 @contextmanager
@@ -42,16 +40,20 @@ def warm_checkpoint(path: str, ckpt_id: str, device: str):
     return ckpt
 
 
-def make_policy(kind: str, threshold, cap: int):
-    if kind == "a1":
-        return ConvergenceExit(threshold, r_max=cap)
-    if kind == "latent":
-        return LatentDiff(threshold, r_max=cap)
-    return Uniform(int(threshold))
+def policy_title(name: str) -> str:
+    """A policy's radio option: its name and rule (and that it skips the readout, where it does)."""
+    fam = catalogue.family(name)
+    saves = "" if fam.needs_readout or fam.name == "A0" else " (no coda or head per loop)"
+    return f"{fam.display}: {fam.rule}{saves}"
 
 
-def policy_label(kind: str, threshold) -> str:
-    return {"a1": f"A1 ε = {threshold:.0e}", "latent": f"Latent δ = {threshold:g}", "a0": f"A0 r = {threshold}"}[kind]
+def make_policy(name: str, threshold, cap: int):
+    return catalogue.make(name, threshold, r_max=cap)
+
+
+def policy_label(name: str, threshold) -> str:
+    fam = catalogue.family(name)
+    return f"{fam.name} {fam.knob} = {threshold:g}"
 
 
 def legend(scale: DepthScale) -> str:

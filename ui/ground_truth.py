@@ -26,23 +26,13 @@ from recur_core.analysis.ground_truth import (
 )
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
+from recur_core.exits import catalogue
 from recur_core.settings import SETTINGS, seed_for
 from training.hops import HopsTask, hop_counts, is_hops, random_program
 from training.word_problems import EVAL_SEED_OFFSET, WordProblems, eval_steps
 
 from . import compute, jobs, state, text
-from .charts import FAMILY_COLORS, FAMILY_NAMES, PALETTE, base_layout
-
-POLICY_NAMES = {**FAMILY_NAMES, "A1": "A1 convergence exit", "latent": "latent rule (Huginn)",
-                "huginn_kl": "KL, Huginn's direction", "huginn_entropy": "entropy difference (Huginn)",
-                "huginn_cosine": "cosine change (Huginn)", "huginn_argmax": "argmax stability (Huginn)"}
-POLICY_COLORS = {**FAMILY_COLORS, "latent": "#9d755d", "huginn_kl": "#ff9da6", "huginn_entropy": "#bab0ac",
-                 "huginn_cosine": "#eeca3b", "huginn_argmax": "#17becf"}  # one colour per policy, none shared
-
-
-def policy_name(key: str) -> str:
-    """A policy's name for people (report.json's key never shows)."""
-    return POLICY_NAMES.get(key, key.replace("_", " "))
+from .charts import PALETTE, base_layout
 
 
 def fmt_rho(estimate: dict) -> str:
@@ -143,7 +133,7 @@ def _section(path: str, ckpt_id: str, device: str, r_max: int, r_bar: int, exact
              cache_only: bool = False) -> dict | None:
     ckpt, tr, hops, max_train, eos, prb, windows = _inputs(path, ckpt_id, device)
     return ground_truth_section(tr, hops, max_train, eos, r_max, r_bar, Bootstrap(tr.n_windows, SETTINGS.n_boot, SETTINGS.seed),
-                                prb, SETTINGS.eps_grid, SETTINGS.tau_grid, exact=(ckpt, windows) if exact else None,
+                                prb, exact=(ckpt, windows) if exact else None,
                                 cache=TraceCache() if exact else False, progress=progress, cache_only=cache_only)
 
 
@@ -197,7 +187,7 @@ def start_exact(path: str, ckpt_id: str, device: str, r_max: int, r_bar: int) ->
 def gap_sentence(exact: dict, fast: dict, policy: str = "A1") -> str:
     """The fast path's overstatement in words, for one policy at its operating points."""
     e, f = exact["policies"][policy], fast["policies"][policy]
-    return (f"Under real halting (exact), {policy_name(policy)} needs **{e['mean_loops']:.2f}** mean loops to come within "
+    return (f"Under real halting (exact), {catalogue.display(policy)} needs **{e['mean_loops']:.2f}** mean loops to come within "
             f"{100 * exact['tolerance']:.0f} point of A0's answer accuracy at r̄ = {exact['r_bar']}; if every other "
             f"token stayed at full depth (the fast path) it would need **{f['mean_loops']:.2f}**.")
 
@@ -236,10 +226,10 @@ def exit_vs_hops(gt: dict, unit: str = "hop") -> go.Figure:
     hops = np.asarray(gt["answers"]["hops"])
     for name, depths in gt["answers"]["exit_depth"].items():
         pol = gt["policies"][name]
-        label = f"{policy_name(name)} · ρ = {fmt_rho(pol['spearman_exit_vs_hops'])}"
+        label = f"{catalogue.display(name)} · ρ = {fmt_rho(pol['spearman_exit_vs_hops'])}"
         fig.add_trace(go.Box(x=hops, y=depths, name=label, boxpoints="all", jitter=0.4, pointpos=0,
-                             marker=dict(size=3, color=POLICY_COLORS.get(name, "#888")),
-                             line=dict(color=POLICY_COLORS.get(name, "#888"))))
+                             marker=dict(size=3, color=catalogue.colour(name)),
+                             line=dict(color=catalogue.colour(name))))
     fig.add_vline(x=gt["max_train_hops"] + 0.5, line_dash="dot", line_color="#999",
                   annotation_text="trained up to here", annotation_position="top left")
     fig.update_layout(boxmode="group", xaxis_title=f"{unit}s the answer needs (ground truth)",
@@ -270,7 +260,7 @@ def policy_table(gt: dict, fast: dict | None = None, unit: str = "hop"):
     import pandas as pd
     rows = []
     for name, pol in gt["policies"].items():
-        row = {"policy": policy_name(name), "threshold": pol["threshold"], "answer accuracy": pol["answer_accuracy"],
+        row = {"policy": catalogue.display(name), "threshold": pol["threshold"], "answer accuracy": pol["answer_accuracy"],
                "mean loops": pol["mean_loops"]}
         if fast is not None:
             row["mean loops, fast path"] = fast["policies"][name]["mean_loops"]

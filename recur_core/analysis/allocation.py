@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..exits.policies import ConvergenceExit, GateExit, LinearRouter, Policy, Uniform
+from ..exits import catalogue
+from ..exits.policies import ConvergenceExit, Policy
 from .curves import (
     EPS_GRID,
     Q_GRID,
@@ -57,17 +58,11 @@ TABLE_TOL = 0.25  # ...unless the loss changes across them by at most this fract
 def allocation_families(r_max: int, eps_grid=EPS_GRID, tau_grid=TAU_GRID, probes: dict | None = None,
                         a1_min_loops: int = ConvergenceExit.FIRST_CHECK, gate=None,
                         q_grid=Q_GRID) -> dict[str, list[Policy]]:
-    """The policies of the allocation curves: A0 at r = 1..r_max, A1 over eps_grid (first check at
-    a1_min_loops), A2 over tau_grid for each probe label kind, and with gate = (the model's
-    gate_lambda, its trained steps) GateExit over q_grid, capped at min(steps, r_max)."""
-    families = {"A0": [Uniform(r) for r in range(1, r_max + 1)],
-                "A1": [ConvergenceExit(eps, min(a1_min_loops, r_max), r_max) for eps in eps_grid]}
-    for kind, probe in (probes or {}).items():
-        families[f"A2_{kind}"] = [LinearRouter(probe, tau, 1, r_max) for tau in tau_grid]
-    if gate is not None:
-        gate_lambda, steps = gate
-        families["Gate"] = [GateExit(q, gate_lambda, 1, min(steps, r_max)) for q in q_grid]
-    return families
+    """The policies of the allocation curves (the catalogue's CURVES): A0 at r = 1..r_max, A1 over
+    eps_grid (first check at a1_min_loops), A2 over tau_grid for each probe label kind, and with
+    gate = (the model's gate_lambda, its trained steps) GateExit over q_grid, capped at min(steps, r_max)."""
+    return catalogue.sweeps(catalogue.CURVES, r_max, grids={"A1": eps_grid, "A2": tau_grid, "Gate": q_grid},
+                            probes=probes, gate=gate, min_loops={"A1": min(a1_min_loops, r_max)})
 
 
 def model_gate(ckpt) -> tuple | None:

@@ -25,24 +25,14 @@ Terms:
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..exits.policies import (
-    ArgmaxStable,
-    ConvergenceExit,
-    CosineExit,
-    EntropyDiff,
-    LatentDiff,
-    LinearRouter,
-    Policy,
-    ReverseKLExit,
-)
+from ..exits import catalogue
+from ..exits.policies import Policy
 from ..model.checkpoint import read_safetensors
-from ..settings import SETTINGS
 from .exact import decoded_results, exact_results
 from .harness import ExactResult
 from .matching import cheapest
@@ -51,10 +41,6 @@ from .trace import Trace
 
 GROUND_TRUTH = "ground_truth.safetensors"
 TOLERANCE = 0.01  # "matches A0 at r_bar": answer accuracy within 1 point
-ARGMAX_RUNS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)  # argmax stability's n (loops unchanged in a row)
-# Huginn's KL / entropy / cosine thresholds: every half decade from 1e-7 to 10, with 0 and inf (a
-# coarser grid than A1's: these are comparisons, and the entropy rule runs outside the shared lanes)
-HUGINN_GRID = (0.0, *(10.0 ** (k / 2) for k in range(-14, 3)), math.inf)
 
 
 def load_ground_truth(ckpt_path: str | Path) -> tuple[np.ndarray, int] | None:
@@ -146,18 +132,10 @@ def spearman_ci(depth: np.ndarray, ah: np.ndarray, boot: Bootstrap) -> dict:
 
 
 def operating_point_families(r_max: int, probes: dict | None, eps_grid, tau_grid) -> dict[str, list[Policy]]:
-    """The policies ground truth finds operating points for: A1 over eps, A2 over tau per probe label
-    kind, the latent rule over SETTINGS.delta_grid, and Huginn's other criteria (reverse KL, entropy
-    difference and cosine over HUGINN_GRID, argmax stability over ARGMAX_RUNS). A0 is the baseline."""
-    fam = {"A1": [ConvergenceExit(e, r_max=r_max) for e in eps_grid],
-           "latent": [LatentDiff(d, r_max=r_max) for d in SETTINGS.delta_grid]}
-    for kind, probe in (probes or {}).items():
-        fam[f"A2_{kind}"] = [LinearRouter(probe, t, r_max=r_max) for t in tau_grid]
-    fam["huginn_kl"] = [ReverseKLExit(e, r_max=r_max) for e in HUGINN_GRID]
-    fam["huginn_entropy"] = [EntropyDiff(e, r_max=r_max) for e in HUGINN_GRID]
-    fam["huginn_cosine"] = [CosineExit(e, r_max=r_max) for e in HUGINN_GRID]
-    fam["huginn_argmax"] = [ArgmaxStable(n, r_max=r_max) for n in ARGMAX_RUNS if n < r_max]
-    return fam
+    """The policies ground truth finds operating points for (the catalogue's GROUND_TRUTH): A1 over
+    eps_grid, A2 over tau_grid per probe label kind, the others over their catalogue sweeps. A0 is
+    the baseline."""
+    return catalogue.sweeps(catalogue.GROUND_TRUTH, r_max, grids={"A1": eps_grid, "A2": tau_grid}, probes=probes)
 
 
 @dataclass
@@ -213,7 +191,7 @@ class _Answers:
 
 
 def ground_truth_section(tr: Trace, hops: np.ndarray, max_train_hops: int, pad_id: int, r_max: int,
-                         r_bar: int, boot: Bootstrap, probes: dict | None = None, eps_grid=(), tau_grid=(),
+                         r_bar: int, boot: Bootstrap, probes: dict | None = None, eps_grid=None, tau_grid=None,
                          tolerance: float = TOLERANCE, exact=None, cache=False, progress=None,
                          families: dict[str, list[Policy]] | None = None, cache_only: bool = False) -> dict | None:
     """The `ground_truth` section of report.json (keys: docs/REPORT_KEYS.md): exact with
@@ -221,6 +199,7 @@ def ground_truth_section(tr: Trace, hops: np.ndarray, max_train_hops: int, pad_i
     uniform depth are taken on the trained hop counts (1 .. max_train_hops); longer chains are
     extrapolation, reported on their own with answer counts and CIs. Uniform depth comes from the
     trace, which is what the harness computes for it (nothing freezes before the last loop).
+    eps_grid / tau_grid: A1's / A2's thresholds (None: their catalogue sweeps).
     families: the policies to find operating points for (default operating_point_families).
     cache_only: return None instead of computing an exact result that is not in the disk cache."""
     try:

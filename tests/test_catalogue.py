@@ -1,0 +1,116 @@
+"""The exit-policy catalogue: one entry per family, one `make`, one sweep (recur_core/exits/catalogue.py)."""
+import math
+
+import pytest
+import torch
+
+from recur_core.analysis.allocation import allocation_families
+from recur_core.analysis.ground_truth import operating_point_families
+from recur_core.exits import catalogue
+from recur_core.exits.policies import (
+    ArgmaxStable,
+    ConvergenceExit,
+    CosineExit,
+    EntropyDiff,
+    GateExit,
+    LatentDiff,
+    LinearRouter,
+    ReverseKLExit,
+    Uniform,
+)
+from recur_core.settings import SETTINGS
+
+
+class FixedProbe:
+    probe_id = rule_id = "fixed"
+
+    def chance(self, state, loop):
+        return torch.zeros(state.shape[:-1])
+
+
+def gate_lambda(state):
+    return torch.full(state.shape[:-1], 0.3)
+
+
+def extras(fam) -> dict:
+    return {"probe": FixedProbe() if fam.needs_probe else None, "gate": (gate_lambda, 6) if fam.needs_gate else None}
+
+
+@pytest.mark.parametrize("fam", list(catalogue.FAMILIES.values()), ids=list(catalogue.FAMILIES))
+def test_every_entry_makes_its_class_at_its_default_and_over_its_sweep(fam):
+    threshold = 3 if fam.default is None else fam.default
+    policy = catalogue.make(fam.name, threshold, r_max=8, **extras(fam))
+    assert type(policy) is fam.cls and policy.threshold == threshold
+    assert fam.needs_readout == type(policy).needs_readout
+    swept = catalogue.sweep(fam.name, 8, **extras(fam))
+    assert swept and all(type(p) is fam.cls for p in swept)
+    if fam.calibration:  # descending, inside the family's range
+        assert list(fam.calibration) == sorted(fam.calibration, reverse=True)
+        assert all(fam.check(t) == t for t in fam.calibration)
+
+
+def test_names_aliases_and_report_keys_resolve_to_one_family():
+    assert catalogue.family("a1") is catalogue.family("A1") is catalogue.FAMILIES["A1"]
+    for alias, name in [("uniform", "A0"), ("reverse_kl", "huginn_kl"), ("entropy", "huginn_entropy"),
+                        ("argmax", "huginn_argmax"), ("cosine", "huginn_cosine"), ("argmax-stability", "huginn_argmax"),
+                        ("A2_kl_any", "A2"), ("gate", "Gate")]:
+        assert catalogue.family(alias).name == name
+    with pytest.raises(ValueError, match="unknown exit policy 'kl'.*A0, A1"):
+        catalogue.family("kl")
+
+
+def test_display_names_and_colours_are_one_per_report_key():
+    keys = [k for f in catalogue.FAMILIES.values() for k in ([f"A2_{v}" for v in f.variants] or [f.name])]
+    assert len({catalogue.display(k) for k in keys}) == len(keys)
+    assert len({catalogue.colour(k) for k in keys}) == len(keys)  # no two curves share a colour
+    assert catalogue.display("A2_kl") == "A2 router (KL labels)" and catalogue.display("A1").startswith("A1 ")
+
+
+@pytest.mark.parametrize("name,bad,limit", [("A1", -1e-3, r"\[0, inf\]"), ("Gate", 1.5, r"\[0, 1\]"),
+                                            ("huginn_argmax", 0, r"whole number in \[1, inf\]"),
+                                            ("huginn_argmax", 2.5, "whole number"), ("latent", math.nan, "latent"),
+                                            ("A0", "deep", "must be a number")])
+def test_a_threshold_outside_its_range_is_refused_naming_the_limit(name, bad, limit):
+    with pytest.raises(ValueError, match=limit):
+        catalogue.make(name, bad, r_max=8, gate=(gate_lambda, 6))
+
+
+def test_what_a_family_needs_is_asked_for():
+    with pytest.raises(ValueError, match="router probe"):
+        catalogue.make("A2", 0.5, r_max=4)
+    with pytest.raises(ValueError, match="learned exit gate"):
+        catalogue.make("Gate", 0.5, r_max=4)
+    with pytest.raises(ValueError, match="give r"):
+        catalogue.make("A0")
+    assert catalogue.make("Gate", 0.5, r_max=10, gate=(gate_lambda, 6)).r_max == 6  # capped at the trained steps
+    assert catalogue.make("Gate", 0.5, r_max=4, gate=(gate_lambda, 6)).r_max == 4
+
+
+def test_sweeps_are_the_families_the_analysis_ran_before_the_catalogue():
+    """The allocation curves and the ground-truth operating points keep their policies, key order included."""
+    r_max, probe = 8, FixedProbe()
+    huginn = (0.0, *(10.0 ** (k / 2) for k in range(-14, 3)), math.inf)
+    before_gt = {"A1": [ConvergenceExit(e, r_max=r_max) for e in SETTINGS.eps_grid],
+                 "latent": [LatentDiff(d, r_max=r_max) for d in (0.0, 1e-3, 3e-3, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5,
+                                                                 math.inf)],
+                 "A2_kl": [LinearRouter(probe, t, r_max=r_max) for t in SETTINGS.tau_grid],
+                 "huginn_kl": [ReverseKLExit(e, r_max=r_max) for e in huginn],
+                 "huginn_entropy": [EntropyDiff(e, r_max=r_max) for e in huginn],
+                 "huginn_cosine": [CosineExit(e, r_max=r_max) for e in huginn],
+                 "huginn_argmax": [ArgmaxStable(n, r_max=r_max) for n in (1, 2, 3, 4, 5, 6)]}
+    gt = operating_point_families(r_max, {"kl": probe}, SETTINGS.eps_grid, SETTINGS.tau_grid)
+    assert {k: [repr(p) for p in v] for k, v in gt.items()} == {k: [repr(p) for p in v] for k, v in before_gt.items()}
+    before_curves = {"A0": [Uniform(r) for r in range(1, r_max + 1)],
+                     "A1": [ConvergenceExit(e, 2, r_max) for e in SETTINGS.eps_grid],
+                     "A2_kl": [LinearRouter(probe, t, 1, r_max) for t in SETTINGS.tau_grid],
+                     "Gate": [GateExit(q, gate_lambda, 1, 6) for q in SETTINGS.q_grid]}
+    curves = allocation_families(r_max, probes={"kl": probe}, gate=(gate_lambda, 6))
+    assert {k: [repr(p) for p in v] for k, v in curves.items()} == {k: [repr(p) for p in v]
+                                                                      for k, v in before_curves.items()}
+    assert list(allocation_families(r_max)) == ["A0", "A1"]  # no probe, no gate: those families are left out
+
+
+def test_a_family_with_variants_names_each_and_refuses_an_unknown_one():
+    assert catalogue.display("A2") == "A2 router" and catalogue.colour("A2_argmax") != catalogue.colour("A2_kl")
+    with pytest.raises(ValueError, match="unknown exit policy 'A2_nope'"):
+        catalogue.family("A2_nope")

@@ -97,6 +97,14 @@ if compute.gate(*m.key) is not None:
                            legend=False)
 
 state.follow_decoding(shown, decoding_note)
+uniform = outcomes[0]
+leaner = [label for (_f, label, _p), out in zip(policies[1:], outcomes[1:], strict=True)
+          if out.mean_loops < r and out.loss < uniform.loss]
+if leaner:
+    st.caption(f"**Fewer loops and a lower loss than A0 r={r}** on this text: {', '.join(leaner)}. Depth does not "
+               "lower every token's loss: a token whose loss rises past some loop scores better when it stops early, "
+               "and a short text has few tokens to average over. The eval-set pages (Depth / loss curve) say whether "
+               "it holds on average.")
 
 with st.expander("A2 probe quality (held-out windows) and the raw trace"):
     if prb:

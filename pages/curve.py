@@ -69,9 +69,11 @@ ref = (m.r_bar, a0[m.r_bar]["loss"]) if m.r_bar in a0 else None
 c = st.columns(4)
 c[0].metric("ε (current point)", f"{cur['threshold']:.1e}",
             help=None if math.isclose(cur["threshold"], eps) else "The nearest ε of the swept grid.")
-c[1].metric("Mean loops (A1)", f"{cur['mean_loops']:.2f}",
-            **views.delta(cur["mean_loops"] - m.r_bar, ".2f", f"more loops than r̄ = {m.r_bar}",
-                          f"fewer loops than r̄ = {m.r_bar}", "lower", f"as many loops as r̄ = {m.r_bar}"))
+best = views.smallest_depth_reaching(a0, cur["loss"])
+c[1].metric("Mean loops (A1)", f"{cur['mean_loops']:.2f}", **views.against_best_uniform(cur["mean_loops"], best, m.r_max),
+            help=f"Against the best uniform depth: the smallest r whose A0 loss on these windows is at most A1's "
+                 f"here ({'none up to r_max = ' + str(m.r_max) if best is None else f'r = {best}'}). Against uniform "
+                 f"r̄ = {m.r_bar}: {cur['mean_loops'] / m.r_bar - 1:+.0%} loops (the last metric matches r̄'s loss).")
 c[2].metric("Loss (A1)", f"{cur['loss']:.4f}",
             **({} if ref is None else views.delta(cur["loss"] - ref[1], ".4f", "nats worse than A0 at r̄",
                                                   "nats better than A0 at r̄", "lower", "as good as A0 at r̄")),

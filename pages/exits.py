@@ -30,12 +30,12 @@ c = st.columns(4)
 c[0].metric("Mean loops (A1)", f"{out.mean_loops:.2f}", help="Mean exit depth over the tokens that have a next "
             "token to score (all but the last).")
 best = analysis.smallest_uniform_depth(tr, out.loss, m.r_max)
-saving = views.saving_vs_uniform(out.mean_loops, best)
-c[1].metric(saving.label, saving.value,
+saving = views.saving_vs_uniform(out.mean_loops, best, m.r_max, m.r_bar)
+c[1].metric(saving.label, saving.value, **saving.vs_r_bar,
             help=f"Core loops against the best uniform depth: the smallest uniform depth r whose loss on this text is "
-                 f"at most A1's ('—': none up to r_max = {m.r_max}, so A1's loss is below every uniform depth's). "
-                 f"Against uniform r̄ = {m.r_bar}: {out.mean_loops:.2f} against {m.r_bar} loops. The paper's FLOP "
-                 "proxy; the cost of the KL check itself is not counted.")
+                 f"at most A1's (\"beats all\": none up to r_max = {m.r_max} reaches it, A1's loss is below every "
+                 f"uniform depth's). Beneath, against uniform r̄ = {m.r_bar}: {out.mean_loops:.2f} against {m.r_bar} "
+                 "loops. The paper's FLOP proxy; the cost of the KL check itself is not counted.")
 c[2].metric("Loss (A1)", f"{out.loss:.3f} nats",
             **views.delta(out.loss - uniform.loss, ".3f", "nats worse than A0 at r̄", "nats better than A0 at r̄",
                           "lower", "as good as A0 at r̄"), help="Mean next-token cross-entropy with each token read out at its exit loop.")
@@ -46,7 +46,7 @@ if saving.warning:
     st.warning(saving.warning)
 
 pick_key = f"token_pos_{hash(enc.ids) & 0xFFFFFFFF:x}"  # a fresh picker for every text
-selected = st.session_state.get(pick_key, int(table.exit_depth.idxmax()))
+selected = st.session_state.get(pick_key, views.deepest_token(table))
 colour_by = state.colour_by_control("exits")
 views.render_strip(m, table, state.path_label(f"A1 ε={eps:.1e}", out), selected=selected, colour_by=colour_by)
 

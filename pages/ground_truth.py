@@ -3,7 +3,7 @@ do exit policies stop each answer token at the depth it needs? Exact (as real ha
 fast path one click away."""
 import streamlit as st
 
-from ui import charts, compute, ground_truth, jobs, state, views
+from ui import charts, compute, download, ground_truth, jobs, state, views
 
 m = state.require_model()
 st.title("Ground truth: exit depth against the depth each answer needs")
@@ -68,7 +68,7 @@ c = st.columns(4)
 c[0].metric(f"Accuracy at r̄ = {m.r_bar}", f"{gt['uniform']['answer_accuracy'][m.r_bar - 1]:.1%}",
             help=f"Answer accuracy over {gt['n_trained_answers']} answers needing the trained {unit}s "
                  f"{gt['target_hops']}, in {gt['n_programs']} held-out windows.")
-c[1].metric(f"Spearman(A1 exit, {unit}s)", ground_truth.fmt_rho(sp).split(" [")[0],
+c[1].metric(f"Spearman(A1 exit, {unit}s)", ground_truth.fmt_rho(sp).split(" ")[0],
             help=f"With its 95% bootstrap CI over programs: {ground_truth.fmt_rho(sp)}")
 c[2].metric("Best uniform depth", f"{best}" if best else "none",
             help=f"The smallest uniform depth whose answer accuracy reaches the target, "
@@ -82,8 +82,9 @@ c[3].metric("A1 mean loops", f"{a1['mean_loops']:.2f}",
 
 charts.show(ground_truth.exit_vs_hops(gt, unit), "exit_vs_hops", key="exit_vs_hops")
 charts.show(ground_truth.accuracy_vs_loops(gt, unit), "accuracy_vs_loops", key="accuracy_vs_loops")
-st.dataframe(ground_truth.policy_table(gt, fast if gt is not fast else None, unit), hide_index=True,
-             column_config={f"Spearman(exit, {unit}s) [95% CI]": st.column_config.TextColumn(width="medium")})
+st.dataframe(download.readable(ground_truth.policy_table(gt, fast if gt is not fast else None, unit)), hide_index=True,
+             column_config={f"Spearman(exit, {unit}s) [95% CI]": st.column_config.TextColumn(width="medium"),
+                            "matches A0 at r̄": st.column_config.TextColumn(width="medium")})
 
 noun = "problem" if ground_truth.reads_problems(m) else "program"
 st.subheader(f"One {noun}, token by token")
@@ -105,4 +106,4 @@ table = views.token_table(m, tr, enc, out)
 table["ground_truth"] = ground_truth.ground_truth_notes(depths, unit)
 state.follow_decoding([out])
 views.render_strip(m, table, state.path_label(f"A1 ε={eps:.1e}", out), colour_by=state.colour_by_control("ground_truth"))
-st.dataframe(ground_truth.answer_table(table, depths, unit), hide_index=True)
+st.dataframe(download.readable(ground_truth.answer_table(table, depths, unit)), hide_index=True)

@@ -254,7 +254,7 @@ def test_exit_page_heatmap_curves_and_metrics(app_env):
     curves = next(f for f in figures(at) if f["layout"].get("yaxis", {}).get("type") == "log")
     assert "KL" in curves["layout"]["yaxis"]["title"]["text"]
     labels = [m.label for m in at.metric]
-    assert "Mean loops (A1)" in labels and any(" vs uniform" in lab for lab in labels)
+    assert "Mean loops (A1)" in labels and any(lab.startswith("Loops vs") and "uniform" in lab for lab in labels)
     assert len(at.dataframe) >= 1  # logit lens
     picker = next(s for s in at.selectbox if s.label == "Token")
     picker.set_value(2).run()
@@ -305,6 +305,10 @@ def test_curve_page_policies_and_slider(app_env):
     assert any(b.label == "⬇ CSV" for b in at.download_button)
     at.toggle(key="bands").set_value(False).run()
     assert not any(t.get("fill") == "toself" for t in curve_figure(at)["data"])
+    # the headline's baseline is the best uniform depth, as on Token exit depths (issue 49, item 5)
+    loops = next(m for m in at.metric if m.label == "Mean loops (A1)")
+    assert "best uniform r =" in loops.proto.delta or "below every uniform" in loops.proto.delta
+    assert "r̄" not in loops.proto.delta and "r̄" in loops.help
 
 
 def test_curve_page_defaults_to_paired_differences_from_a0(app_env):
@@ -565,15 +569,49 @@ def test_metric_deltas_point_the_way_of_the_change_and_colour_its_meaning():
 
 
 def test_saving_vs_uniform_never_reads_a_loss_as_a_win():
-    """Issue 39: 3.58 mean loops against a best uniform depth of 2 is a cost, said in words."""
+    """Issue 39: 3.58 mean loops against a best uniform depth of 2 is a cost, said in words; issue 49:
+    short values (a metric cuts long ones off), r̄'s comparison beside it, and a policy below every
+    uniform depth's loss says so instead of "—"."""
     from ui.views import saving_vs_uniform
-    cost = saving_vs_uniform(3.58, 2)
-    assert cost.label == "Cost vs uniform r = 2" and cost.value == "79% more loops"
+    cost = saving_vs_uniform(3.58, 2, 8, 4)
+    assert cost.label == "Loops vs best uniform r = 2" and cost.value == "79% more"
     assert "not** a saving" in cost.warning and "3.58" in cost.warning and "2 loops" in cost.warning
-    win = saving_vs_uniform(3.0, 4)
-    assert win.label == "Saving vs uniform r = 4" and win.value == "25% fewer loops" and win.warning is None
-    assert saving_vs_uniform(4.001, 4).value == "none (as many loops)"
-    assert saving_vs_uniform(2.0, None).value == "—"
+    assert cost.vs_r_bar["delta"] == "10% fewer loops than r̄ = 4"
+    win = saving_vs_uniform(3.0, 4, 8, 8)
+    assert win.label == "Loops vs best uniform r = 4" and win.value == "25% fewer" and win.warning is None
+    assert win.vs_r_bar["delta"] == "62% fewer loops than r̄ = 8"
+    assert saving_vs_uniform(4.001, 4, 8, 4).value == "as many"
+    assert saving_vs_uniform(2.0, None, 8, 4).value == "beats all r ≤ 8"
+    assert all(len(s.value) <= 16 for s in (cost, win))
+
+
+def test_tables_never_show_the_word_none():
+    """st.dataframe prints missing values as "None"; the app's tables show "n/a" (issue 49, item 6)."""
+    import pandas as pd
+
+    from ui.download import readable
+    shown = readable(pd.DataFrame({"x best uniform": [1.5, None], "labels": ["kl", None], "n": [3, 4]}))
+    assert shown["x best uniform"].tolist() == ["1.5", "n/a"] and shown["labels"].tolist() == ["kl", "n/a"]
+    assert shown["n"].tolist() == [3, 4]  # complete columns stay numbers
+
+
+def test_small_probabilities_do_not_round_to_zero():
+    """A hops program's near-uniform predictions (≈ 0.002 over 3,352 tokens) read as such (issue 49)."""
+    from ui.views import probability
+    assert probability(0.00232) == "0.232%" and probability(0.953) == "95.3%" and probability(1.0) == "100%"
+
+
+def test_the_last_token_neither_sets_the_colour_scale_nor_opens_the_drill_in():
+    """The last token has no next token to score: its depth (8 here) is left out of the scale and of
+    the drill-in's default pick (issue 49, item 6)."""
+    import pandas as pd
+
+    from ui.compute import SelectedCheckpoint
+    from ui.views import deepest_token, strip_scale
+    table = pd.DataFrame({"position": range(4), "exit_depth": [2, 3, 4, 8], "converged": [True] * 4})
+    model = SelectedCheckpoint("p", "id", "cpu", {}, None, 8, 3, 32, 64, 1, 10)
+    assert (strip_scale(model, table).lo, strip_scale(model, table).hi) == (2, 4)
+    assert deepest_token(table) == 2
 
 
 def test_strip_colours_span_the_depths_present():
@@ -586,3 +624,17 @@ def test_strip_colours_span_the_depths_present():
     assert min(sum(abs(a - b) for a, b in zip(x, y, strict=True)) for x, y in ((rgb[0], rgb[1]), (rgb[1], rgb[2]))) > 120
     legend = legend_html(scale)
     assert 'data-lo="3"' in legend and 'data-hi="5"' in legend and "r_max = 16" in legend and "3–5" in legend
+
+
+def test_generate_says_why_fewer_loops_need_not_be_faster(tiny_ckpt):
+    """A1's per-loop readouts (its KL check) cost time the loop count does not show: the page says so
+    beside its tokens/s (issue 49, item 6)."""
+    at = AppTest.from_file("../pages/generate.py", default_timeout=TIMEOUT)
+    at.session_state["checkpoint_path"] = str(tiny_ckpt)
+    at.run()
+    at.text_area[0].input("Lily saw a")
+    next(s for s in at.slider if s.label == "New tokens").set_value(4)
+    at.button[0].click().run()
+    assert not at.exception
+    note = next(c.value for c in at.caption if c.value.startswith("Why fewer loops"))
+    assert re.search(r"\(\d+ coda \+ LM head passes, against \d+ for uniform depth", note)

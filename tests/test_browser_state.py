@@ -269,3 +269,24 @@ def test_the_data_control_shows_its_choice_on_every_page(request):
         open_page(page, title)
         assert len(selected_options(page, "Data")) == 1, title
     page.close()
+
+
+CUT_OFF_JS = """() => Array.from(document.querySelectorAll("[data-testid='stMetricValue'], [data-testid='stMetricValue'] *"))
+    .filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.innerText)"""
+
+
+@pytest.mark.parametrize("url, title", [("exits", "Token exit depths"), ("compare", "Compare policies"),
+                                        ("curve", "Depth / loss curve"), ("ground_truth", "Ground truth")])
+def test_deep_links_open_their_page_with_metric_values_whole(request, url, title):
+    """Every page's URL opens it (/exits used to say "Page not found"), and at 1500 px no metric value
+    is cut off with an ellipsis (issue 49, item 6)."""
+    base, _ = request.getfixturevalue("server")
+    page = request.getfixturevalue("browser").new_page(viewport={"width": 1500, "height": 1400})
+    page.goto(f"{base}/{url}")
+    page.wait_for_selector(f"h1:has-text('{title}')", timeout=RUN_TIMEOUT_MS)
+    wait_idle(page)
+    assert "Page not found" not in page.locator("body").inner_text()
+    assert page.evaluate(CUT_OFF_JS) == []
+    nav = page.locator("[data-testid='stSidebarNavLink']", has_text="Ground truth").first.inner_text()
+    assert "hops" not in nav  # the checkpoint may count steps (word problems), not hops
+    page.close()

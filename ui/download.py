@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 
@@ -13,9 +14,24 @@ def csv_bytes(df: pd.DataFrame) -> bytes:
     return df.to_csv(index=False).encode()
 
 
+MISSING = "n/a"
+
+
+def readable(df: pd.DataFrame) -> pd.DataFrame:
+    """The table as shown: st.dataframe prints a missing value (None, NaN) as the word "None", so a
+    column with any shows them as "n/a" and its numbers as text (4 significant digits)."""
+    out = df.copy()
+    for col in out.columns:
+        missing = out[col].isna()
+        if missing.any():
+            out[col] = [MISSING if gone else f"{v:.4g}" if isinstance(v, (float, np.floating)) else v
+                        for v, gone in zip(out[col], missing, strict=True)]
+    return out
+
+
 def table(df: pd.DataFrame, name: str, caption: str | None = None, **dataframe_kwargs) -> None:
-    """st.dataframe plus a "CSV" download of exactly that table."""
-    st.dataframe(df, hide_index=True, **dataframe_kwargs)
+    """st.dataframe (missing values as "n/a") plus a "CSV" download of exactly that table."""
+    st.dataframe(readable(df), hide_index=True, **dataframe_kwargs)
     cols = st.columns([1, 5])
     cols[0].download_button("⬇ CSV", data=lambda: csv_bytes(df), file_name=f"{name}.csv", mime="text/csv",
                             key=f"csv-{name}", on_click="ignore", help=f"Download this table ({len(df)} rows)")

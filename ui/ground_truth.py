@@ -267,7 +267,7 @@ def policy_table(gt: dict, fast: dict | None = None, unit: str = "hop"):
         row.update({"loops on answers": pol["answer_mean_loops"], "× A0 at r̄": pol["vs_a0_rbar_loops_ratio"],
                     "× best uniform": pol["vs_best_uniform_loops_ratio"],
                     f"Spearman(exit, {unit}s) [95% CI]": fmt_rho(pol["spearman_exit_vs_hops"]),
-                    "matches A0 at r̄": pol["matches_a0_rbar"]})
+                    "matches A0 at r̄": "yes" if pol["matches_a0_rbar"] else "no"})
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -48,26 +48,48 @@ def delta(change: float, fmt: str, rise: str, fall: str, better: str, same: str)
 
 @dataclass(frozen=True)
 class Saving:
-    """A per-token policy's loops against the best uniform depth, in words that never call a loss a
-    saving: `label` / `value` for st.metric, and `warning`, a sentence when the policy costs more."""
+    """A per-token policy's loops against the best uniform depth (the smallest uniform depth whose loss
+    reaches the policy's), in words that never call a loss a saving: `label` / `value` for st.metric
+    (short: a metric's value is cut off, not wrapped), `vs_r_bar` the metric's delta against uniform
+    r̄ beside it, and `warning`, a sentence when the policy costs more than the best uniform depth."""
     label: str
     value: str
+    vs_r_bar: dict
     warning: str | None
 
 
-def saving_vs_uniform(mean_loops: float, best: int | None, policy: str = "A1") -> Saving:
-    """best: the smallest uniform depth whose loss reaches the policy's (None: none up to r_max)."""
+def saving_vs_uniform(mean_loops: float, best: int | None, r_max: int, r_bar: int, policy: str = "A1") -> Saving:
+    """best: the smallest uniform depth whose loss reaches the policy's (None: none up to r_max, so the
+    policy's loss is below every uniform depth's)."""
+    vs_r_bar = delta(mean_loops / r_bar - 1, ".0%", f"more loops than r̄ = {r_bar}", f"fewer loops than r̄ = {r_bar}",
+                     "lower", f"as many loops as r̄ = {r_bar}")
     if best is None:
-        return Saving("Saving vs uniform depth", "—", None)
+        return Saving("Loops vs uniform depth", f"beats all r ≤ {r_max}", vs_r_bar, None)
     change = mean_loops / best - 1
+    label = f"Loops vs best uniform r = {best}"
+    if f"{abs(change):.0%}" == "0%":
+        return Saving(label, "as many", vs_r_bar, None)
     if change < 0:
-        return Saving(f"Saving vs uniform r = {best}", f"{-change:.0%} fewer loops", None)
-    if f"{change:.0%}" == "0%":
-        return Saving(f"Saving vs uniform r = {best}", "none (as many loops)", None)
-    return Saving(f"Cost vs uniform r = {best}", f"{change:.0%} more loops",
+        return Saving(label, f"{-change:.0%} fewer", vs_r_bar, None)
+    return Saving(label, f"{change:.0%} more", vs_r_bar,
                   f"On this text {policy} is **not** a saving: it spends {mean_loops:.2f} loops per token on average, "
                   f"more than simply running every token {best} loop{'s' if best != 1 else ''}, which reaches the "
                   f"same loss (or lower). A smaller ε (the slider) or another text may change that.")
+
+
+def smallest_depth_reaching(a0: dict[int, dict], loss: float, tolerance: float = 1e-4) -> int | None:
+    """The smallest uniform depth r among the curve's A0 points {r: point} whose loss is within
+    `tolerance` of `loss` or below, else None (as analysis.smallest_uniform_depth does on a trace)."""
+    return next((r for r in sorted(a0) if a0[r]["loss"] <= loss + tolerance), None)
+
+
+def against_best_uniform(mean_loops: float, best: int | None, r_max: int) -> dict:
+    """st.metric delta keywords: a policy's mean loops against the best uniform depth (None: its loss
+    is below every uniform depth's up to r_max)."""
+    if best is None:
+        return {"delta": f"loss below every uniform r ≤ {r_max}", "delta_color": "off", "delta_arrow": "off"}
+    return delta(mean_loops - best, ".2f", f"more loops than best uniform r = {best}",
+                 f"fewer loops than best uniform r = {best}", "lower", f"as many loops as best uniform r = {best}")
 
 
 def _at_exit(values: np.ndarray, depth: np.ndarray) -> np.ndarray:
@@ -117,9 +139,20 @@ def strip_views(model: compute.SelectedCheckpoint, table: pd.DataFrame, policy: 
     return views
 
 
+def scored(table: pd.DataFrame) -> pd.Series:
+    """The tokens that have a next token to score (all but the last): the ones a policy's numbers count."""
+    return table.position < len(table) - 1 if len(table) > 1 else table.position >= 0
+
+
 def strip_scale(model: compute.SelectedCheckpoint, *tables: pd.DataFrame) -> DepthScale:
-    """One colour scale for strips shown together: the converged tokens' exit depths of all tables."""
-    return DepthScale.of((d for t in tables for d in t.exit_depth[t.converged]), model.r_max)
+    """One colour scale for strips shown together: the exit depths of the converged, scored tokens of
+    all tables (the last token, with no next token to score, does not stretch it)."""
+    return DepthScale.of((d for t in tables for d in t.exit_depth[t.converged & scored(t)]), model.r_max)
+
+
+def deepest_token(table: pd.DataFrame) -> int:
+    """The position the drill-in opens on: the deepest exit among the scored tokens."""
+    return int(table.exit_depth[scored(table)].idxmax())
 
 
 def render_strip(model: compute.SelectedCheckpoint, table: pd.DataFrame, policy: str, selected: int | None = None,
@@ -140,8 +173,15 @@ def logit_lens(model: compute.SelectedCheckpoint, tr: Trace, pos: int, exit_dept
                        "": ["◀ exit" if i + 1 == exit_depth else "" for i in range(tr.max_loops)],
                        "KL [nats]": tr.kl_prev[0, pos], "loss [nats]": tr.ce[0, pos]})
     for j in range(ids.shape[1]):
-        df[f"top-{j + 1}"] = [f"{plain_visible(w)}  {p:.2f}" for w, p in zip(words[:, j], probs[:, j], strict=True)]
+        df[f"top-{j + 1}"] = [f"{plain_visible(w)}  {probability(p)}" for w, p in zip(words[:, j], probs[:, j],
+                                                                                        strict=True)]
     return df
+
+
+def probability(p: float) -> str:
+    """A probability to three significant digits, as a percentage: a near-uniform prediction over
+    thousands of tokens (0.00232) reads 0.232%, not 0.00."""
+    return f"{100 * float(p):.3g}%"
 
 
 def token_label(table: pd.DataFrame, pos: int) -> str:

@@ -97,9 +97,7 @@ if compute.gate(*m.key) is not None:
                            legend=False)
 
 state.follow_decoding(shown, decoding_note)
-uniform = outcomes[0]
-leaner = [label for (_f, label, _p), out in zip(policies[1:], outcomes[1:], strict=True)
-          if out.mean_loops < r and out.loss < uniform.loss]
+leaner = views.leaner_and_better([label for _f, label, _p in policies], outcomes)
 if leaner:
     st.caption(f"**Fewer loops and a lower loss than A0 r={r}** on this text: {', '.join(leaner)}. Depth does not "
                "lower every token's loss: a token whose loss rises past some loop scores better when it stops early, "

@@ -638,3 +638,14 @@ def test_generate_says_why_fewer_loops_need_not_be_faster(tiny_ckpt):
     assert not at.exception
     note = next(c.value for c in at.caption if c.value.startswith("Why fewer loops"))
     assert re.search(r"\(\d+ coda \+ LM head passes, against \d+ for uniform depth", note)
+
+
+def test_a_leaner_policy_with_a_lower_loss_is_named_for_comment():
+    """Compare names a policy that spends fewer loops than A0 and still has a lower loss, so the page
+    can explain it (issue 49: A2 at 1.12 loops below A0 at 8); nothing else is named."""
+    from types import SimpleNamespace as Out
+
+    from ui.views import leaner_and_better
+    outcomes = [Out(mean_loops=8.0, loss=2.0), Out(mean_loops=3.0, loss=2.1), Out(mean_loops=1.12, loss=1.9),
+                Out(mean_loops=9.0, loss=1.5)]
+    assert leaner_and_better(["A0 r=8", "A1", "A2", "deep"], outcomes) == ["A2"]

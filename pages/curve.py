@@ -80,11 +80,13 @@ c[2].metric("Loss (A1)", f"{cur['loss']:.4f}",
             help=f"95% CI [{cur['ci_low']:.4f}, {cur['ci_high']:.4f}] nats/token")
 match = rep.get("a1_loops_to_match_a0_rbar", {})
 reached = views.is_number(match.get("value"))
+match_best = views.smallest_depth_reaching(a0, a0[m.r_bar]["loss"]) if m.r_bar in a0 else None
 c[3].metric(f"A1 loops to match A0 at r̄ = {m.r_bar} ({mode})", f"{match['value']:.2f}" if reached else "not reached",
-            **(views.delta(match["value"] / m.r_bar - 1, ".0%", "more loops than r̄", "fewer loops than r̄", "lower",
-                           "as many loops as r̄") if reached else {}),
+            **(views.against_best_uniform(match["value"], match_best, m.r_max) if reached and match_best else {}),
             help=f"Mean loops at which the A1 curve first reaches uniform depth r̄'s loss; 95% CI "
-                 f"{views.fmt_est(match)} ({match.get('n_boot_not_reached', 0)} bootstrap replicates never reach it).")
+                 f"{views.fmt_est(match)} ({match.get('n_boot_not_reached', 0)} bootstrap replicates never reach it). "
+                 f"Against the best uniform depth that reaches the same loss (r = {match_best}), not r̄ itself"
+                 + (f"; against r̄ = {m.r_bar}: {match['value'] / m.r_bar - 1:+.0%} loops." if reached else "."))
 
 if view == "diff":
     diffs = {k: res["diffs"][k] for k in views.FAMILIES if k in res["diffs"]}

@@ -309,6 +309,8 @@ def test_curve_page_policies_and_slider(app_env):
     loops = next(m for m in at.metric if m.label == "Mean loops (A1)")
     assert "best uniform r =" in loops.proto.delta or "below every uniform" in loops.proto.delta
     assert "r̄" not in loops.proto.delta and "r̄" in loops.help
+    match = next(m for m in at.metric if m.label.startswith("A1 loops to match"))
+    assert "r̄" not in match.proto.delta and "best uniform depth" in match.help
 
 
 def test_curve_page_defaults_to_paired_differences_from_a0(app_env):

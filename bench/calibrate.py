@@ -11,7 +11,7 @@ import torch
 
 from recur_core.analysis.harness import run_exact
 from recur_core.analysis.matching import Match, match_threshold
-from recur_core.decoding.decode import teacher_forced
+from recur_core.decoding.teacher_forced import teacher_forced
 from recur_core.exits.policies import Policy
 from recur_core.settings import SETTINGS
 from training.hops import PAD

@@ -32,7 +32,7 @@ from recur_core.analysis.ground_truth import (
 from recur_core.analysis.harness import run_exact
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
-from recur_core.decoding.decode import teacher_forced
+from recur_core.decoding.teacher_forced import teacher_forced
 from recur_core.exits import catalogue
 from recur_core.settings import SETTINGS
 

@@ -29,7 +29,7 @@ from recur_core import load_checkpoint
 from recur_core.analysis.ground_truth import load_ground_truth, probe_answers
 from recur_core.analysis.matching import Match
 from recur_core.analysis.probe import load_or_train_probes
-from recur_core.decoding.decode import teacher_forced
+from recur_core.decoding.teacher_forced import teacher_forced
 from recur_core.exits import catalogue
 from recur_core.exits.policies import Uniform
 from recur_core.settings import SETTINGS

@@ -30,7 +30,8 @@ from recur_core.analysis.curves import TOKEN_CLASSES, vocab_classes
 from recur_core.analysis.harness import run_exact
 from recur_core.analysis.probe import load_or_train_probes
 from recur_core.analysis.trace import trace
-from recur_core.decoding.decode import Decoder, teacher_forced
+from recur_core.decoding.decode import Decoder
+from recur_core.decoding.teacher_forced import teacher_forced
 from recur_core.exits import catalogue
 from recur_core.exits.policies import Policy, Uniform
 

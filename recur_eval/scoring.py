@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from recur_core.decoding.decode import teacher_forced
+from recur_core.decoding.teacher_forced import teacher_forced
 from recur_core.exits.policies import Policy
 from recur_core.model.checkpoint import resolve_model
 from recur_core.settings import SETTINGS

@@ -18,9 +18,9 @@ from recur_core.decoding.decode import (
     generate,
     generation_drift,
     sample_next,
-    teacher_forced,
 )
 from recur_core.decoding.kv import KV_RULES
+from recur_core.decoding.teacher_forced import teacher_forced
 from recur_core.exits.policies import ConvergenceExit, LatentDiff, LinearRouter, Uniform
 from recur_core.exits.signals import LoopSignals
 from recur_core.settings import seed_for

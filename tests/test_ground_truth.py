@@ -124,7 +124,7 @@ def test_exact_operating_points_are_what_decoding_gets(exact_gt, hops_ckpt):
     """Readout rules' operating points come from teacher-forced decoding ("recompute"); state rules'
     from the harness, whose exits equal decoding's for them."""
     from recur_core.analysis.ground_truth import operating_point_families
-    from recur_core.decoding.decode import teacher_forced
+    from recur_core.decoding.teacher_forced import teacher_forced
     ckpt, windows, tr, gt = exact_gt
     trained, program = _masks(ckpt, tr, hops_ckpt)
     decode = lambda policy: teacher_forced(ckpt, windows, policy.private(), "recompute", seed=EXACT_SEED,  # noqa: E731

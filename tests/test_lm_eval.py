@@ -20,7 +20,7 @@ from lm_eval.tasks import TaskManager  # noqa: E402
 
 import recur_eval  # noqa: E402,F401  (registers "recur")
 from recur_core import load_checkpoint  # noqa: E402
-from recur_core.decoding.decode import teacher_forced  # noqa: E402
+from recur_core.decoding.teacher_forced import teacher_forced  # noqa: E402
 from recur_eval.model import RecurLM, make_policy  # noqa: E402
 from recur_eval.scoring import group_runs  # noqa: E402
 from recur_eval.task_data import DATA_FILES, TASKS_DIR, hops_qa_docs, read_jsonl, write_jsonl  # noqa: E402

@@ -15,8 +15,9 @@ from safetensors.torch import load_file, save_file
 from recur_core import CheckpointError, load_checkpoint
 from recur_core.analysis.harness import run_exact
 from recur_core.analysis.trace import trace
-from recur_core.decoding.decode import Decoder, full_depth_logits, generate, teacher_forced
+from recur_core.decoding.decode import Decoder, full_depth_logits, generate
 from recur_core.decoding.serve import Request, serve
+from recur_core.decoding.teacher_forced import teacher_forced
 from recur_core.exits.policies import GateExit, Uniform, exit_cdf
 from recur_core.exits.signals import LoopSignals
 from recur_core.model.formats import describe_folder

@@ -21,7 +21,8 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from ..decoding.decode import default_max_loops, teacher_forced
+from ..decoding.decode import default_max_loops
+from ..decoding.teacher_forced import teacher_forced
 from ..exits.policies import Policy
 from ..model.checkpoint import model_id, resolve_model
 from .harness import ExactResult, SweepWork, run_exact_sweep

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from .. import cancel
@@ -26,7 +25,7 @@ from ..exits.signals import LoopSignals, cosine_change, readout_signals, relativ
 from ..model.checkpoint import Checkpoint, resolve_model
 from ..model.looped_lm import LoopedLM
 from ..settings import SETTINGS, seed_for
-from .kv import LoopKVCache, SlabKV
+from .kv import ExitContextKV, LoopKVCache, SlabKV
 from .kv import kv_rule as named_rule
 
 
@@ -69,26 +68,6 @@ class Generation:
     def mean_loops(self) -> float:
         loops = self.decode_exit_loops or self.exit_loops
         return float(np.mean(loops)) if loops else float("nan")
-
-
-@dataclass
-class TeacherForced:
-    """Per-token results of teacher-forced decoding of windows (N, T + 1): ce / exit_loop / argmax (N, T)
-    (argmax: the token greedy decoding would emit at each position)."""
-
-    ce: Tensor
-    exit_loop: Tensor
-    argmax: Tensor
-    logits: Tensor | None = None
-    readouts: int = 0
-
-    @property
-    def loss(self) -> float:
-        return float(self.ce.mean())
-
-    @property
-    def mean_loops(self) -> float:
-        return float(self.exit_loop.float().mean())
 
 
 # -- the decoder -------------------------------------------------------------------------------------
@@ -172,6 +151,7 @@ class Decoder:
         self.positions = torch.arange(cfg.max_seq_len, device=weight.device)
         self.noise = noise.to(device=weight.device, dtype=weight.dtype)  # (B, max_seq_len, d)
         self.readouts = 0
+        self.exit_context = False  # prefill's per-loop readouts: see _loop_readout
 
     def _at(self, pos):
         """The positions tensor of pos (an int or a LongTensor)."""
@@ -193,6 +173,16 @@ class Decoder:
         self.readouts += 1
         kv = [SlabKV(k, v, pos) for k, v in self.cache.coda_slabs()]
         return self.model.readout(state, self._at(pos), kv)
+
+    def _loop_readout(self, state: Tensor, pos: Tensor) -> Tensor:
+        """A prefill's per-loop readout: `_readout`, or with `exit_context` set, the coda reading the
+        earlier positions' entries as the cache holds them (their exit states' of the previous
+        fixed-point pass) without writing any (kv.ExitContextKV)."""
+        if not self.exit_context:
+            return self._readout(state, pos)
+        self.readouts += 1
+        kv = [ExitContextKV(k, v, pos) for k, v in self.cache.coda_slabs()]
+        return self.model.readout(state, pos, kv)
 
     # -- one position (Tq = 1, B rows in lockstep) ---------------------------------------------------
     def step(self, ids: Tensor, pos: int) -> tuple[Tensor, Tensor]:
@@ -260,17 +250,18 @@ class Decoder:
         state = run = self.model.start_state(self.noise[:, pos], inject)  # run: see KVRule.loops_on
         logp_prev = None
         if sched.wants_readout(0):
-            logp_prev = torch.log_softmax(self._readout(state, pos).float(), dim=-1)
+            logp_prev = torch.log_softmax(self._loop_readout(state, pos).float(), dim=-1)
         halted = torch.zeros(B, P, dtype=torch.bool, device=state.device)
         exits = torch.zeros(B, P, dtype=torch.long, device=state.device)
         for loop in range(1, self.cap + 1):
+            cancel.check()
             keep = self.rule.prefill_keep(cache, loop, halted)
             out = self.rule.run_loop(self.model, cache, loop, run, inject, pos, keep)  # earlier chunks first
             new = torch.where(halted[..., None], state, out)
             run = out if self.rule.loops_on else new
             signals = None
             if sched.wants_readout(loop):
-                logp = torch.log_softmax(self._readout(new, pos).float(), dim=-1)
+                logp = torch.log_softmax(self._loop_readout(new, pos).float(), dim=-1)
                 if logp_prev is not None:
                     signals = readout_signals(logp, logp_prev)
                 logp_prev = logp
@@ -438,68 +429,6 @@ def generate(ckpt_or_model, prompt, max_new_tokens: int, policy: Policy | None =
                       text="".join(pieces) if pieces is not None else None, pieces=pieces,
                       prefill_s=t1 - t0, decode_s=t2 - t1, decode_steps=len(new_ids) - 1,
                       readouts=dec.readouts, step_readouts=step_readouts, policy=repr(policy), kv_rule=dec.rule.name)
-
-
-@torch.inference_mode()
-def teacher_forced(ckpt_or_model, windows, policy: Policy, kv_rule: str | None = None, *, seed: int = 0,
-                   max_loops: int | None = None, batch_size: int = 16, mode: str = "decode",
-                   keep_logits: bool = False, first_window: int = 0,
-                   check_every: int = 1, noise_rows=None, progress=None, position_progress=None) -> TeacherForced:
-    """Decode windows (N, T + 1) with the true next tokens and score every position.
-
-    mode "decode": token by token, exactly what `generate` computes for each window (rows in
-    lockstep, see docs/DECODING.md). mode "prefill": all positions in parallel (`Decoder.prefill`);
-    with kv_rule "recompute" that is the masking harness, with "continue" (Ouro's default) the
-    uniform forward with each token's output read at its exit loop (Ouro's reference).
-    Window n's noise is model.seeded_state([first_window + n], seed), as in recur_core.analysis.trace;
-    noise_rows (one row index per window) overrides that, e.g. [0] * N scores every window with the
-    noise `generate` gives a sequence alone (what lm-eval's scoring does, so a score never depends on
-    the batch it was run in). progress: None or a callable(windows done, N), called after each batch;
-    position_progress: None or a callable(positions done, T), called after each position of a batch
-    (mode "decode": a long text's decoding reports token by token).
-    Returns per-token ce (nats), exit loops and argmax (N, T), and the kept logits when keep_logits.
-    """
-    if mode not in ("decode", "prefill"):
-        raise ValueError(f"mode must be 'decode' or 'prefill', got {mode!r}")
-    model, ckpt = resolve_model(ckpt_or_model)
-    windows = torch.as_tensor(windows, dtype=torch.long)
-    cap = default_max_loops(policy, ckpt, max_loops)
-    device = model.embed.weight.device
-    N, T = windows.shape[0], windows.shape[1] - 1
-    if T > model.cfg.max_seq_len:
-        raise ValueError(f"windows of {T} input tokens exceed the context (max_seq_len {model.cfg.max_seq_len})")
-    rows_of = list(range(first_window, first_window + N)) if noise_rows is None else [int(r) for r in noise_rows]
-    if len(rows_of) != N:
-        raise ValueError(f"noise_rows has {len(rows_of)} entries for {N} windows")
-    ces, exits, argmaxes, logits_out, readouts = [], [], [], [], 0
-    for start in range(0, N, batch_size):
-        rows = range(start, min(start + batch_size, N))
-        ids = windows[start:rows.stop].to(device)
-        dec = Decoder(model, policy, batch=len(rows), max_loops=cap, kv_rule=kv_rule,
-                      noise=model.seeded_state([rows_of[n] for n in rows], seed), check_every=check_every,
-                      max_len=T)
-        if mode == "prefill":
-            logits, ex = dec.prefill(ids[:, :-1])
-        else:
-            steps = []
-            for t in range(T):
-                cancel.check()
-                steps.append(dec.step(ids[:, t], t))
-                if position_progress is not None:
-                    position_progress(t + 1, T)
-            logits = torch.stack([s[0] for s in steps], dim=1)
-            ex = torch.stack([s[1] for s in steps], dim=1)
-        readouts += dec.readouts
-        logits = logits.float()
-        ces.append(F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none").cpu())
-        exits.append(ex.cpu())
-        argmaxes.append(logits.argmax(-1).cpu())
-        if keep_logits:
-            logits_out.append(logits.cpu())
-        if progress is not None:
-            progress(rows.stop, N)
-    return TeacherForced(torch.cat(ces), torch.cat(exits), torch.cat(argmaxes),
-                         torch.cat(logits_out) if keep_logits else None, readouts)
 
 
 # -- drift of kept logits ----------------------------------------------------------------------------

@@ -60,6 +60,27 @@ class SlabKV:
         return kc[:, :, :n_keys], vc[:, :, :n_keys], mask
 
 
+class ExitContextKV:
+    """A parallel readout that reads the earlier tokens at their exit states (the fixed-point pass,
+    recur_core.decoding.fixed_point): the query at position t attends to the context slabs' entries at
+    positions < t (the coda run on every token's exit state, or a guess of it) and to its own entry
+    of this call, which is not stored: the context stays what it was for every loop of the pass.
+
+    k, v: the context slabs (B, Hkv, max_len, hd); pos: an ascending LongTensor (Tq,) of the queries'
+    positions."""
+
+    def __init__(self, k: Tensor, v: Tensor, pos: Tensor):
+        self.k, self.v, self.pos = k, v, pos
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, sdpa) -> Tensor:
+        n_ctx = int(self.pos[-1])  # context keys 0 .. n_ctx - 1: every query's strictly earlier positions
+        keys = torch.cat([self.k[:, :, :n_ctx], k], dim=2)
+        values = torch.cat([self.v[:, :, :n_ctx], v], dim=2)
+        earlier = torch.arange(n_ctx, device=self.pos.device)[None, :] < self.pos[:, None]  # (Tq, n_ctx)
+        itself = torch.eye(len(self.pos), dtype=torch.bool, device=self.pos.device)  # (Tq, Tq)
+        return sdpa(q, keys, values, torch.cat([earlier, itself], dim=1))
+
+
 # Bytes of gathered keys + values one attention call of a pool step may read (CPU): a chunk of rows
 # whose gathered slabs fit in a core's L2 cache is attended while the copy is still there, instead
 # of one gather of a whole step going to memory and back (docs/BENCHMARKS.md has the measurement).

@@ -1,0 +1,120 @@
+"""Exact teacher-forced decoding as the fixed point of parallel passes.
+
+Token-by-token decoding (`Decoder.step`) is exact but runs one position at a time. Decoding is
+causal, so the same result comes from batched passes over every position:
+
+  * a token's core loop i reads the earlier tokens' core entries of loop i under the KV rule; one
+    parallel pass (`Decoder.prefill`) computes those exactly, given every token's exit;
+  * a readout rule (A1, Huginn's KL / entropy / argmax) reads token t's output at loop i through
+    the coda, which attends to the earlier tokens' coda entries at their *exit* states, and those
+    may lie at later loops than i. A pass takes them from a guess: the previous pass's exit states
+    (`Decoder.exit_context`, kv.ExitContextKV).
+
+Pass 1 is the plain prefill (the readout reads the earlier tokens at the current loop, the masking
+harness's view); each later pass reads the exit states of the pass before. Pass n is exact on
+positions 0 .. n - 1 (position 0 has no context; position t then reads exact earlier tokens), and
+a position stays exact once every position before it has repeated its exit: the core depends on
+the exits alone, so equal exits give bit-identical exit states and so an identical context. A pass
+therefore restarts at the first position that may still change (`Decoder.prefill(start=...)`, the
+earlier positions' cache entries kept), and the loop ends when every position is settled: at most
+T passes for T positions, usually a few. A rule that reads only the state (A0, A2, the latent and
+cosine rules, the gate), or a model without coda blocks (Ouro), needs one pass.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..exits.policies import Policy
+from .decode import Decoder
+
+
+@dataclass
+class FixedPoint:
+    """What `fixed_point` returns for B windows of T positions: logits (B, T, V) and exits (B, T) of
+    exact decoding, the passes run, and per pass the positions settled (summed over the windows)."""
+
+    logits: Tensor
+    exits: Tensor
+    passes: int
+    settled: list[int]
+    readouts: int
+
+
+class _GuessedExits(Policy):
+    """Halts token t after loop depth[t] (a guess of every exit, to seed the first pass)."""
+
+    per_token_loops = True
+    threshold_name = "depth"
+
+    def __init__(self, depth: Tensor):
+        super().__init__(min_loops=1, r_max=None)
+        self.depth = depth
+
+    def _rule_online(self, loop, signals):
+        return self.depth <= loop
+
+    def __repr__(self) -> str:
+        return f"_GuessedExits(depth={self.depth.tolist()})"
+
+
+def needs_passes(model, policy: Policy) -> bool:
+    """Whether a token's exit can depend on the earlier tokens' exits through the readout: a rule
+    that reads the readout, on a model whose coda attends across positions."""
+    return policy.needs_readout and len(model.coda_blocks) > 0
+
+
+def settled_prefix(exits: Tensor, previous: Tensor | None, passes: int) -> Tensor:
+    """Per row (B,): how many leading positions are exact after `passes` passes, given this pass's
+    exits and the previous pass's (None after the first pass)."""
+    B, T = exits.shape
+    exact = torch.full((B,), min(passes, T), dtype=torch.long)
+    if previous is None:
+        return exact
+    changed = (exits != previous).cpu()
+    first_change = torch.where(changed.any(1), changed.int().argmax(1), torch.full((B,), T))
+    return torch.maximum(exact, (first_change + 1).clamp_max(T))
+
+
+@torch.inference_mode()
+def fixed_point(model, ids: Tensor, policy: Policy, *, max_loops: int, noise: Tensor, kv_rule=None,
+                check_every: int = 1, guess: Tensor | None = None,
+                on_pass: Callable[[int, int], None] | None = None) -> FixedPoint:
+    """Exact teacher-forced decoding of the inputs ids (B, T): what `Decoder.step` position by
+    position gives, by parallel passes until no exit can change (module docstring).
+
+    guess: optional exits (B, T) to seed the first pass's context with (default: the plain prefill
+    is the first pass); the result does not depend on it, only the number of passes. on_pass(settled
+    positions summed over rows, B * T) is called after every pass."""
+    B, T = ids.shape
+    dec = Decoder(model, policy, batch=B, max_loops=max_loops, kv_rule=kv_rule, noise=noise,
+                  check_every=check_every, max_len=T)
+    previous = None
+    if guess is not None and needs_passes(model, policy):  # a pass that only writes the guess's exit states
+        previous = guess.to(ids.device).clamp(1, dec.cap)
+        Decoder(model, _GuessedExits(previous), batch=B, max_loops=dec.cap, kv_rule=kv_rule, noise=noise,
+                cache=dec.cache, max_len=T).prefill(ids)
+        dec.exit_context = True
+    logits = exits = None
+    settled, start, passes, counts = torch.zeros(B, dtype=torch.long), 0, 0, []
+    while True:
+        part_logits, part_exits = dec.prefill(ids[:, start:], start)
+        passes += 1
+        if logits is None:
+            logits, exits = part_logits, part_exits
+        else:
+            logits[:, start:], exits[:, start:] = part_logits, part_exits
+        if not needs_passes(model, policy):
+            settled[:] = T
+        else:
+            settled = torch.maximum(settled, settled_prefix(exits, previous, passes))
+        counts.append(int(settled.sum()))
+        if on_pass is not None:
+            on_pass(counts[-1], B * T)
+        if int(settled.min()) >= T:
+            return FixedPoint(logits, exits, passes, counts, dec.readouts)
+        dec.exit_context, previous, start = True, exits, int(settled.min())
+

@@ -1,0 +1,208 @@
+"""The fixed-point engine (recur_core.decoding.fixed_point) is token-by-token decoding: identical exits
+and logits within float tolerance for every policy family and KV rule, on the tiny checkpoint, the
+shipped checkpoints and the Huginn / Ouro fixtures; it needs at most T passes, and any first guess
+converges to the same result."""
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from recur_core import load_checkpoint
+from recur_core.analysis.probe import Probe
+from recur_core.analysis.trace import trace
+from recur_core.decoding.fixed_point import fixed_point, needs_passes, settled_prefix
+from recur_core.decoding.kv import KV_RULES
+from recur_core.decoding.teacher_forced import teacher_forced
+from recur_core.exits.policies import (
+    ArgmaxStable,
+    ConvergenceExit,
+    CosineExit,
+    EntropyDiff,
+    GateExit,
+    LatentDiff,
+    LinearRouter,
+    ReverseKLExit,
+    Uniform,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parent / "fixtures"
+SEED = 5
+TOL = 5e-5  # float32 reordering: a parallel pass against one position at a time
+
+
+def gap_threshold(values: np.ndarray) -> float:
+    """A threshold in the widest gap between neighbouring values of the middle half: part of the
+    tokens meet it, part do not, and float reordering cannot move a value across it."""
+    v = np.sort(values[np.isfinite(values)].ravel())
+    lo, hi = len(v) // 4, 3 * len(v) // 4
+    i = lo + int(np.argmax(v[lo + 1:hi + 1] - v[lo:hi]))
+    return float((v[i] + v[i + 1]) / 2)
+
+
+def families(ckpt, windows, loops: int) -> dict:
+    """One policy per family, its threshold in a gap of this model's own signals (mixed exits)."""
+    tr = trace(ckpt, windows, loops, SEED)
+    g = torch.Generator().manual_seed(0)
+    d = ckpt.config.d_model
+    probe = Probe(torch.randn(d + 1, generator=g), 0.0, torch.zeros(d + 1), torch.ones(d + 1), "kl", 1e-3)
+    return {
+        "A0": Uniform(3),
+        "A1": ConvergenceExit(gap_threshold(tr.kl_prev[..., 1:])),
+        "A2": LinearRouter(probe, 0.5),
+        "latent": LatentDiff(gap_threshold(tr.state_change)),
+        "reverse_kl": ReverseKLExit(gap_threshold(tr.kl_prev_reverse[..., 1:])),
+        "entropy": EntropyDiff(gap_threshold(np.abs(np.diff(tr.entropy, axis=-1)))),
+        "argmax": ArgmaxStable(2),
+        "cosine": CosineExit(gap_threshold(tr.cosine_change)),
+        "never": ConvergenceExit(0.0),
+        "first_check": ConvergenceExit(math.inf),
+    }
+
+
+def assert_same(ckpt, windows, policy, kv_rule, loops, **kw):
+    """fixed_point against token-by-token decoding; returns the fixed point's result."""
+    ref = teacher_forced(ckpt, windows, policy, kv_rule, seed=SEED, max_loops=loops, mode="decode",
+                         keep_logits=True, **kw)
+    got = teacher_forced(ckpt, windows, policy, kv_rule, seed=SEED, max_loops=loops, mode="fixed_point",
+                         keep_logits=True, **kw)
+    assert torch.equal(got.exit_loop, ref.exit_loop), f"{policy!r} under {kv_rule}: exits differ"
+    torch.testing.assert_close(got.logits, ref.logits, atol=TOL, rtol=1e-4)
+    torch.testing.assert_close(got.ce, ref.ce, atol=TOL, rtol=1e-4)
+    assert all(1 <= p <= windows.shape[1] - 1 for p in got.passes)
+    return got
+
+
+@pytest.fixture(scope="module")
+def windows(ckpt):
+    w = ckpt.windows("eval")[:2]
+    return w[:, :16]  # 15 positions: an odd length
+
+
+@pytest.fixture(scope="module")
+def tiny_families(ckpt, windows):
+    return families(ckpt, windows, 8)
+
+
+@pytest.mark.parametrize("kv_rule", KV_RULES)
+@pytest.mark.parametrize("name", ["A0", "A1", "A2", "latent", "reverse_kl", "entropy", "argmax", "cosine",
+                                  "never", "first_check"])
+def test_every_family_and_rule_equals_token_by_token_decoding(ckpt, windows, tiny_families, name, kv_rule):
+    got = assert_same(ckpt, windows, tiny_families[name], kv_rule, 8, batch_size=1)
+    if not needs_passes(ckpt.model, tiny_families[name]):
+        assert got.passes == [1, 1]  # a rule that reads only the state: one pass per batch
+
+
+@pytest.fixture(scope="module")
+def context_heavy(ckpt):
+    """The tiny model with its coda attention's output scaled up, so that a token's readout leans on
+    the earlier tokens' coda entries (the tiny model's own readout hardly does)."""
+    model = copy.deepcopy(ckpt.model)
+    with torch.no_grad():
+        model.coda_blocks[0].attn.o_proj.weight.mul_(6.0)
+    return model
+
+
+def test_the_passes_matter_for_a_readout_rule(context_heavy, windows):
+    """For some ε, A1's one parallel pass (the harness's readout context: earlier tokens at the current
+    loop) halts differently from decoding; the fixed point still is decoding there, after passes."""
+    tr = trace(context_heavy, windows, 8, SEED)
+    kl = np.sort(tr.kl_prev[..., 1:].ravel())
+    kl = kl[kl > 1e-5]  # far above float32 noise in a KL (~1e-7)
+    wide = np.flatnonzero(kl[1:] > 1.1 * kl[:-1])  # gaps no float reordering can cross
+    for i in wide[np.linspace(0, len(wide) - 1, 25).astype(int)]:
+        a1 = ConvergenceExit(float(np.sqrt(kl[i] * kl[i + 1])))
+        one = teacher_forced(context_heavy, windows, a1, "recompute", seed=SEED, max_loops=8, mode="prefill")
+        fixed = teacher_forced(context_heavy, windows, a1, "recompute", seed=SEED, max_loops=8, mode="fixed_point")
+        if not torch.equal(one.exit_loop, fixed.exit_loop):
+            got = assert_same(context_heavy, windows, a1, "recompute", 8)
+            assert got.passes[0] >= 2  # one pass was not enough
+            return
+    pytest.fail("no ε among the candidates where the readout context changes an exit")
+
+
+def test_a_window_of_one_token(ckpt, windows, tiny_families):
+    for name in ("A1", "entropy", "latent"):
+        got = assert_same(ckpt, windows[:, :2], tiny_families[name], "latest", 8)
+        assert got.passes == [1]
+
+
+@pytest.mark.parametrize("guess", ["ones", "cap", "random"])
+def test_any_first_guess_converges_to_the_same_result(context_heavy, windows, guess):
+    model, a1 = context_heavy, ConvergenceExit(1e-3)
+    ids = windows[:, :-1]
+    B, T = ids.shape
+    noise = model.seeded_state(range(B), SEED)
+    start = {"ones": torch.ones(B, T, dtype=torch.long), "cap": torch.full((B, T), 8),
+             "random": torch.randint(1, 9, (B, T), generator=torch.Generator().manual_seed(1))}[guess]
+    plain = fixed_point(model, ids, a1, max_loops=8, noise=noise, kv_rule="recompute")
+    seeded = fixed_point(model, ids, a1, max_loops=8, noise=noise, kv_rule="recompute", guess=start)
+    assert torch.equal(plain.exits, seeded.exits)
+    torch.testing.assert_close(plain.logits, seeded.logits, atol=TOL, rtol=1e-4)
+    assert seeded.passes <= T and plain.passes <= T
+    assert seeded.settled == sorted(seeded.settled) and seeded.settled[-1] == B * T
+
+
+def test_settled_prefix_counts_passes_and_the_first_change():
+    exits = torch.tensor([[2, 3, 4, 5], [2, 3, 4, 5]])
+    before = torch.tensor([[2, 3, 9, 5], [2, 3, 4, 5]])
+    assert settled_prefix(exits, None, 1).tolist() == [1, 1]
+    assert settled_prefix(exits, before, 2).tolist() == [3, 4]  # row 0 changed at 2: positions 0..2 settled
+    assert settled_prefix(exits, before, 9).tolist() == [4, 4]
+
+
+def test_progress_is_reported_per_pass(ckpt, windows, tiny_families):
+    seen = []
+    teacher_forced(ckpt, windows[:1], tiny_families["A1"], "latest", seed=SEED, max_loops=8, mode="fixed_point",
+                   position_progress=lambda done, total: seen.append((done, total)))
+    T = windows.shape[1] - 1
+    assert seen and seen[-1] == (T, T) and [d for d, _ in seen] == sorted(d for d, _ in seen)
+
+
+SHIPPED = sorted(p.name for p in (ROOT / "checkpoints").iterdir() if (p / "meta.json").is_file())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_checkpoints(name):
+    """A1 on two short windows of every shipped checkpoint under its default KV rule: real thresholds
+    (the app's first ε), the fixed point equals decoding."""
+    ck = load_checkpoint(ROOT / "checkpoints" / name)
+    w = ck.windows("eval")[:2, :26]
+    for policy in (ConvergenceExit(1e-3), ConvergenceExit(1e-2)):
+        assert_same(ck, w, policy, None, min(ck.recipe.r_max, 16))
+
+
+def random_windows(ck, n: int, length: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, ck.config.vocab_size, (n, length), generator=g)
+
+
+def test_huginn_fixture_every_rule():
+    """Huginn's format: two coda blocks, so a readout rule's context spans layers."""
+    ck = load_checkpoint(FIXTURES / "huginn_tiny", dtype="float32")
+    w = random_windows(ck, 2, 10, 0)
+    fam = families(ck, w, 6)
+    for kv_rule in KV_RULES:
+        assert_same(ck, w, fam["A1"], kv_rule, 6)
+    for name in ("entropy", "argmax", "latent"):
+        assert_same(ck, w, fam[name], "latest", 6)
+
+
+@pytest.mark.parametrize("folder", ["ouro_tiny", "ouro_heldout"])
+def test_ouro_fixtures(folder):
+    """Ouro's format has no coda: every rule, the gate included, needs one pass."""
+    ck = load_checkpoint(FIXTURES / folder, dtype="float32")
+    w = random_windows(ck, 2, 12, 1)
+    steps = ck.recipe.depth
+    tr = trace(ck, w, steps, SEED)
+    for policy in (GateExit.of_checkpoint(ck, 0.5), ConvergenceExit(gap_threshold(tr.kl_prev[..., 1:])),
+                   LatentDiff(gap_threshold(tr.state_change))):
+        for kv_rule in KV_RULES:
+            got = assert_same(ck, w, policy, kv_rule, steps)
+            assert got.passes == [1]

@@ -15,7 +15,8 @@ model_args:
   min_loops    the first loop the policy is consulted at (default: the policy's own)
   probe        A2's label kind (argmax | kl | argmax_any | kl_any; default argmax)
   kv_rule      latest | recompute (default SETTINGS.kv_rule)
-  mode         decode (token by token, what `generate` computes; default) | prefill (all positions at once)
+  mode         fixed_point (default: what `generate` computes, by parallel passes) | decode (token by
+               token, the reference) | prefill (one parallel pass: exact for rules that read only the state)
   seed         the state noise (default SETTINGS.seed); every sequence gets noise row 0, as in `generate`
   batch_size   sequences decoded in lockstep (default 16)
   add_bos      prefix every context with <|endoftext|> (default true: the project's windows and
@@ -42,6 +43,7 @@ from tqdm import tqdm
 
 from recur_core import load_checkpoint
 from recur_core.decoding.decode import generate
+from recur_core.decoding.teacher_forced import TEACHER_FORCED_MODES
 from recur_core.exits import catalogue
 from recur_core.exits.policies import Policy, Uniform
 from recur_core.settings import SETTINGS
@@ -106,15 +108,15 @@ class RecurLM(TemplateLM):
 
     def __init__(self, pretrained: str, policy: str = "a1", threshold: float | None = None, loops: int | None = None,
                  max_loops: int | None = None, min_loops: int | None = None, probe: str = "argmax",
-                 kv_rule: str = SETTINGS.kv_rule, mode: str = "decode", seed: int = SETTINGS.seed,
+                 kv_rule: str = SETTINGS.kv_rule, mode: str = "fixed_point", seed: int = SETTINGS.seed,
                  batch_size: int | str | None = 16, add_bos: bool = True, device: str | None = None,
                  dtype: str | None = None, check_every: int = 1, **unused):
         super().__init__()
         unknown = set(unused) - {"max_batch_size"}  # lm-eval passes max_batch_size to every model
         if unknown:
             raise ValueError(f"unknown model_args for recur: {', '.join(sorted(unknown))}")
-        if mode not in ("decode", "prefill"):
-            raise ValueError(f"mode must be decode or prefill, got {mode!r}")
+        if mode not in TEACHER_FORCED_MODES:
+            raise ValueError(f"mode must be one of {', '.join(TEACHER_FORCED_MODES)}, got {mode!r}")
         device = pick_device(device)
         self.ckpt = load_checkpoint(pretrained, device=device, dtype=dtype)
         self.ckpt.model.eval()

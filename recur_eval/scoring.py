@@ -2,10 +2,11 @@
 
 A request is (inputs, targets): the token ids the model reads and the ids it must predict at the
 last len(targets) input positions (inputs = context + continuation[:-1], targets = continuation).
-Every input sequence is decoded teacher-forced by `recur_core.decoding.decode.teacher_forced`: token
-by token (mode "decode", what `generate` computes) or all positions at once (mode "prefill"), each
-token looping until its policy halts it, halted tokens frozen with their exit state in the KV cache
-exactly as in decoding.
+Every input sequence is decoded teacher-forced by `recur_core.decoding.teacher_forced`: by the
+fixed point of parallel passes (mode "fixed_point", the default: exactly what `generate` computes,
+recur_core.decoding.fixed_point), token by token (mode "decode", the reference) or in one parallel
+pass (mode "prefill": exact for rules that read only the state), each token looping until its
+policy halts it, halted tokens frozen with their exit state in the KV cache exactly as in decoding.
 
 Two things make this cheap without changing a number:
   * Causality. A position's logits depend only on the positions before it (and its own noise row),
@@ -86,7 +87,7 @@ class Scoring:
 
 def score_requests(ckpt, requests: list[Request], policy: Policy, *, kv_rule: str = SETTINGS.kv_rule,
                    seed: int = SETTINGS.seed, max_loops: int | None = None, batch_size: int = 16,
-                   mode: str = "decode", check_every: int = 1, pad_id: int = 0, progress=None) -> Scoring:
+                   mode: str = "fixed_point", check_every: int = 1, pad_id: int = 0, progress=None) -> Scoring:
     """Score every request under `policy` (see the module docstring); progress(done_runs, runs) is
     called after each batch."""
     runs, run_of = group_runs([r.inputs for r in requests])

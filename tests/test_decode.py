@@ -355,9 +355,9 @@ def test_decoded_text_is_what_generate_gets_for_every_token(ckpt, windows):
 
 
 def test_decoded_text_reports_each_token_and_replays_from_the_disk_cache(ckpt, windows, tmp_path):
-    """The app's background decoding: progress after every token (1 .. T of T), the result saved in
-    the disk cache and read back equal, keyed by the policy (another threshold misses); cache_only
-    misses without decoding."""
+    """The app's background decoding: progress after every fixed-point pass (tokens settled of T,
+    rising to T of T), the result saved in the disk cache and read back equal, keyed by the policy
+    (another threshold misses); cache_only misses without decoding."""
     import numpy as np
 
     from recur_core.analysis.cache import TraceCache
@@ -367,7 +367,8 @@ def test_decoded_text_reports_each_token_and_replays_from_the_disk_cache(ckpt, w
     assert decoded_text(ckpt, ids, a1, 8, SEED, cache=store, cache_only=True) is None
     calls = []
     first = decoded_text(ckpt, ids, a1, 8, SEED, cache=store, progress=lambda done, total: calls.append((done, total)))
-    assert calls == [(t, len(ids)) for t in range(1, len(ids) + 1)]
+    done = [d for d, total in calls if total == len(ids)]
+    assert len(done) == len(calls) <= len(ids) and done == sorted(done) and done[-1] == len(ids)
     again = decoded_text(ckpt, ids, a1, 8, SEED, cache=store, cache_only=True)
     for field in ("exit_depth", "converged", "argmax", "top_prob", "ce"):
         np.testing.assert_array_equal(getattr(again, field), getattr(first, field))

@@ -167,11 +167,11 @@ def test_progress_is_reported_per_pass(ckpt, windows, tiny_families):
 SHIPPED = sorted(p.name for p in (ROOT / "checkpoints").iterdir() if (p / "meta.json").is_file())
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n == "hops" else pytest.mark.slow) for n in SHIPPED])
 def test_shipped_checkpoints(name):
     """A1 on two short windows of every shipped checkpoint under its default KV rule: real thresholds
-    (the app's first ε), the fixed point equals decoding."""
+    (the app's first ε), the fixed point equals decoding (hops in the quick suite: there the readout
+    context moves exits, so a pass that misjudged what settled fails it)."""
     ck = load_checkpoint(ROOT / "checkpoints" / name)
     w = ck.windows("eval")[:2, :26]
     for policy in (ConvergenceExit(1e-3), ConvergenceExit(1e-2)):

@@ -3,8 +3,9 @@ budget and the seed; re-running a report or reopening the app replays them from 
 
   exact_results    the masking harness (recur_core.analysis.harness): every token's state loop by loop
                    in lockstep, many policies in one batched pass.
-  decoded_results  teacher-forced decoding under the "recompute" KV rule (recur_core.decoding.decode),
-                   one policy at a time: what real decoding gets. For a rule that reads only the state
+  decoded_results  teacher-forced decoding under the "recompute" KV rule, one policy at a time: what
+                   real decoding gets, computed as the fixed point of parallel passes
+                   (recur_core.decoding.fixed_point), which equals token-by-token decoding. For a rule that reads only the state
                    it equals the harness; for a readout rule (A1, Huginn's KL / entropy / argmax) it
                    differs, because decoding reads token t's per-loop output with the earlier tokens'
                    coda at their exit states, the harness at their current loop (docs/DECODING.md).
@@ -60,8 +61,8 @@ def exact_results(ckpt_or_model, ids, policies: list[Policy], max_loops: int, se
 
 def decoded_results(ckpt_or_model, ids, policy: Policy, max_loops: int, seed: int, *,
                     cache=False, progress=None, cache_only: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
-    """(exit_loop (N, T), argmax (N, T)) of `policy` in teacher-forced decoding of windows (N, T + 1),
-    token by token under the "recompute" KV rule, window n with the trace's noise row n.
+    """(exit_loop (N, T), argmax (N, T)) of `policy` in teacher-forced decoding of windows (N, T + 1)
+    under the "recompute" KV rule (exact, by the fixed point), window n with the trace's noise row n.
     progress: as trace's (True: a bar; a callable(done, total); None). cache_only: return None
     instead of decoding when the result is not cached."""
     ckpt_id = model_id(ckpt_or_model)
@@ -82,7 +83,7 @@ def decoded_results(ckpt_or_model, ids, policy: Policy, max_loops: int, seed: in
         update(done - seen[0])
         seen[0] = done
     out = teacher_forced(ckpt_or_model, ids_np, policy, "recompute", seed=seed, max_loops=max_loops,
-                         batch_size=DECODE_BATCH, progress=advance)
+                         batch_size=DECODE_BATCH, mode="fixed_point", progress=advance)
     close()
     exit_loop, argmax = out.exit_loop.numpy().astype(np.int64), out.argmax.numpy()
     if store is not None:
@@ -117,10 +118,10 @@ class TextDecoding:
 
 def decoded_text(ckpt_or_model, ids, policy: Policy, max_loops: int | None, seed: int, *, cache=False,
                  progress=None, cache_only: bool = False) -> TextDecoding | None:
-    """Decode one text (T,) token by token with real halting under the "recompute" KV rule (for a
-    rule that reads only the state, the masking harness), with window 0's noise of `seed` (as
-    trace(ckpt, text, ...) draws it). progress: None or a callable(tokens decoded, T), after each
-    token. cache: the on-disk cache (as trace's); cache_only: None instead of decoding on a miss."""
+    """Decode one text (T,) with real halting under the "recompute" KV rule (for a rule that reads
+    only the state, the masking harness), with window 0's noise of `seed` (as trace(ckpt, text, ...)
+    draws it), exactly as token by token, by the fixed point of parallel passes. progress: None or a
+    callable(tokens settled, T), after each pass. cache: the on-disk cache (as trace's); cache_only: None instead of decoding on a miss."""
     ids = np.asarray(ids, dtype=np.int64)
     if ids.ndim != 1 or len(ids) == 0:
         raise ValueError(f"decoded_text takes one non-empty text (T,), got shape {ids.shape}")
@@ -136,7 +137,7 @@ def decoded_text(ckpt_or_model, ids, policy: Policy, max_loops: int | None, seed
         return None
     window = np.concatenate([ids, ids[-1:]])[None]  # the last token's stand-in target: its loss is dropped
     out = teacher_forced(ckpt_or_model, window, policy, "recompute", seed=seed, max_loops=max_loops, keep_logits=True,
-                         position_progress=progress)
+                         mode="fixed_point", position_progress=progress)
     depth = out.exit_loop[0].numpy().astype(np.int64)
     ce = out.ce[0].numpy().astype(np.float32)
     ce[-1] = np.nan

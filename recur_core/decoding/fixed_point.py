@@ -116,5 +116,5 @@ def fixed_point(model, ids: Tensor, policy: Policy, *, max_loops: int, noise: Te
             on_pass(counts[-1], B * T)
         if int(settled.min()) >= T:
             return FixedPoint(logits, exits, passes, counts, dec.readouts)
-        dec.exit_context, previous, start = True, exits, int(settled.min())
+        dec.exit_context, previous, start = True, exits.clone(), int(settled.min())
 

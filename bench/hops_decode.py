@@ -2,7 +2,7 @@
 held-out multi-hop programs, matched on **answer accuracy** instead of loss.
 
 Decoding here is teacher-forced: each program is fed token by token through the real decoder
-(`recur_core.decoding.decode.teacher_forced`, mode "decode", KV rule "latest" unless --hops-kv-rule
+(`recur_core.decoding.teacher_forced`, mode "decode", KV rule "latest" unless --hops-kv-rule
 "recompute", the rule the exact ground truth equals; batch 1), so every token halts
 at its own loop exactly as in `generate`, and each answer token's prediction is scored against the
 true value. (Free generation would sample the next query, which no model can predict.)

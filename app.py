@@ -22,8 +22,17 @@ def page(file: str, title: str, icon: str, **kwargs) -> st.Page:
     return st.Page(f"pages/{file}", title=title, icon=f":material/{icon}:", **kwargs)
 
 
+home = page("exits.py", "Token exit depths", "palette", default=True, url_path="token_exit_depths")
+
+
+def open_home() -> None:
+    """/exits: the home page is served at / (a default page's own url_path is not served), so its
+    deep link is this hidden page, which opens it."""
+    st.switch_page(home)
+
+
 navigation = st.navigation({
-    "Text": [page("exits.py", "Token exit depths", "palette", default=True, url_path="exits"),
+    "Text": [home, st.Page(open_home, title="Token exit depths", url_path="exits", visibility="hidden"),
              page("compare.py", "Compare policies", "compare", url_path="compare"),
              page("generate.py", "Generate", "bolt", url_path="generate")],
     "Eval set": [page("curve.py", "Depth / loss curve", "show_chart", url_path="curve"),

@@ -282,10 +282,14 @@ CUT_OFF_JS = """() => Array.from(document.querySelectorAll("[data-testid='stMetr
 @pytest.mark.parametrize("url, title", [("exits", "Token exit depths"), ("compare", "Compare policies"),
                                         ("curve", "Depth / loss curve"), ("ground_truth", "Ground truth")])
 def test_deep_links_open_their_page_with_metric_values_whole(request, url, title):
-    """Every page's URL opens it (/exits used to say "Page not found"), and at 1500 px no metric value
-    is cut off with an ellipsis (issue 49, item 6)."""
+    """Every page's URL opens it (/exits used to say "Page not found" once the server had run app.py's
+    navigation, whose home page is served at /), and at 1500 px no metric value is cut off with an
+    ellipsis (issue 49, item 6)."""
     base, _ = request.getfixturevalue("server")
     page = request.getfixturevalue("browser").new_page(viewport={"width": 1500, "height": 1400})
+    page.goto(base + "/")  # the server has run app.py (a fresh one serves pages/ alone and finds them all)
+    page.wait_for_selector("h1:has-text('Token exit depths')", timeout=RUN_TIMEOUT_MS)
+    wait_idle(page)
     page.goto(f"{base}/{url}")
     page.wait_for_selector(f"h1:has-text('{title}')", timeout=RUN_TIMEOUT_MS)
     wait_idle(page)

@@ -174,6 +174,17 @@ class Decoder:
         kv = [SlabKV(k, v, pos) for k, v in self.cache.coda_slabs()]
         return self.model.readout(state, self._at(pos), kv)
 
+    def _loop_logp(self, state: Tensor, pos: Tensor, halted: Tensor, logp_prev: Tensor | None) -> Tensor:
+        """A prefill's per-loop log-probabilities (B, P, V), float32. With `exit_context` only the
+        columns where some row still loops are read out (nothing is written, and a halted token's
+        signals are not consulted): the others keep the previous readout's values."""
+        if not self.exit_context or logp_prev is None:
+            return torch.log_softmax(self._loop_readout(state, pos).float(), dim=-1)
+        cols = (~halted).any(0).nonzero()[:, 0]
+        logp = logp_prev.clone()
+        logp[:, cols] = torch.log_softmax(self._loop_readout(state[:, cols], pos[cols]).float(), dim=-1)
+        return logp
+
     def _loop_readout(self, state: Tensor, pos: Tensor) -> Tensor:
         """A prefill's per-loop readout: `_readout`, or with `exit_context` set, the coda reading the
         earlier positions' entries as the cache holds them (their exit states' of the previous
@@ -261,7 +272,7 @@ class Decoder:
             run = out if self.rule.loops_on else new
             signals = None
             if sched.wants_readout(loop):
-                logp = torch.log_softmax(self._loop_readout(new, pos).float(), dim=-1)
+                logp = self._loop_logp(new, pos, halted, logp_prev)
                 if logp_prev is not None:
                     signals = readout_signals(logp, logp_prev)
                 logp_prev = logp

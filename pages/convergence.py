@@ -2,6 +2,7 @@
 import pandas as pd
 import streamlit as st
 
+from recur_core.analysis.dynamics import REGIMES
 from ui import charts, compute, download, state
 
 m = state.require_model()
@@ -35,6 +36,18 @@ with right:
     eps = state.eps_slider("convergence")
     ex = compute.exit_depths(*m.key, ids, eps, m.r_max, first_look)
     charts.show(charts.depth_histogram(ex["depth"], ex["converged"], m.r_max, eps), "exit_depths", key="exit_depths")
+
+dy = compute.dynamics(*m.key, ids, first_look)
+st.subheader("How the states move")
+low, high = dy["marginal_band"]
+r = st.columns(3)
+for col, name, what in zip(r, REGIMES, (f"ρ < {low:g}: the steps shrink", f"{low:g} ≤ ρ ≤ {high:g}: they neither "
+                                        "shrink nor grow", f"ρ > {high:g}: they grow"), strict=True):
+    share = dy[f"share_{name}"]
+    col.metric(name.capitalize(), f"{share['value']:.1%}",
+               help=f"Tokens whose step size ‖s_i − s_{{i−1}}‖ changes by a factor ρ per loop over the last "
+                    f"{dy['rate_loops']} loops with {what} (95% CI [{share['ci_low']:.1%}, {share['ci_high']:.1%}]).")
+charts.show(charts.state_norm_per_loop(dy), "state_norm", key="state_norm")
 
 table = pd.DataFrame({k: conv[k] for k in conv if isinstance(conv[k], list)})
 with st.expander("Per-loop table and the raw trace"):

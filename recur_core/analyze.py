@@ -30,7 +30,9 @@ from .analysis.curves import (
     token_classes,
     vocab_classes,
 )
+from .analysis.dynamics import REGIMES, dynamics, overthinking, overthinking_loops
 from .analysis.ground_truth import (
+    answer_hops,
     eos_id,
     ground_truth_section,
     load_ground_truth,
@@ -78,6 +80,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cache-dir", default=None, help="trace/probe cache (default $RECUR_CACHE_DIR or ~/.cache/recur_core)")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     p.add_argument("--export-trace", action="store_true", help="also write trace.parquet (one row per token x loop)")
+    p.add_argument("--overthinking", action="store_true",
+                   help="also trace the windows to 4 x r_max loops (at most 128): quality past the trained depth")
     args = p.parse_args(argv)
     if args.label_eps != LABEL_EPS_A1:
         try:
@@ -143,6 +147,7 @@ def main(argv=None) -> dict:
                      "path": headline["path"], "torch_threads": _threads()},
         "elasticity": elasticity(tr, boot),
         "convergence": convergence(tr, boot),
+        "dynamics": dynamics(tr, boot),
         "allocation": {**headline["report"], "path": headline["path"],
                        "probes": {k: {**p.metrics, "label_eps": p.label_eps} for k, p in probes.items()},
                        "probes_refused": probes.refused},
@@ -163,6 +168,12 @@ def main(argv=None) -> dict:
             report["ground_truth_fast"] = {**fast_gt, "fast_minus_exact": operating_point_gaps(fast_gt,
                                                                                               report["ground_truth"])}
         timing["ground_truth_s"] = time.perf_counter() - t0
+    if args.overthinking:
+        t0 = time.perf_counter()
+        deep = trace(ckpt, windows, overthinking_loops(recipe.r_max), args.seed, batch_size=args.batch_size,
+                     cache=cache, progress=True)
+        report["overthinking"] = overthinking(deep, boot, r_max, None if gt is None else answer_hops(deep, gt[0]))
+        timing["overthinking_s"] = time.perf_counter() - t0
     if exact is not None:
         report["fast_minus_exact"] = fast_minus_exact(fast["curves"], exact["curves"], boot)
         report["exact_work"] = work.as_dict()
@@ -222,6 +233,9 @@ def print_tables(report: dict, file) -> None:
           f"{cv['mean_state_change'][i]:.3e}")
     p(f"  median convergence loop: {_ci(cv['median_convergence_loop'], cv['median_convergence_loop_ci_low'], cv['median_convergence_loop_ci_high'], 1)}"
       f"  (never settled: {100 * cv['frac_never_settled']:.1f}%)")
+    print_dynamics(report["dynamics"], p)
+    if "overthinking" in report:
+        print_overthinking(report["overthinking"], p)
     print_allocation(report["allocation"], p)
     tc = report["token_classes"]
     p(f"\nFig. 4. Mean exit depth by token class (A1, eps = {tc['eps']})")
@@ -232,6 +246,27 @@ def print_tables(report: dict, file) -> None:
         print_ground_truth(report["ground_truth"], p, report.get("ground_truth_fast"))
     if "fast_minus_exact" in report:
         print_gaps(report, p)
+
+
+def print_dynamics(dy: dict, p) -> None:
+    p("\nHidden-state norm ||s_i|| per loop (mean [95% CI], 10th - 90th percentile over tokens)")
+    for i in sorted({0, 1, 3, 7, 15, len(dy["loops"]) - 1} & set(range(len(dy["loops"])))):
+        p(f"  loop {dy['loops'][i]:3d}   {_ci(dy['mean_state_norm'][i], dy['mean_state_norm_ci_low'][i], dy['mean_state_norm_ci_high'][i], 3)}"
+          f"   {dy['state_norm_p10'][i]:.3f} - {dy['state_norm_p90'][i]:.3f}")
+    low, high = dy["marginal_band"]
+    p(f"Regimes (contraction rate rho of the step size over the last {dy['rate_loops']} loops: settling rho < {low:g}, "
+      f"marginal {low:g}..{high:g}, drifting > {high:g}): "
+      + ", ".join(f"{name} {_est(dy[f'share_{name}'], 3)}" for name in REGIMES))
+
+
+def print_overthinking(ov: dict, p) -> None:
+    p(f"\nOverthinking: loss to loop {ov['loops'][-1]} (r_max {ov['r_max']}): best at loop {ov['best_loop']}, "
+      f"{ov['loss_at_r_max']:.4f} at r_max, {ov['loss_at_last']:.4f} at the last loop; answer flips per token "
+      f"{_est(ov['mean_flips'], 2)}, last flip after r_max {_est(ov['share_flipping_past_r_max'], 3)}")
+    if "answer_accuracy" in ov:
+        acc = ov["answer_accuracy"]
+        p("  answer accuracy at loops " + ", ".join(f"{r}: {100 * acc[r - 1]:.1f}%" for r in sorted(
+            {1, ov["r_max"], 2 * ov["r_max"], len(acc)}) if r <= len(acc)))
 
 
 def print_gaps(report: dict, p) -> None:

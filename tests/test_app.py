@@ -295,7 +295,8 @@ def test_curve_page_policies_and_slider(app_env):
     names = {t["name"] for t in fig["data"] if t.get("mode") == "lines+markers"}
     assert names == {"A0 uniform depth", "A1 convergence exit (KL < ε)", "A2 router (argmax labels)",
                      "A2 router (KL labels)", "A2 router (argmax, any later loop)",
-                     "A2 router (KL, any later loop)"}  # one curve per policy
+                     "A2 router (KL, any later loop)", "latent rule (Huginn)",
+                     "Accel (second-order step size)"}  # one curve per policy
     assert fig["layout"]["yaxis"]["title"]["text"] == "loss [nats/token]"
     assert any(t.get("fill") == "toself" for t in fig["data"])  # bootstrap bands
     before = highlighted(fig)
@@ -363,7 +364,8 @@ def test_curve_page_exact_mode_on_eval_windows(app_env):
     settle(at)  # the exact sweep runs in the background; the page reruns with it
     fig = curve_figure(at)
     assert "4 window(s), exact" in fig["layout"]["title"]["text"]
-    assert len({t["name"] for t in fig["data"] if t.get("mode") == "lines+markers"}) == 5  # A0 is the zero line
+    # A0 is the zero line; A1, four A2 routers, the latent rule and Accel (issue 48)
+    assert len({t["name"] for t in fig["data"] if t.get("mode") == "lines+markers"}) == 7
     assert len(at.dataframe) >= 2  # matched depth (exact) + fast - exact per policy
 
 
@@ -408,10 +410,14 @@ def test_compare_page_three_strips(app_env):
 def test_convergence_page(app_env):
     at = goto(new_app(), "convergence")
     figs = figures(at)
-    assert len(figs) == 4
+    assert len(figs) == 5  # KL, state change, moving, exit depths, and the hidden-state norm (issue 48)
     log_axes = [f for f in figs if f["layout"]["yaxis"].get("type") == "log"]
     assert any("KL" in f["layout"]["yaxis"]["title"]["text"] for f in log_axes)
     assert any(m.label == "Median convergence loop" for m in at.metric)
+    norm = next(f for f in figs if f["layout"]["yaxis"]["title"]["text"] == "‖s_i‖")
+    assert len(norm["data"][-1]["y"]) >= 32 and min(norm["data"][-1]["y"]) > 0  # one mean per loop
+    shares = [float(m.value.rstrip("%")) for m in at.metric if m.label in ("Settling", "Marginal", "Drifting")]
+    assert len(shares) == 3 and sum(shares) == pytest.approx(100, abs=0.2)
 
 
 def test_classes_page(app_env):

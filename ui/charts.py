@@ -250,6 +250,21 @@ def per_loop(conv: dict, key: str, title: str, y_title: str, log: bool, color: s
     return fig
 
 
+def state_norm_per_loop(dy: dict) -> go.Figure:
+    """Mean hidden-state norm per loop with its 95% band, over the 10th–90th percentile of tokens."""
+    loops, color = np.asarray(dy["loops"]), "#54a24b"
+    spread = go.Scatter(x=np.concatenate([loops, loops[::-1]]),
+                        y=np.concatenate([dy["state_norm_p90"], dy["state_norm_p10"][::-1]]), fill="toself",
+                        mode="lines", fillcolor=rgba(color, 0.08), line=dict(width=0, dash="dot"), hoverinfo="skip",
+                        name="10th–90th percentile of tokens")
+    fig = go.Figure([spread, band(loops, dy["mean_state_norm_ci_low"], dy["mean_state_norm_ci_high"], color, "mean"),
+                     go.Scatter(x=loops, y=dy["mean_state_norm"], mode="lines+markers", name="mean ‖s_i‖",
+                                line=dict(color=color), hovertemplate="loop %{x}<br>%{y:.4g}<extra></extra>")])
+    fig.update_xaxes(title="loop i")
+    fig.update_yaxes(title="‖s_i‖")
+    return base_layout(fig, "Hidden-state norm per loop", height=330)
+
+
 def depth_histogram(depth: np.ndarray, converged: np.ndarray, r_max: int, eps: float) -> go.Figure:
     counts = np.bincount(depth[converged.astype(bool)], minlength=r_max + 1)[1:r_max + 1]
     capped = int((~converged.astype(bool)).sum())

@@ -25,6 +25,7 @@ from recur_core import CheckpointError, cancel, load_checkpoint
 from recur_core.analysis import allocation as alloc
 from recur_core.analysis import curves as analysis
 from recur_core.analysis.cache import TraceCache
+from recur_core.analysis.dynamics import dynamics as state_dynamics
 from recur_core.analysis.exact import TextDecoding, decoded_text
 from recur_core.analysis.ground_truth import probe_answers
 from recur_core.analysis.probe import load_or_train_probes
@@ -451,6 +452,13 @@ def sweep_exact(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | Non
 def convergence(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, first_look: bool = False) -> dict:
     tr = source_trace(path, ckpt_id, device, ids, with_probes=ids is None, first_look=first_look)
     return analysis.convergence(tr, Bootstrap(tr.n_windows, S.n_boot, S.seed))
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def dynamics(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None, first_look: bool = False) -> dict:
+    """Hidden-state norms per loop and the tokens' regimes (recur_core.analysis.dynamics), off the same trace."""
+    tr = source_trace(path, ckpt_id, device, ids, with_probes=ids is None, first_look=first_look)
+    return state_dynamics(tr, Bootstrap(tr.n_windows, S.n_boot, S.seed))
 
 
 @st.cache_data(max_entries=64, show_spinner=False)

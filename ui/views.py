@@ -9,6 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from recur_core.analysis.trace import Trace
+from recur_core.exits import catalogue
 
 from . import compute
 from .strip import DepthScale, TokenView, legend_html, plain_visible, strip_html, tooltip
@@ -199,7 +200,9 @@ def token_label(table: pd.DataFrame, pos: int) -> str:
 
 
 # -- depth / loss curves --------------------------------------------------------------------------------
-FAMILIES = ("A0", "A1", "A2_argmax", "A2_kl", "A2_argmax_any", "A2_kl_any", "Gate")  # Gate: models with one
+# The curves' report keys in catalogue order (A2: one per probe label kind; Gate: models with a gate)
+FAMILIES = tuple(key for fam in catalogue.shown_in(catalogue.CURVES)
+                 for key in ([f"{fam.name}_{kind}" for kind in fam.variants] or [fam.name]))
 
 
 def point_at(points: list[dict], eps: float) -> dict:

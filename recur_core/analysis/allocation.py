@@ -59,8 +59,9 @@ def allocation_families(r_max: int, eps_grid=EPS_GRID, tau_grid=TAU_GRID, probes
                         a1_min_loops: int = ConvergenceExit.FIRST_CHECK, gate=None,
                         q_grid=Q_GRID) -> dict[str, list[Policy]]:
     """The policies of the allocation curves (the catalogue's CURVES): A0 at r = 1..r_max, A1 over
-    eps_grid (first check at a1_min_loops), A2 over tau_grid for each probe label kind, and with
-    gate = (the model's gate_lambda, its trained steps) GateExit over q_grid, capped at min(steps, r_max)."""
+    eps_grid (first check at a1_min_loops), A2 over tau_grid for each probe label kind, the latent rule
+    and Accel over their catalogue sweeps, and with gate = (the model's gate_lambda, its trained
+    steps) GateExit over q_grid, capped at min(steps, r_max)."""
     return catalogue.sweeps(catalogue.CURVES, r_max, grids={"A1": eps_grid, "A2": tau_grid, "Gate": q_grid},
                             probes=probes, gate=gate, min_loops={"A1": min(a1_min_loops, r_max)})
 

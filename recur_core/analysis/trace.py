@@ -7,6 +7,8 @@ and loop i = 1..max_loops, the statistics of p_i = softmax(head(coda(s_i))):
   kl_prev_reverse  KL(p_{i-1} || p_i) in nats: the reverse direction, the one Huginn's KL exit uses.
   state_change  ||s_i - s_{i-1}|| / ||s_i|| of the core state (L2 over the model dim).
   cosine_change 1 - cos(s_i, s_{i-1}) of the core state (Huginn's cosine exit).
+  state_step    ||s_i - s_{i-1}||, the state's step size (absolute; Accel's delta_i).
+  state_norm    ||s_i||, the hidden-state norm.
   ce            -log p_i[next token] in nats; NaN where there is no next token.
   entropy       entropy of p_i in nats.
   argmax        the most likely next token id; top1_prob its probability.
@@ -43,14 +45,16 @@ import pandas as pd
 import torch
 
 from .. import cancel
-from ..exits.signals import cosine_change, loops_readout, relative_change
+from ..exits.signals import loops_readout, state_signals
 from ..model.checkpoint import Checkpoint, model_id, resolve_model
+from ..model.hf_folder import available_bytes
 from ..model.looped_lm import LoopedLM
 from .cache import TraceCache, trace_key
 from .parallel import map_batches
 
-TRACE_FORMAT_VERSION = 2  # 2: kl_prev_reverse and cosine_change
-LOOP_FIELDS = ("kl_prev", "state_change", "ce", "entropy", "argmax", "top1_prob", "kl_prev_reverse", "cosine_change")
+TRACE_FORMAT_VERSION = 3  # 2: kl_prev_reverse and cosine_change; 3: state_step and state_norm
+LOOP_FIELDS = ("kl_prev", "state_change", "ce", "entropy", "argmax", "top1_prob", "kl_prev_reverse", "cosine_change",
+               "state_step", "state_norm")
 TOPK_FIELDS = ("topk_ids", "topk_probs")
 GATE_FIELD = "exit_lambda"  # only for models with an exit gate
 NO_TARGET = -1
@@ -81,6 +85,8 @@ class Trace:
     router_chance: dict[str, np.ndarray] = field(default_factory=dict)
     kl_prev_reverse: np.ndarray | None = None  # always set by trace(); optional for hand-made traces
     cosine_change: np.ndarray | None = None
+    state_step: np.ndarray | None = None  # always set by trace(), like state_norm
+    state_norm: np.ndarray | None = None
     exit_lambda: np.ndarray | None = None  # the exit gate's lambda (N, T, L), models with a gate only
     zero_weight: np.ndarray | None = None  # (N, T) bool: padding, zero loss weight in training (module doc)
 
@@ -198,8 +204,8 @@ def trace_batch(model: LoopedLM, inputs: torch.Tensor, targets: torch.Tensor, no
     for loop in range(1, max_loops + 1):
         cancel.check()
         new = model.core_step(state, e)
-        per_loop["state_change"].append(relative_change(new, state).cpu())
-        per_loop["cosine_change"].append(cosine_change(new, state).cpu())
+        for name, value in state_signals(new, state).items():
+            per_loop[name].append(value.cpu())
         if gated:
             per_loop[GATE_FIELD].append(model.gate_lambda(new).cpu())
         for p in probes:
@@ -284,6 +290,7 @@ def trace(ckpt_or_model: Checkpoint | LoopedLM, ids, max_loops: int, seed: int =
     probe_ids = tuple(p.probe_id for p in probes)
     key = trace_key(ckpt_id, ids_np, max_loops, seed, topk, TRACE_FORMAT_VERSION, probe_ids)
     shapes = expected_shapes(inputs.shape, max_loops, topk, probe_ids, model.exit_gate is not None)
+    check_memory(shapes)
     pad = padding_token(ckpt_or_model)
     if store is not None:
         hit = store.load(store.trace_path(ckpt_id, key), key, shapes)
@@ -332,6 +339,26 @@ def is_cached(ckpt_or_model: Checkpoint | LoopedLM, ids, max_loops: int, seed: i
     ids_np = np.asarray(ids.cpu() if torch.is_tensor(ids) else ids, dtype=np.int64)
     key = trace_key(ckpt_id, ids_np, max_loops, seed, topk, TRACE_FORMAT_VERSION, tuple(p.probe_id for p in probes))
     return store.trace_path(ckpt_id, key).is_file()
+
+
+INT_FIELDS = ("ids", "targets", "argmax", "topk_ids")  # int64; every other array is float32
+
+
+def trace_bytes(shapes: dict[str, tuple]) -> int:
+    """Memory a trace of these array shapes needs while it is built: each array twice (the per-loop
+    pieces and the stacked result)."""
+    return 2 * sum(int(np.prod(shape)) * (8 if name in INT_FIELDS else 4) for name, shape in shapes.items())
+
+
+def check_memory(shapes: dict[str, tuple]) -> None:
+    """Refuse, before any work, a trace that would not fit in the memory available now (at most
+    $RECUR_MEMORY_LIMIT bytes when that is set)."""
+    need, free = trace_bytes(shapes), available_bytes(torch.device("cpu"))
+    if need > free:
+        N, T, L = shapes["kl_prev"]
+        raise ValueError(f"a trace of {N} windows x {T} tokens x {L} loops needs {need / 2**30:.2f} GiB, more than "
+                          f"the {free / 2**30:.2f} GiB available (the limit: free memory, or $RECUR_MEMORY_LIMIT): "
+                          "trace fewer windows or loops")
 
 
 def expected_shapes(input_shape, max_loops: int, topk: int, probe_ids: Sequence[str],

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from .. import cancel
 from ..exits.policies import Policy, Uniform
-from ..exits.signals import LoopSignals, cosine_change, readout_signals, relative_change
+from ..exits.signals import LoopSignals, readout_signals, state_signals
 from ..model.checkpoint import Checkpoint, resolve_model
 from ..model.looped_lm import LoopedLM
 from ..settings import SETTINGS, seed_for
@@ -110,24 +110,21 @@ class HaltSchedule:
     def wants_readout(self, loop: int) -> bool:
         return self.first_readout is not None and (loop == self.first_readout or self.is_check(loop))
 
-    def halt(self, loop: int, new: Tensor, old: Tensor, readout: dict | None, change: Tensor | None = None,
-             cosine: Tensor | None = None) -> Tensor:
+    def halt(self, loop: int, new: Tensor, old: Tensor, readout: dict | None, states: dict | None = None) -> Tensor:
         """The halt decision after `loop` (bool (B, T)) from the states before / after it, the
-        readout signals (`readout_signals`, None without a readout at this loop), and change /
-        cosine: relative_change / cosine_change of (new, old) when the caller has them already."""
+        readout signals (`readout_signals`, None without a readout at this loop), and states:
+        `state_signals(new, old)` when the caller has them already."""
         if loop >= self.cap:
             return torch.ones(new.shape[:2], dtype=torch.bool, device=new.device)
         if not self.is_check(loop):
             return torch.zeros(new.shape[:2], dtype=torch.bool, device=new.device)
-        change = relative_change(new, old) if change is None else change
-        cosine = cosine_change(new, old) if cosine is None else cosine
-        return self.policy.halt(loop, LoopSignals(state=new, state_change=change, cosine_change=cosine,
-                                                  **(readout or {})))
+        states = state_signals(new, old) if states is None else states
+        return self.policy.halt(loop, LoopSignals(state=new, **states, **(readout or {})))
 
-    def halt_at(self, loops: Tensor, new: Tensor, change: Tensor, cosine: Tensor) -> Tensor:
+    def halt_at(self, loops: Tensor, new: Tensor, states: dict) -> Tensor:
         """The halt decision of tokens each after its own loop (loops: LongTensor (B, T)), in one
-        policy call (the pool's step; requires per_token_loops)."""
-        stop = self.policy.halt(loops, LoopSignals(state=new, state_change=change, cosine_change=cosine))
+        policy call (the pool's step; requires per_token_loops); states: `state_signals` of them."""
+        stop = self.policy.halt(loops, LoopSignals(state=new, **states))
         return stop | (loops >= self.cap)
 
 

@@ -49,7 +49,7 @@ import torch
 from torch import Tensor
 
 from ..exits.policies import Policy, Uniform
-from ..exits.signals import cosine_change, readout_signals, relative_change
+from ..exits.signals import readout_signals, state_signals
 from ..model.checkpoint import resolve_model
 from .decode import (
     Decoder,
@@ -276,14 +276,14 @@ class Pool:
                 s.logits = None
         old, new = self._loop(seqs)
         row_counts = [s.n_rows for s in seqs]  # each one's rows of new / old (settling sheds halted prompt rows)
-        change = relative_change(new, old), cosine_change(new, old)
-        done_prefill, exiting = self._settle(seqs, self._halts(seqs, row_counts, new, old, change, reading=False))
+        states = state_signals(new, old)
+        done_prefill, exiting = self._settle(seqs, self._halts(seqs, row_counts, new, old, states, reading=False))
         reading = [s for s in seqs if s.schedule.wants_readout(s.loop)]
         unread = done_prefill + [s for s in exiting if s.logits is None]  # none of them read at this loop
         if reading or unread:
             self._read(reading + unread, kl=reading)
         if reading:
-            more_prefill, more_exiting = self._settle(seqs, self._halts(seqs, row_counts, new, old, change, reading=True))
+            more_prefill, more_exiting = self._settle(seqs, self._halts(seqs, row_counts, new, old, states, reading=True))
             done_prefill, exiting = done_prefill + more_prefill, exiting + more_exiting
         finished = []
         for s in done_prefill:
@@ -471,13 +471,13 @@ class Pool:
         sc = s.schedule
         return id(sc.policy), sc.cap, sc.every, -1 if sc.per_token_loops else s.loop
 
-    def _halts(self, seqs, row_counts: list[int], new: Tensor, old: Tensor, change: tuple[Tensor, Tensor],
+    def _halts(self, seqs, row_counts: list[int], new: Tensor, old: Tensor, states: dict[str, Tensor],
                reading: bool) -> dict[int, Tensor]:
         """The halt decision per row (bool (rows,)) of each sequence whose policy reads out at this
         loop (reading) or of each that does not, by id(s); one policy call per step (per_token_loops)
         or per loop index for all its rows (seqs are ordered by `_halt_group`, so a group's rows are
         one slice of new / old; a group reads out or not as a whole). row_counts: each sequence's
-        rows in new / old; change: (relative_change, cosine_change) of (new, old)."""
+        rows in new / old; states: `state_signals(new, old)`."""
         halts: dict[int, Tensor] = {}
         n_rows = dict(zip(map(id, seqs), row_counts, strict=True))
         at = 0
@@ -490,12 +490,12 @@ class Pool:
                 continue
             if sched.per_token_loops:
                 loops = torch.tensor([s.loop for s, n in zip(group, sizes, strict=True) for _ in range(n)], device=new.device)[:, None]
-                stop = sched.halt_at(loops, new[rows], change[0][rows], change[1][rows])
+                stop = sched.halt_at(loops, new[rows], {k: v[rows] for k, v in states.items()})
             else:
                 sigs = [s.signals for s in group]
                 readout = None if any(x is None for x in sigs) else {
                     k: torch.cat([x[k] for x in sigs]) for k in sigs[0]}
-                stop = sched.halt(group[0].loop, new[rows], old[rows], readout, change[0][rows], change[1][rows])
+                stop = sched.halt(group[0].loop, new[rows], old[rows], readout, {k: v[rows] for k, v in states.items()})
             halts.update(zip(map(id, group), stop[:, 0].split(sizes), strict=True))
         return halts
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from ..settings import SETTINGS
 from .policies import (
+    Accel,
     ArgmaxStable,
     ConvergenceExit,
     CosineExit,
@@ -94,7 +95,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("latent", LatentDiff, "δ", "δ: halt once ‖s_i − s_{i−1}‖ / ‖s_i‖ < δ", "latent rule (Huginn)", "#8c564b",
            0.03, (0.0, 1e-3, 3e-3, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, math.inf),
            calibration=(1.0, 0.5, 0.3, 0.2, 0.1, 0.05, 0.03, 0.02, 0.01, 5e-3, 2e-3, 1e-3, 1e-4),
-           places=frozenset({GROUND_TRUTH, COMPARE, GENERATE}), aliases=("latent-diff",)),
+           places=frozenset({CURVES, GROUND_TRUTH, COMPARE, GENERATE}), aliases=("latent-diff",)),
     Family("A2", LinearRouter, "τ", "τ: halt once the predicted chance of change < τ", "A2 router", "#54a24b", 0.5,
            SETTINGS.tau_grid, calibration=(0.9, 0.7, 0.5, 0.3, 0.2, 0.1, 0.05, 0.02, 0.01, 3e-3, 1e-3),
            places=frozenset({CURVES, GROUND_TRUTH}), needs_probe=True,
@@ -113,6 +114,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            "argmax stability (Huginn)", "#17becf", 5, (1, 2, 3, 4, 5, 6, 8, 10, 12, 16),
            places=frozenset({GROUND_TRUTH, COMPARE}), integer=True, low=1, sweep_below_cap=True,
            aliases=("argmax", "argmax-stability")),
+    Family("Accel", Accel, "τ", "τ: halt once |δ_i − δ_{i−1}| < τ, δ_i = ‖s_i − s_{i−1}‖ (the state's step size)",
+           "Accel (second-order step size)", "#393b79", 1e-2, (0.0, *(10.0 ** k for k in range(-5, 3)), math.inf),
+           calibration=(30.0, 10.0, 3.0, 1.0, 0.3, 0.1, 0.03, 0.01, 3e-3, 1e-3, 3e-4, 1e-4, 1e-5),
+           places=frozenset({CURVES, GENERATE}), aliases=("second_order",)),
     Family("Gate", GateExit, "q", "q: halt at the first loop whose exit CDF ≥ q (Ouro's Q-exit)",
            "Learned exit gate (Ouro's Q-exit, CDF ≥ q)", "#9d755d", 0.5, SETTINGS.q_grid,
            places=frozenset({CURVES}), needs_gate=True, high=1.0),

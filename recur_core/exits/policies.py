@@ -29,13 +29,18 @@ comparison on the same tokens (defaults: Huginn's "auto" thresholds):
                            run of 0; the earliest exit is loop n + 1).
   CosineExit(delta)        halt once 1 - cos(s_i, s_{i-1}) < delta.
 
+The second-order step-size exit (arXiv 2509.23314):
+  Accel(tau)               halt once |delta_i - delta_{i-1}| < tau, delta_i = ||s_i - s_{i-1}|| the
+                           state's step size (absolute, the paper's form; no relative form is
+                           offered); never at loop 1 (there is no delta_0).
+
 A model trained with a learned exit gate (Ouro, recur_core.model.ouro):
   GateExit(q, gate)        Ouro's Q-exit: halt at the first loop whose exit CDF
                            1 - prod_{j<=i} (1 - lambda_j) is >= q, lambda_j = the gate's per-token
                            exit probability after loop j; may halt at loop 1.
                            GateExit.of_checkpoint(ckpt, q): a checkpoint's gate, capped at its
                            trained steps, q in (0, 1) (what decoding with Ouro takes).
-EntropyDiff, ArgmaxStable and GateExit compare with earlier loops: their online face remembers the values of
+EntropyDiff, Accel, ArgmaxStable and GateExit compare with earlier loops: their online face remembers the values of
 its previous call (reset at loop 1), so it must be consulted at every loop (check_every 1); a call
 that skips loops starts a new run.
 
@@ -331,7 +336,28 @@ class _Remembering(Policy):
         return super().rule_met(loop, signals)
 
 
-class EntropyDiff(_Remembering):
+class _FirstDifference(_Remembering):
+    """Halt once |x_i - x_{i-1}| < threshold for the per-loop signal x = `signal`; never at loop 1
+    (there is no x_0)."""
+
+    def _update(self, value, fresh):
+        self._run = None if fresh else (value - self._prev).abs()
+
+    def _rule_online(self, loop, signals):
+        if self._run is None:
+            return torch.zeros(signals.shape, dtype=torch.bool, device=signals.state_change.device)
+        return self._run < self.threshold
+
+    def _rule_trace(self, trace):
+        values = getattr(trace, self.signal)
+        if values is None:
+            raise KeyError(f"the trace holds no {self.signal}: {type(self).__name__} needs a trace that records it")
+        diff = np.abs(np.diff(values, axis=-1))
+        never = np.zeros(values.shape[:-1] + (1,), dtype=bool)
+        return np.concatenate([never, diff < self.threshold], axis=-1)
+
+
+class EntropyDiff(_FirstDifference):
     """Huginn's entropy-diff exit: freeze a token once |H(p_i) - H(p_{i-1})| < delta (nats); the
     rule never holds at loop 1 (there is no previous entropy)."""
 
@@ -343,18 +369,19 @@ class EntropyDiff(_Remembering):
         super().__init__(min_loops, r_max)
         self.delta = delta
 
-    def _update(self, value, fresh):
-        self._run = None if fresh else (value - self._prev).abs()
 
-    def _rule_online(self, loop, signals):
-        if self._run is None:
-            return torch.zeros(signals.shape, dtype=torch.bool, device=signals.state_change.device)
-        return self._run < self.delta
+class Accel(_FirstDifference):
+    """The second-order step-size exit (arXiv 2509.23314): freeze a token once
+    |delta_i - delta_{i-1}| < tau, delta_i = ||s_i - s_{i-1}|| the state's step size (absolute, in
+    the state's own units; loop 1's step is from the initial state s_0). Needs no readout; never
+    halts at loop 1."""
 
-    def _rule_trace(self, trace):
-        diff = np.abs(np.diff(trace.entropy, axis=-1))
-        never = np.zeros(trace.entropy.shape[:-1] + (1,), dtype=bool)
-        return np.concatenate([never, diff < self.delta], axis=-1)
+    threshold_name = "tau"
+    signal = "state_step"
+
+    def __init__(self, tau: float, min_loops: int = 1, r_max: int | None = None):
+        super().__init__(min_loops, r_max)
+        self.tau = tau
 
 
 class ArgmaxStable(_Remembering):

@@ -28,6 +28,8 @@ class LoopSignals:
     kl_prev_reverse, entropy, argmax   KL(p_{i-1} || p_i) in nats, H(p_i) in nats, argmax of p_i;
                   None without the readout.
     cosine_change 1 - cos(s_i, s_{i-1}); None when the caller did not compute it.
+    state_step    ||s_i - s_{i-1}||, the state's step size (absolute; Accel's delta_i); None when not computed.
+    state_norm    ||s_i||, the hidden-state norm; None when not computed.
     """
 
     state: torch.Tensor
@@ -37,6 +39,8 @@ class LoopSignals:
     entropy: torch.Tensor | None = None
     argmax: torch.Tensor | None = None
     cosine_change: torch.Tensor | None = None
+    state_step: torch.Tensor | None = None
+    state_norm: torch.Tensor | None = None
 
     @property
     def shape(self) -> torch.Size:
@@ -46,8 +50,16 @@ class LoopSignals:
     def of_states(cls, new: Tensor, old: Tensor, **readout) -> LoopSignals:
         """The state signals of a loop from the states after / before it, plus readout fields
         (`readout_fields` / `readout_signals`) where the caller read out."""
-        return cls(state=new, state_change=relative_change(new, old), cosine_change=cosine_change(new, old),
-                   **readout)
+        return cls(state=new, **state_signals(new, old), **readout)
+
+
+def state_signals(new: Tensor, old: Tensor) -> dict[str, Tensor]:
+    """The state fields of LoopSignals from the states after / before a loop, float32 (L2 over the
+    model dim): every caller (tracer, harness, decoder, pool) builds them here, so a rule reads the
+    same values on the fast and the online face."""
+    new, old = new.float(), old.float()
+    return {"state_change": relative_change(new, old), "cosine_change": cosine_change(new, old),
+            "state_step": (new - old).norm(dim=-1), "state_norm": new.norm(dim=-1)}
 
 
 def relative_change(new: Tensor, old: Tensor) -> Tensor:

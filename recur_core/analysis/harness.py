@@ -333,7 +333,7 @@ def _exact_batch(model: LoopedLM, inputs, targets, noise, policy: Policy, cap: i
         new = model.core_step(state, e, freeze=frozen)
         readout = {}
         if policy.needs_readout:
-            h_prev, stats = loop_readout(model, new, h_prev, None)
+            h_prev, stats = loop_readout(model, new, h_prev, None, topk=2 if policy.needs_margin else 0)
             readout = readout_fields(stats)
         signals = LoopSignals.of_states(new, state, **readout)
         met = policy.rule_met(loop, signals) & ~frozen

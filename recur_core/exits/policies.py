@@ -34,13 +34,17 @@ The second-order step-size exit (arXiv 2509.23314):
                            state's step size (absolute, the paper's form; no relative form is
                            offered); never at loop 1 (there is no delta_0).
 
+A sufficient-condition exit (arXiv 2608.18222):
+  CertifiedExit(L)         halt once 2 L * delta_i rho / (1 - rho) < the top-1 - top-2 logit margin,
+                           rho = delta_i / delta_{i-1}, L a measured Lipschitz bound of the readout.
+
 A model trained with a learned exit gate (Ouro, recur_core.model.ouro):
   GateExit(q, gate)        Ouro's Q-exit: halt at the first loop whose exit CDF
                            1 - prod_{j<=i} (1 - lambda_j) is >= q, lambda_j = the gate's per-token
                            exit probability after loop j; may halt at loop 1.
                            GateExit.of_checkpoint(ckpt, q): a checkpoint's gate, capped at its
                            trained steps, q in (0, 1) (what decoding with Ouro takes).
-EntropyDiff, Accel, ArgmaxStable and GateExit compare with earlier loops: their online face remembers the values of
+EntropyDiff, Accel, ArgmaxStable, CertifiedExit and GateExit compare with earlier loops: their online face remembers the values of
 its previous call (reset at loop 1), so it must be consulted at every loop (check_every 1); a call
 that skips loops starts a new run.
 
@@ -84,6 +88,7 @@ class Policy:
     """Base class: subclasses define `_rule_online` and `_rule_trace`; min_loops / r_max live here."""
 
     needs_readout: bool = False
+    needs_margin: bool = False  # the rule reads the top-1 - top-2 margin (the readout's top-2)
     remembers_loops: bool = False  # the rule keeps memory of earlier loops per batch row (see _Remembering)
     per_token_loops: bool = False  # the online rule takes a tensor of loops, one per token (see halt)
     threshold_name: str = ""
@@ -413,6 +418,53 @@ class ArgmaxStable(_Remembering):
             run[..., i] = np.where(trace.argmax[..., i] == trace.argmax[..., i - 1], run[..., i - 1] + 1, 0)
         return run >= self.n
 
+
+
+class CertifiedExit(_Remembering):
+    """A sufficient-condition exit (after arXiv 2608.18222): freeze a token once no remaining motion of
+    its state can move the top-1 token past the runner-up: 2 L · tail_i < m_i, where
+      tail_i = δ_i ρ / (1 − ρ), ρ = δ_i / δ_{i−1}, δ_i = ‖s_i − s_{i−1}‖   the geometric bound on
+               ‖s_∞ − s_i‖ if the steps keep shrinking by ρ (0 at an exact fixed point; ∞ when ρ ≥ 1),
+      L      a Lipschitz bound of the readout, ‖z(s) − z(s')‖_∞ ≤ L ‖s − s'‖ (logits z), measured per
+             checkpoint (recur_core.analysis.certify.readout_lipschitz),
+      m_i    the top-1 − top-2 logit margin of p_i.
+    The guarantee holds as far as its assumptions do (the contraction keeps its rate, L bounds the
+    readout along the rest of the path); never halts at loop 1 (there is no δ_0)."""
+
+    needs_readout = True
+    needs_margin = True
+    threshold_name = "lipschitz"
+    signal = "state_step"
+
+    def __init__(self, lipschitz: float, min_loops: int = 1, r_max: int | None = None):
+        super().__init__(min_loops, r_max)
+        self.lipschitz = lipschitz
+
+    def _update(self, value, fresh):
+        self._run = None if fresh else remaining_motion(value, self._prev)
+
+    def _rule_online(self, loop, signals):
+        if self._run is None:
+            return torch.zeros(signals.shape, dtype=torch.bool, device=signals.state_change.device)
+        return 2 * self.lipschitz * self._run < _needs(signals, "margin", self)
+
+    def _rule_trace(self, trace):
+        if trace.state_step is None or trace.topk_probs.shape[-1] < 2:
+            raise KeyError("CertifiedExit's fast face needs a trace with state_step and a top-2 (topk >= 2)")
+        margin = np.log(trace.topk_probs[..., 0]) - np.log(trace.topk_probs[..., 1])
+        tail = remaining_motion(trace.state_step[..., 1:], trace.state_step[..., :-1])
+        never = np.zeros(trace.state_step.shape[:-1] + (1,), dtype=bool)
+        return np.concatenate([never, 2 * self.lipschitz * tail < margin[..., 1:]], axis=-1)
+
+
+def remaining_motion(step, prev):
+    """The geometric tail δ ρ / (1 − ρ), ρ = step / prev, of step sizes (torch or numpy, float32): 0
+    where step is 0 (a fixed point reached), ∞ where the steps do not shrink (ρ ≥ 1, or prev 0)."""
+    where = torch.where if isinstance(step, torch.Tensor) else np.where
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rho = step / prev
+        tail = step * rho / (1 - rho)
+    return where(step == 0, 0.0, where(rho < 1, tail, float("inf")))
 
 
 # -- a learned exit gate ---------------------------------------------------------------------------

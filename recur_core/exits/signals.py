@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -30,6 +31,8 @@ class LoopSignals:
     cosine_change 1 - cos(s_i, s_{i-1}); None when the caller did not compute it.
     state_step    ||s_i - s_{i-1}||, the state's step size (absolute; Accel's delta_i); None when not computed.
     state_norm    ||s_i||, the hidden-state norm; None when not computed.
+    margin        log p_i(top 1) - log p_i(top 2), the top-1 - top-2 logit margin in nats; None without
+                  the readout (or, from readout_stats, without its top-2).
     """
 
     state: torch.Tensor
@@ -41,6 +44,7 @@ class LoopSignals:
     cosine_change: torch.Tensor | None = None
     state_step: torch.Tensor | None = None
     state_norm: torch.Tensor | None = None
+    margin: torch.Tensor | None = None
 
     @property
     def shape(self) -> torch.Size:
@@ -99,16 +103,27 @@ def _clamped(stats: ReadoutStats) -> ReadoutStats:
 
 
 def readout_fields(stats: ReadoutStats) -> dict[str, Tensor]:
-    """The LoopSignals fields of a readout computed by readout_stats (with h_prev), KLs clamped at 0."""
-    return {"kl_prev": stats.kl_prev.clamp_min(0.0), "kl_prev_reverse": stats.kl_prev_reverse.clamp_min(0.0),
-            "entropy": stats.entropy, "argmax": stats.argmax}
+    """The LoopSignals fields of a readout computed by readout_stats (with h_prev), KLs clamped at 0; the
+    margin where the stats hold a top-2."""
+    fields = {"kl_prev": stats.kl_prev.clamp_min(0.0), "kl_prev_reverse": stats.kl_prev_reverse.clamp_min(0.0),
+              "entropy": stats.entropy, "argmax": stats.argmax}
+    if stats.topk_probs is not None and stats.topk_probs.shape[-1] >= 2:
+        fields["margin"] = top2_margin(stats.topk_probs)
+    return fields
+
+
+def top2_margin(topk_probs):
+    """log p(top 1) - log p(top 2) from descending top-k probabilities (..., k >= 2); torch or numpy."""
+    log = torch.log if isinstance(topk_probs, Tensor) else np.log
+    return log(topk_probs[..., 0]) - log(topk_probs[..., 1])
 
 
 def readout_signals(logp: Tensor, logp_prev: Tensor) -> dict[str, Tensor]:
     """The LoopSignals fields of a readout from log-probabilities of this and the previous readout
     (decoding has the logits already): kl_prev = KL(p || p_prev) and kl_prev_reverse = KL(p_prev || p)
-    in nats per token, clamped at 0 (float rounding); entropy (nats) and argmax of p."""
+    in nats per token, clamped at 0 (float rounding); entropy (nats), argmax and the top-2 margin of p."""
     p = logp.exp()
+    top = logp.topk(2, dim=-1).values
     return {"kl_prev": (p * (logp - logp_prev)).sum(-1).clamp_min(0.0),
             "kl_prev_reverse": (logp_prev.exp() * (logp_prev - logp)).sum(-1).clamp_min(0.0),
-            "entropy": -(p * logp).sum(-1), "argmax": logp.argmax(-1)}
+            "entropy": -(p * logp).sum(-1), "argmax": logp.argmax(-1), "margin": top[..., 0] - top[..., 1]}

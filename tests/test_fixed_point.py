@@ -206,3 +206,15 @@ def test_ouro_fixtures(folder):
         for kv_rule in KV_RULES:
             got = assert_same(ck, w, policy, kv_rule, steps)
             assert got.passes == [1]
+
+
+def test_bad_windows_are_refused_before_any_work(ckpt):
+    a1 = ConvergenceExit(1e-3)
+    too_long = torch.zeros(1, ckpt.config.max_seq_len + 2, dtype=torch.long)
+    with pytest.raises(ValueError, match="exceed the context"):
+        teacher_forced(ckpt, too_long, a1, mode="fixed_point")
+    for bad in (torch.zeros(2, 1, dtype=torch.long), torch.zeros(5, dtype=torch.long)):
+        with pytest.raises(ValueError, match="at least 2 tokens"):
+            teacher_forced(ckpt, bad, a1, mode="fixed_point")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        teacher_forced(ckpt, torch.zeros(1, 4, dtype=torch.long), a1, mode="parallel")

@@ -73,7 +73,10 @@ def teacher_forced(ckpt_or_model, windows, policy: Policy, kv_rule: str | None =
     windows = torch.as_tensor(windows, dtype=torch.long)
     cap = default_max_loops(policy, ckpt, max_loops)
     device = model.embed.weight.device
-    N, T = windows.shape[0], windows.shape[1] - 1
+    N, T = windows.shape[0], (windows.shape[1] - 1 if windows.ndim == 2 else 0)
+    if windows.ndim != 2 or T < 1:
+        raise ValueError(f"teacher_forced takes windows (N, T + 1) of at least 2 tokens (an input and its target), "
+                         f"got shape {tuple(windows.shape)}")
     if T > model.cfg.max_seq_len:
         raise ValueError(f"windows of {T} input tokens exceed the context (max_seq_len {model.cfg.max_seq_len})")
     rows_of = list(range(first_window, first_window + N)) if noise_rows is None else [int(r) for r in noise_rows]

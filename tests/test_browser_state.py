@@ -199,9 +199,13 @@ def test_hops_starts_from_a_program_and_its_elasticity_falls_with_depth(hops_col
         return d && (d.data || []).some(t => (t.name || '').startsWith('hops') && !(t.name || '').includes('first look'));
     }""", timeout=RUN_TIMEOUT_MS)
     wait_idle(page)
+    view_loss = page.locator("[data-testid='stButtonGroup'] button", has_text="Loss")
+    if view_loss.count():  # the shipped hops checkpoints share eval windows: the page opens on their paired difference
+        view_loss.first.click()
+        wait_idle(page)
     loss = page.evaluate("""() => {
         const d = document.querySelector('.js-plotly-plot');
-        const t = d._fullData.find(t => (t.name || '').startsWith('hops') && t.mode && t.mode.includes('lines'));
+        const t = d._fullData.find(t => (t.name || '').startsWith('hops (') && (t.name || '').endsWith(')') && t.mode && t.mode.includes('lines'));  // hops's own line: not its CI band, not its r-bar marker, not hops-per-token
         return Array.from(t.y);  // decoded (the figure JSON may carry base64 arrays)
     }""")
     assert not any(n.startswith("demo") for n in first_chart_trace_names(page))  # same task and tokenizer only

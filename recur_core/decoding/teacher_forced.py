@@ -47,7 +47,6 @@ class TeacherForced:
         return float(self.exit_loop.float().mean())
 
 
-
 @torch.inference_mode()
 def teacher_forced(ckpt_or_model, windows, policy: Policy, kv_rule: str | None = None, *, seed: int = 0,
                    max_loops: int | None = None, batch_size: int = 16, mode: str = "decode",
@@ -56,7 +55,9 @@ def teacher_forced(ckpt_or_model, windows, policy: Policy, kv_rule: str | None =
     """Decode windows (N, T + 1) with the true next tokens and score every position.
 
     mode "decode": token by token, exactly what `generate` computes for each window (rows in
-    lockstep, see docs/DECODING.md). mode "prefill": all positions in parallel (`Decoder.prefill`);
+    lockstep, see docs/DECODING.md). mode "fixed_point": the same result by parallel passes
+    (recur_core.decoding.fixed_point; `passes` records how many each batch took). mode "prefill":
+    one pass, all positions in parallel (`Decoder.prefill`);
     with kv_rule "recompute" that is the masking harness, with "continue" (Ouro's default) the
     uniform forward with each token's output read at its exit loop (Ouro's reference).
     Window n's noise is model.seeded_state([first_window + n], seed), as in recur_core.analysis.trace;
@@ -64,7 +65,8 @@ def teacher_forced(ckpt_or_model, windows, policy: Policy, kv_rule: str | None =
     noise `generate` gives a sequence alone (what lm-eval's scoring does, so a score never depends on
     the batch it was run in). progress: None or a callable(windows done, N), called after each batch;
     position_progress: None or a callable(positions done, T), called after each position of a batch
-    (mode "decode": a long text's decoding reports token by token).
+    in mode "decode" (a long text's decoding reports token by token), after each pass in mode
+    "fixed_point" (positions settled, averaged over the batch's windows).
     Returns per-token ce (nats), exit loops and argmax (N, T), and the kept logits when keep_logits.
     """
     if mode not in TEACHER_FORCED_MODES:

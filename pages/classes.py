@@ -3,7 +3,7 @@ import pandas as pd
 import streamlit as st
 
 from recur_core.analysis.curves import TOKEN_CLASSES
-from ui import charts, compute, download, state
+from ui import charts, download, state
 
 m = state.require_model()
 st.title("Token classes")
@@ -15,7 +15,7 @@ if ids is False:
 first_look = state.first_look(m, ids)
 banner = st.container()
 eps = state.eps_slider("classes")
-res = compute.token_classes(*m.key, ids, eps, m.r_max, m.vocab_size, first_look)
+res = m.token_classes(ids, eps, first_look)
 summary, tokens = res["summary"], res["tokens"]
 
 charts.show(charts.class_bars(summary, TOKEN_CLASSES), "token_classes", key="token_classes")

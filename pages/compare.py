@@ -11,16 +11,16 @@ st.caption("The same text under the three depth-allocation policies. Set each po
            "where each one stops every token.")
 
 enc = state.pasted_text(m, "compare_form")
-tr = compute.text_trace(*m.key, enc.ids, True)
+tr = m.trace(enc.ids)
 exact = state.text_path("compare")
 decoding_note = st.container()
 
 
 def policy_outcome(policy) -> compute.Outcome:
-    return compute.text_outcome(*m.key, enc.ids, tr, policy, exact)
+    return m.text_outcome(enc.ids, tr, policy, exact)
 
 
-prb = compute.probes(*m.key)
+prb = m.probes()
 legend = st.empty()  # one scale for the three strips, drawn once their depths are known
 
 cols = st.columns(3, gap="medium")
@@ -32,7 +32,7 @@ with cols[0]:
 with cols[1]:
     st.subheader("A1 · convergence exit")
     eps = state.eps_slider("compare")
-    policies.append(("A1", f"A1 ε={eps:.1e}", compute.a1(eps, m.r_max)))
+    policies.append(("A1", f"A1 ε={eps:.1e}", m.a1(eps)))
 with cols[2]:
     st.subheader("A2 · learned router")
     if prb:
@@ -44,7 +44,7 @@ with cols[2]:
                                      "argmax_any": "argmax change at any later loop"}.get)
         tau = st.slider("τ: halt once the predicted chance of change < τ", 0.0, 1.0, step=0.01,
                         **state.keep("cmp_tau", 0.5, scope=m.path))
-        policies.append(("A2", f"A2 {kind} τ={tau:.2f}", compute.a2(*m.key, kind, tau, m.r_max)))
+        policies.append(("A2", f"A2 {kind} τ={tau:.2f}", m.a2(kind, tau)))
     else:
         st.info(f"A2 needs r_max ≥ 2 to train its probe (this checkpoint has r_max = {m.r_max})." if m.has_windows
                 else "A2's probe is trained on the checkpoint's training-side windows, and this folder ships none.")
@@ -72,7 +72,7 @@ with h_cols[0]:
                                                                   scope=m.path, valid=lambda v: 1 <= v <= m.r_max))
     else:
         thr = st.number_input(fam.rule, 0.0, 10.0, format="%.1e", **state.keep(f"cmp_huginn_{crit}", fam.default))
-    h_policy = compute.policy(crit, thr, m.r_max)
+    h_policy = m.policy(crit, thr)
     h_out = policy_outcome(h_policy)
     shown = [*outcomes, h_out]
     a, b = st.columns(2)
@@ -81,13 +81,13 @@ with h_cols[0]:
 with h_cols[1]:
     views.render_strip(m, views.token_table(m, tr, enc, h_out), state.path_label(f"{fam.display} {fam.knob} = {thr:g}", h_out))
 
-if compute.gate(*m.key) is not None:
+if m.gate() is not None:
     st.subheader("The model's learned exit gate · on the same tokens")
     g_cols = st.columns(2, gap="medium")
     with g_cols[0]:
         q = st.slider("q: halt at the first loop whose exit CDF ≥ q (Ouro's Q-exit)", 0.0, 1.0, 0.5, 0.01,
                       key="cmp_gate_q")
-        g_out = policy_outcome(compute.gate_exit(*m.key, q, m.r_max))
+        g_out = policy_outcome(m.gate_exit(q))
         shown.append(g_out)
         a, b = st.columns(2)
         a.metric("Mean loops", f"{g_out.mean_loops:.2f}")

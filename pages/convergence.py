@@ -3,7 +3,7 @@ import pandas as pd
 import streamlit as st
 
 from recur_core.analysis.dynamics import REGIMES
-from ui import charts, compute, download, state
+from ui import charts, download, state
 
 m = state.require_model()
 st.title("Convergence")
@@ -15,7 +15,7 @@ if ids is False:
     st.stop()
 first_look = state.first_look(m, ids)
 banner = st.container()
-conv = compute.convergence(*m.key, ids, first_look)
+conv = m.convergence(ids, first_look)
 
 c = st.columns(3)
 c[0].metric("Median convergence loop", f"{conv['median_convergence_loop']:.0f}",
@@ -34,10 +34,10 @@ with right:
     charts.show(charts.per_loop(conv, "frac_moving", "Tokens still moving", "tokens with KL > threshold [%]",
                                 False, "#e45756", scale=100.0), "frac_moving", key="frac_moving")
     eps = state.eps_slider("convergence")
-    ex = compute.exit_depths(*m.key, ids, eps, m.r_max, first_look)
+    ex = m.exit_depths(ids, eps, first_look)
     charts.show(charts.depth_histogram(ex["depth"], ex["converged"], m.r_max, eps), "exit_depths", key="exit_depths")
 
-dy = compute.dynamics(*m.key, ids, first_look)
+dy = m.dynamics(ids, first_look)
 st.subheader("How the states move")
 low, high = dy["marginal_band"]
 r = st.columns(3)
@@ -52,7 +52,7 @@ charts.show(charts.state_norm_per_loop(dy), "state_norm", key="state_norm")
 table = pd.DataFrame({k: conv[k] for k in conv if isinstance(conv[k], list)})
 with st.expander("Per-loop table and the raw trace"):
     download.table(table, "convergence_per_loop")
-    download.trace_buttons(compute.source_trace(*m.key, ids, with_probes=ids is None, first_look=first_look),
+    download.trace_buttons(m.trace(ids, with_probes=ids is None, first_look=first_look),
                            "eval_trace" if ids is None else "text_trace")
 if first_look:
     state.refine(m, banner)

@@ -24,7 +24,7 @@ if ids is False:
 first_look = state.first_look(m, ids)
 banner = st.container()
 n_exact = 1 if ids is not None else compute.S.windows
-cached = not first_look and compute.exact_cached(*m.key, ids, m.r_max, m.r_bar, n_exact)
+cached = not first_look and m.exact_cached(ids, n_exact)
 mode = st.segmented_control("Evaluation", ["exact", "fast"], required=True, disabled=first_look,
                             **state.keep("eval_mode", "exact" if cached else "fast", scope=f"{m.path}|{ids is None}"),
                             format_func={"fast": "Fast (trace: score each token at its exit loop)",
@@ -46,18 +46,18 @@ bands = view == "absolute" and st.toggle("95% bootstrap bands", **state.keep("ba
 if mode == "exact" and ids is None:
     n_exact = st.select_slider("Windows for the exact harness", [4, 8, 16, 32, 64, 128],
                                **state.keep("exact_windows", n_exact))
-exact_ready = mode == "exact" and compute.exact_cached(*m.key, ids, m.r_max, m.r_bar, n_exact)
+exact_ready = mode == "exact" and m.exact_cached(ids, n_exact)
 if mode == "exact" and not exact_ready:  # minutes on a CPU: in the background, the fast path meanwhile
     with banner:
-        jobs.watch(compute.start_exact_sweep(*m.key, ids, m.r_max, m.r_bar, n_exact),
+        jobs.watch(m.start_exact_sweep(ids, n_exact),
                    "The exact sweep runs in the masking harness (then it is cached on disk); the **fast path** is "
                    "shown until it is done.")
 if exact_ready:
-    res = compute.sweep_exact(*m.key, ids, m.r_max, m.r_bar, n_exact)
+    res = m.sweep_exact(ids, n_exact)
     where = f"{res['n_windows']} window(s), exact masking harness"
 else:
     mode = "fast"
-    res = compute.sweep_fast(*m.key, ids, m.r_max, m.r_bar, first_look)
+    res = m.sweep_fast(ids, first_look)
     where = f"{res['n_windows']} window(s) × {res['seq_len']} tokens, fast path" + (", first look" if first_look else "")
 rep = res["report"]
 points = {k: rep[k] for k in views.FAMILIES if k in rep}
@@ -109,7 +109,7 @@ with st.expander("A2 label kinds side by side"):
     st.caption("The router's labels: argmax or KL ≥ label ε (A1's matched ε on the probe's training windows), at the "
                "next loop or at any later loop up to r_max. Probe quality on held-out probe windows.")
     if not first_look:
-        download.table(views.label_kinds_table(compute.probes(*m.key), rep), "a2_label_kinds")
+        download.table(views.label_kinds_table(m.probes(), rep), "a2_label_kinds")
 if mode == "exact":
     st.subheader("Fast − exact")
     st.caption("Every policy of the sweep scored both ways on the same windows; the gap is fast − exact (paired CI).")

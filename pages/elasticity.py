@@ -3,8 +3,9 @@ import pandas as pd
 import streamlit as st
 
 from recur_core import CheckpointError
-from ui import charts, compute, download, state
+from ui import charts, download, state
 from ui.checkpoints import discover, eval_set
+from ui.handle import Handle
 
 m = state.require_model()
 st.title("Elasticity & saturation")
@@ -28,7 +29,7 @@ banner = st.container()
 runs, pending = [], []
 for path in chosen:
     try:
-        other = compute.open_model(path, m.device)
+        other = Handle.open(path, m.device)
     except (CheckpointError, OSError, ValueError, RuntimeError) as err:
         st.warning(f"Skipped {usable[path].name}: {err}")
         continue
@@ -38,9 +39,9 @@ for path in chosen:
     look = state.first_look(other)
     if look:
         pending.append(other)
-    el = compute.elasticity(*other.key, look)
+    el = other.elasticity(look)
     runs.append({"name": f"{usable[path].name} ({other.checkpoint_id[:8]})" + (" · first look" if look else ""),
-                 "r_bar": other.r_bar, "key": other.key, "first_look": look, **el})
+                 "r_bar": other.r_bar, "handle": other, "first_look": look, **el})
 if not runs:
     st.info("Pick at least one checkpoint.")
     st.stop()
@@ -54,7 +55,7 @@ if len(runs) > 1 and pending:
 elif len(runs) > 1:  # checkpoints compared: default to their paired difference from the first one
     ref = runs[0]
     try:
-        diffs = [{"name": r["name"], **compute.elasticity_difference(*r["key"][:2], *ref["key"][:2], m.device)}
+        diffs = [{"name": r["name"], **r["handle"].elasticity_difference(ref["handle"])}
                  for r in runs[1:]]
     except ValueError as err:
         note = f"No paired difference: {err}."

@@ -17,11 +17,11 @@ st.caption("Every token is coloured by its **A1 exit depth**: the first loop i a
 
 enc = state.pasted_text(m, "exits_form")
 decoding_note = st.container()
-tr = compute.text_trace(*m.key, enc.ids, False)
+tr = m.trace(enc.ids, with_probes=False)
 
 exact = state.text_path("exits")
 eps = state.eps_slider("exits")
-out = compute.text_outcome(*m.key, enc.ids, tr, compute.a1(eps, m.r_max), exact)
+out = m.text_outcome(enc.ids, tr, m.a1(eps), exact)
 uniform = compute.outcome(tr, compute.a0(m.r_bar))  # A0 freezes no token early: its trace is its decoding
 table = views.token_table(m, tr, enc, out)
 state.follow_decoding([out], decoding_note)

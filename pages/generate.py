@@ -11,15 +11,15 @@ from recur_core.decoding.kv import KV_RULES
 from recur_core.decoding.serve import Request, serve
 from recur_core.exits import catalogue
 from recur_core.exits.policies import Uniform
-from ui import compute, decoding, state
+from ui import decoding, state
 from ui.strip import DepthScale
 
 m = state.require_model()
 st.title("Generate")
 st.caption("Autoregressive decoding where every new token loops only until its policy halts it: the skipped "
            "loops are really not computed. Colour = the exit loop of the step that produced the token.")
-ckpt = decoding.warm_checkpoint(*m.key)
-tok = compute.tokenizer(m.path, m.checkpoint_id)
+ckpt = decoding.warm_checkpoint(m)
+tok = m.tokenizer()
 
 pool_mode = st.toggle("Several prompts at once", **state.keep("gen_pool", False), help="Decode a pool of sequences together: every step, each "
                       "in-flight token runs one core loop in one batched step, whatever its loop index.")

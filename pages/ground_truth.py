@@ -3,11 +3,11 @@ do exit policies stop each answer token at the depth it needs? Exact (as real ha
 fast path one click away."""
 import streamlit as st
 
-from ui import charts, compute, download, ground_truth, jobs, state, views
+from ui import charts, download, ground_truth, jobs, state, views
 
 m = state.require_model()
 st.title("Ground truth: exit depth against the depth each answer needs")
-if not ground_truth.has_ground_truth(m.path):
+if not ground_truth.has_ground_truth(m):
     st.info("This checkpoint has no ground truth. Pick **checkpoints/stories-reasoning** in the sidebar (word "
             "problems in story form, each answer word labelled with the composition steps it needs) or "
             "**checkpoints/hops** (variable-binding programs, each answer labelled with its number of lookups).")
@@ -32,12 +32,12 @@ path = st.segmented_control(
     "Path", ["exact", "fast"], required=True, **state.keep("gt_path", "exact"),
     format_func={"exact": "Exact (what real decoding gets: halted tokens stay in context)",
                  "fast": "Fast (every other token at full depth)"}.get)
-fast = ground_truth.section(*m.key, m.r_max, m.r_bar, False)
-exact_ready = ground_truth.exact_ready(*m.key, m.r_max, m.r_bar)
+fast = ground_truth.section(m, False)
+exact_ready = ground_truth.exact_ready(m)
 if path == "exact" and not exact_ready:
-    job = jobs.get(ground_truth.exact_key(*m.key))
+    job = jobs.get(ground_truth.exact_key(m))
     if job is None:  # minutes to hours on a CPU: started only when asked
-        n_policies, n_windows = ground_truth.exact_size(*m.key, m.r_max)
+        n_policies, n_windows = ground_truth.exact_size(m)
         st.warning(f"**The exact figures are not computed yet, and on a CPU they take long**: tens of minutes on a "
                    f"small model, hours on a larger one. They run {n_policies} policy thresholds on {n_windows} eval "
                    "windows in the masking harness, then decode the readout rules (A1, Huginn's KL / entropy / "
@@ -45,14 +45,14 @@ if path == "exact" and not exact_ready:
                    "and Stop acts within seconds. The result is cached on disk (`python -m recur_core.analyze` "
                    "fills the same cache). The **fast path** is shown below meanwhile.", icon=":material/schedule:")
         st.button("Compute the exact figures", key="gt_start_exact", on_click=ground_truth.start_exact,
-                  args=(*m.key, m.r_max, m.r_bar))
+                  args=(m,))
     else:
         jobs.watch(job, "The exact figures are computed once per checkpoint, then cached on disk: every policy's "
                         "thresholds in the masking harness, then the readout rules (A1, Huginn's KL / entropy / "
                         "argmax) decoded near their operating points. Meanwhile the **fast path** is shown below.")
-gt = ground_truth.section(*m.key, m.r_max, m.r_bar, True) if path == "exact" and exact_ready else fast
+gt = ground_truth.section(m, True) if path == "exact" and exact_ready else fast
 if exact_ready:
-    exact = gt if gt is not fast else ground_truth.section(*m.key, m.r_max, m.r_bar, True)
+    exact = gt if gt is not fast else ground_truth.section(m, True)
     st.markdown(ground_truth.gap_sentence(exact, fast))
 st.caption(f"Showing the **{gt['path']} path**. " + (
     "Exact: what real decoding gets, a halted token staying in the context with its exit state. State rules come "
@@ -99,9 +99,9 @@ pick = cols[0].selectbox(noun.capitalize(), list(range(len(examples))),
                          **state.keep("gt_pick", 0, scope=m.path, valid=lambda i: 0 <= i < len(examples)),
                          format_func=lambda i: ground_truth.example_label(m, examples[i], i))
 enc, depths = ground_truth.encode_example(m, examples[pick])
-tr = compute.text_trace(*m.key, enc.ids, False)
+tr = m.trace(enc.ids, with_probes=False)
 eps = state.eps_slider("ground_truth")
-out = compute.text_outcome(*m.key, enc.ids, tr, compute.a1(eps, m.r_max), path == "exact")  # the page's path
+out = m.text_outcome(enc.ids, tr, m.a1(eps), path == "exact")  # the page's path
 table = views.token_table(m, tr, enc, out)
 table["ground_truth"] = ground_truth.ground_truth_notes(depths, unit)
 state.follow_decoding([out])

@@ -1,11 +1,11 @@
 """Training run: the checkpoint's metrics.jsonl (loss, sampled depth r, throughput, eval loss by depth)."""
 import streamlit as st
 
-from ui import charts, compute, download, state
+from ui import charts, download, state
 
 m = state.require_model()
 st.title("Training run")
-log = compute.training_log(m.path, compute.log_stamp(m.path)) if compute.log_stamp(m.path) != "missing" else None
+log = m.training_log()
 if log is None or log["train"].empty:
     st.info("This checkpoint has no training log (metrics.jsonl is missing or empty).")
     st.stop()

@@ -76,9 +76,9 @@ def test_metrics_parser_reads_old_and_new_logs(tmp_path):
 def test_dead_code_is_gone():
     import training.depth_sampler
     from recur_core.decoding import decode
-    from ui import compute
+    from ui.handle import Handle
 
     assert not hasattr(analysis, "evaluate_policies")
     assert not hasattr(training.depth_sampler, "loops_with_grad")
     assert not hasattr(decode.Drift, "as_dict")
-    assert not hasattr(compute.SelectedCheckpoint, "r_bar_exact")
+    assert not hasattr(Handle, "r_bar_exact")

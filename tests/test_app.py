@@ -617,10 +617,10 @@ def test_the_last_token_neither_sets_the_colour_scale_nor_opens_the_drill_in():
     the drill-in's default pick (issue 49, item 6)."""
     import pandas as pd
 
-    from ui.compute import SelectedCheckpoint
+    from ui.handle import Handle
     from ui.views import deepest_token, strip_scale
     table = pd.DataFrame({"position": range(4), "exit_depth": [2, 3, 4, 8], "converged": [True] * 4})
-    model = SelectedCheckpoint("p", "id", "cpu", {}, None, 8, 3, 32, 64, 1, 10)
+    model = Handle("p", "id", "cpu", {}, None, 8, 3, 32, 64, 1, 10)
     assert (strip_scale(model, table).lo, strip_scale(model, table).hi) == (2, 4)
     assert deepest_token(table) == 2
 

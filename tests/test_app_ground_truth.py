@@ -103,7 +103,8 @@ def test_checkpoint_without_ground_truth_says_so(hops_env):
 def test_the_exact_figures_start_only_when_asked(hops_env, tmp_path, monkeypatch):
     """With nothing computed, the page shows the fast path, says the exact figures take long and
     starts nothing until its button is pressed (issue 49, item 2)."""
-    from ui import compute, ground_truth, jobs
+    from ui import ground_truth, jobs
+    from ui.handle import Handle
     monkeypatch.setenv("RECUR_CACHE_DIR", str(tmp_path))  # nothing computed yet
     monkeypatch.setattr(jobs, "_JOBS", {})
     monkeypatch.setattr(ground_truth, "_EXACT_READY", set())
@@ -111,7 +112,7 @@ def test_the_exact_figures_start_only_when_asked(hops_env, tmp_path, monkeypatch
     at.run()
     at.switch_page("pages/ground_truth.py").run()
     settle(at)
-    key = ground_truth.exact_key(*compute.open_model(str(hops_env["hops"]), "cpu").key)
+    key = ground_truth.exact_key(Handle.open(str(hops_env["hops"]), "cpu"))
     assert jobs.get(key) is None
     assert any("take long" in w.value and "thresholds" in w.value for w in at.warning)
     assert not any("Under real halting" in md.value for md in at.markdown)  # the fast path meanwhile

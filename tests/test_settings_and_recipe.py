@@ -45,7 +45,7 @@ def test_huginn_folders_record_huginns_sampler():
 def test_every_reader_uses_the_checkpoint_recipe(tiny_ckpt, tmp_path):
     """A checkpoint whose meta.json lacks r_max: decode, analyze and the app all take 4 r̄ from the rule."""
     from recur_core.decoding.decode import default_max_loops
-    from ui import compute
+    from ui.handle import Handle
 
     ckpt_dir = tmp_path / "no_r_max"
     shutil.copytree(tiny_ckpt, ckpt_dir)
@@ -55,7 +55,7 @@ def test_every_reader_uses_the_checkpoint_recipe(tiny_ckpt, tmp_path):
     ckpt = load_checkpoint(ckpt_dir)
     assert ckpt.recipe.r_max == 12 and ckpt.recipe.defaulted == ("r_max",)
     assert default_max_loops(None, ckpt, None) == 12
-    m = compute.open_model(str(ckpt_dir), "cpu")
+    m = Handle.open(str(ckpt_dir), "cpu")
     assert (m.r_max, m.r_bar, m.loops) == (12, 3, SETTINGS.min_trace_loops)
 
 
@@ -82,6 +82,7 @@ def test_app_headline_figures_equal_report_json_on_the_demo_checkpoint(tmp_path,
     from recur_core import analyze
     from recur_core.analysis.curves import json_safe
     from ui import compute
+    from ui.handle import Handle
 
     small = dataclasses.replace(SETTINGS, windows=4, probe_windows=8, n_boot=200)
     monkeypatch.setattr(compute, "S", small)
@@ -91,18 +92,18 @@ def test_app_headline_figures_equal_report_json_on_the_demo_checkpoint(tmp_path,
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["allocation"]["path"] == "exact" and report["allocation_fast"]["path"] == "fast"
 
-    m = compute.open_model(DEMO, "cpu")
+    m = Handle.open(DEMO, "cpu")
     assert (m.r_max, m.r_bar) == (report["settings"]["r_max"], report["settings"]["r_bar"])
-    fast = json_safe(compute.sweep_fast(*m.key, None, m.r_max, m.r_bar)["report"])
-    exact = json_safe(compute.sweep_exact(*m.key, None, m.r_max, m.r_bar, small.windows)["report"])
+    fast = json_safe(m.sweep_fast(None)["report"])
+    exact = json_safe(m.sweep_exact(None, small.windows)["report"])
     keys = [k for k in report["allocation"] if k.endswith("_loops_to_match_a0_rbar")]
     keys += ["matched_depth", "A0", "A1", *(k for k in report["allocation"] if k.startswith("A2_"))]
     assert len(keys) >= 12  # A1 and the four A2 label kinds, their curves and the matched-depth table
     for key in keys:
         assert fast[key] == report["allocation_fast"][key], key
         assert exact[key] == report["allocation"][key], key
-    assert json_safe(compute.elasticity(*m.key)) == report["elasticity"]
-    assert json_safe(compute.convergence(*m.key, None)) == report["convergence"]
+    assert json_safe(m.elasticity()) == report["elasticity"]
+    assert json_safe(m.convergence(None)) == report["convergence"]
     assert np.isfinite(report["allocation"]["a1_loops_to_match_a0_rbar"]["value"])
 
 

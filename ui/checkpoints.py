@@ -8,6 +8,10 @@ missing or whose meta.json cannot be read is still listed, with the reason, so t
 what is wrong with it while the others keep working. A Huginn-0125-format folder (a transformers
 config.json, no meta.json) is described from its config and safetensors headers
 (recur_core.describe_folder): size, dtype and memory estimate, without reading weights.
+
+A folder is described once per stamp (the size and modification time of its meta.json, config.json
+and weights): a rerun re-lists the folders but re-reads none that did not change, and the
+description keeps meta.json as read, so loading the checkpoint does not read it again.
 """
 from __future__ import annotations
 
@@ -18,7 +22,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from recur_core import CheckpointError, describe_folder
-from recur_core.model.checkpoint import CONFIG, EVAL_WINDOWS, META, TOKENIZER, WEIGHTS
+from recur_core.model.checkpoint import CONFIG, EVAL_WINDOWS, META, TOKENIZER, WEIGHTS, read_meta
+from recur_core.model.hf_folder import INDEX
 from recur_core.model.recipe import Recipe
 
 APP_ROOT = Path(__file__).resolve().parents[1]
@@ -35,8 +40,10 @@ class Entry:
 
     path: str  # absolute
     name: str
-    meta: dict | None = None
+    meta: dict | None = None  # what describe_folder says (for a native folder: meta.json, its dtype filled in)
     error: str | None = None
+    stamp: tuple = ()  # folder_stamp when it was described
+    meta_json: dict | None = None  # a native folder's meta.json as read (None for a transformers folder)
 
     @property
     def ok(self) -> bool:
@@ -139,15 +146,34 @@ def display_name(path: Path) -> str:
     return path.name
 
 
+def folder_stamp(path: str | Path) -> tuple:
+    """(size, modification time) of each file a description and a load read, None where missing:
+    a folder whose stamp did not change is not read again."""
+    out = []
+    for name in (META, CONFIG, WEIGHTS, INDEX):
+        try:
+            s = (Path(path) / name).stat()
+            out.append((s.st_size, s.st_mtime_ns))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
 def describe(path: str | Path) -> Entry:
-    """An Entry from recur_core.describe_folder (any format); the error says what is missing or unreadable."""
-    path = Path(path).expanduser()
-    resolved = str(path.resolve())
-    name = display_name(path.resolve())
+    """An Entry from recur_core.describe_folder (any format), cached on the folder's stamp; the
+    error says what is missing or unreadable."""
+    resolved = Path(path).expanduser().resolve()
+    return _describe(str(resolved), folder_stamp(resolved))
+
+
+@lru_cache(maxsize=256)
+def _describe(path: str, stamp: tuple) -> Entry:
+    name = display_name(Path(path))
     try:
-        return Entry(resolved, name, meta=describe_folder(path))
+        meta_json = read_meta(path) if (Path(path) / META).is_file() else None
+        return Entry(path, name, meta=describe_folder(path, meta=meta_json), stamp=stamp, meta_json=meta_json)
     except CheckpointError as err:
-        return Entry(resolved, name, error=str(err))
+        return Entry(path, name, error=str(err), stamp=stamp)
 
 
 def expand(root: Path, explicit: bool) -> list[Path]:

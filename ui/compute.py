@@ -2,14 +2,15 @@
 (Decoding for the Generate page is ui/decoding.py; neither holds any science of its own.)
 
 Caching, per the app's contract:
-  * models: `st.cache_resource` keyed by (folder, checkpoint id, weights file stamp, device); a
-    shared object that is never mutated (recur_core runs it under inference_mode);
+  * models: `st.cache_resource` keyed by (folder, its stamp: meta.json, config.json and weights,
+    device); a shared object that is never mutated (recur_core runs it under inference_mode);
   * traces: recur_core's own disk cache (`$RECUR_CACHE_DIR`), plus `st.cache_resource` for the big
     eval-window trace (shared, read-only) and `st.cache_data` for the small pasted-text traces;
   * derived results: `st.cache_data` keyed by checkpoint id and every input (no `_argument`).
 
-Every cached function takes (path, ckpt_id, device, ...) as plain values. A progress bar is
-drawn from inside the function that does the long work (Streamlit replays it, empty, on a hit).
+Every cached function takes (path, ckpt_id, device, ...) as plain values, which Streamlit hashes;
+pages call them through the checkpoint's handle (ui/handle.py), which carries that key. A progress
+bar is drawn from inside the function that does the long work (Streamlit replays it, empty, on a hit).
 """
 from __future__ import annotations
 
@@ -33,84 +34,28 @@ from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import Trace, is_cached, trace
 from recur_core.exits import catalogue
 from recur_core.exits.policies import ConvergenceExit, GateExit, LinearRouter, Uniform
-from recur_core.model.checkpoint import EVAL_WINDOWS, METRICS, TOKENIZER, WEIGHTS, read_meta
-from recur_core.model.hf_folder import INDEX
-from recur_core.model.recipe import Recipe
+from recur_core.model.checkpoint import METRICS, TOKENIZER
 from recur_core.settings import SETTINGS
 from training.metrics_log import read_metrics
 
 from . import jobs
+from .checkpoints import describe
 from .strip import plain_visible
 
 S = SETTINGS  # seed, bootstrap, windows, loops, top-k and grids: the same as `python -m recur_core.analyze`
 
 
-
-@dataclass(frozen=True)
-class SelectedCheckpoint:
-    """What the pages need to know about the selected checkpoint (the weights stay cached)."""
-
-    path: str
-    checkpoint_id: str
-    device: str
-    meta: dict
-    recipe: Recipe
-    r_max: int
-    r_bar: int  # the recipe's r̄ as a whole loop count (the uniform depth policies are matched to)
-    loops: int  # depth of every trace: max(S.min_trace_loops, r_max)
-    max_seq_len: int
-    n_params: int
-    vocab_size: int
-    id_mismatch: str | None = None  # set when meta.json's id is not the weights' hash
-    has_windows: bool = True  # False for folders that ship no eval windows (Huginn): pasted text only
-
-    @property
-    def key(self) -> tuple[str, str, str]:
-        return self.path, self.checkpoint_id, self.device
-
-
 # -- checkpoints ------------------------------------------------------------------------------------
-def weights_stamp(path: str) -> str:
-    f = Path(path) / WEIGHTS
-    if not f.exists() and (Path(path) / INDEX).exists():  # sharded (Huginn)
-        f = Path(path) / INDEX
-    try:
-        s = f.stat()
-    except OSError:
-        return "missing"
-    return f"{s.st_mtime_ns}-{s.st_size}"
-
-
-def meta_id(path: str) -> str:
-    try:
-        return str(read_meta(path).get("checkpoint_id", ""))
-    except CheckpointError:
-        return ""
-
-
 @st.cache_resource(max_entries=6, show_spinner="Loading checkpoint…")
-def _load(path: str, stated_id: str, stamp: str, device: str):
-    return load_checkpoint(path, device)
+def _load(path: str, stamp: tuple, device: str, _meta: dict | None):
+    return load_checkpoint(path, device, meta=_meta)
 
 
 def checkpoint(path: str, device: str):
-    """The loaded Checkpoint (cached); CheckpointError with a clear message if it is unusable."""
-    return _load(path, meta_id(path), weights_stamp(path), device)
-
-
-def open_model(path: str, device: str) -> SelectedCheckpoint:
-    ckpt = checkpoint(path, device)
-    recipe = ckpt.recipe
-    stated = str(ckpt.meta.get("checkpoint_id", ""))
-    mismatch = None
-    if stated and stated != ckpt.checkpoint_id:
-        mismatch = (f"meta.json names checkpoint id {stated}, but the weights hash to {ckpt.checkpoint_id}: "
-                    "the folder's files do not belong together (results are keyed by the weights' hash).")
-    return SelectedCheckpoint(path=path, checkpoint_id=ckpt.checkpoint_id, device=device, meta=ckpt.meta, recipe=recipe,
-                 r_max=recipe.r_max, r_bar=recipe.depth, loops=S.trace_loops(recipe),
-                 max_seq_len=ckpt.config.max_seq_len, n_params=ckpt.model.num_params(),
-                 vocab_size=ckpt.config.vocab_size, id_mismatch=mismatch,
-                 has_windows=(Path(path) / EVAL_WINDOWS).is_file())
+    """The loaded Checkpoint, cached on the folder's stamp (ui.checkpoints.folder_stamp; meta.json as
+    the picker read it); CheckpointError with a clear message if it is unusable."""
+    entry = describe(path)
+    return _load(entry.path, entry.stamp, device, entry.meta_json)
 
 
 def _ckpt(path: str, ckpt_id: str, device: str):

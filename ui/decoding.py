@@ -12,6 +12,7 @@ from recur_core.exits import catalogue
 from recur_core.exits.policies import Uniform
 
 from . import compute
+from .handle import Handle
 from .strip import DepthScale, TokenView, legend_html, strip_html, tooltip
 from .text import examples_for, reads_programs
 from .views import delta
@@ -31,9 +32,13 @@ def one_thread():
         torch.set_num_threads(before)
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)
-def warm_checkpoint(path: str, ckpt_id: str, device: str):
+def warm_checkpoint(model: Handle):
     """The loaded checkpoint after one short generation (the first calls of a process are slow)."""
+    return _warm(*model.key)
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _warm(path: str, ckpt_id: str, device: str):
     ckpt = compute.checkpoint(path, device)
     with one_thread():
         generate(ckpt, [0], 3, Uniform(1), greedy=True, keep_logits=False)
@@ -71,7 +76,7 @@ PROSE_PROMPTS = ("Once upon a time, there was a little girl named Lily.\nTom had
                  "The sun was hot and the dog was tired.\nMia found a box in the park.")
 
 
-def default_prompts(model: compute.SelectedCheckpoint) -> str:
+def default_prompts(model: Handle) -> str:
     """Prompts, one per line: for a hops checkpoint, held-out programs up to their first query (the
     model writes the answer); prose otherwise."""
     if not reads_programs(model) or not model.has_windows:

@@ -33,6 +33,7 @@ from training.word_problems import EVAL_SEED_OFFSET, WordProblems, eval_steps
 
 from . import compute, jobs, state, text
 from .charts import PALETTE, base_layout
+from .handle import Handle
 
 
 def fmt_rho(estimate: dict) -> str:
@@ -43,8 +44,8 @@ def fmt_rho(estimate: dict) -> str:
     return f"{v:.2f} [{estimate['ci_low']:.2f}, {estimate['ci_high']:.2f}]"
 
 
-def has_ground_truth(path: str) -> bool:
-    return load_ground_truth(path) is not None
+def has_ground_truth(model: Handle) -> bool:
+    return load_ground_truth(model.path) is not None
 
 
 # -- the labelled examples of the token-by-token section ---------------------------------------------
@@ -60,30 +61,30 @@ class Example:
         return max(self.char_steps or hop_counts(self.text) or [0])
 
 
-def _train_config(model: compute.SelectedCheckpoint) -> dict:
+def _train_config(model: Handle) -> dict:
     return model.meta.get("train_config") or {}
 
 
-def reads_problems(model: compute.SelectedCheckpoint) -> bool:
+def reads_problems(model: Handle) -> bool:
     """Whether the checkpoint's ground truth is word problems (else hops programs)."""
     return bool(_train_config(model).get("mixture"))
 
 
-def unit(model: compute.SelectedCheckpoint) -> str:
+def unit(model: Handle) -> str:
     """What an answer's depth is counted in."""
     return "step" if reads_problems(model) else "hop"
 
 
-def hops_task(model: compute.SelectedCheckpoint) -> HopsTask:
+def hops_task(model: Handle) -> HopsTask:
     dataset = _train_config(model).get("dataset", "hops")
     return HopsTask.parse(dataset if is_hops(dataset) else "hops")
 
 
-def problem_task(model: compute.SelectedCheckpoint) -> WordProblems:
+def problem_task(model: Handle) -> WordProblems:
     return WordProblems.parse(_train_config(model)["mixture"])
 
 
-def eval_examples(model: compute.SelectedCheckpoint, n: int = 32) -> list[Example]:
+def eval_examples(model: Handle, n: int = 32) -> list[Example]:
     """Held-out programs (the first n eval windows), or n word problems drawn with the held-out
     seeds, told plain, cycling through every step count the eval set has."""
     if not reads_problems(model):
@@ -98,7 +99,7 @@ def eval_examples(model: compute.SelectedCheckpoint, n: int = 32) -> list[Exampl
     return out
 
 
-def random_example(model: compute.SelectedCheckpoint, seed: int, deepest: int) -> Example:
+def random_example(model: Handle, seed: int, deepest: int) -> Example:
     """A new seeded program or word problem whose deepest answer needs `deepest` hops / steps."""
     if not reads_problems(model):
         return Example(random_program(hops_task(model), seed, deepest).text)
@@ -106,14 +107,14 @@ def random_example(model: compute.SelectedCheckpoint, seed: int, deepest: int) -
     return Example(p.text, tuple(p.steps))
 
 
-def encode_example(model: compute.SelectedCheckpoint, ex: Example) -> tuple[text.Encoded, list[int]]:
+def encode_example(model: Handle, ex: Example) -> tuple[text.Encoded, list[int]]:
     """(what the model reads, each token's ground truth: its answer's hops / steps, else 0)."""
     if ex.char_steps is None:
         return text.encode_program(model, ex.text)
     return text.encode_word_problem(model, ex.text, ex.char_steps)
 
 
-def example_label(model: compute.SelectedCheckpoint, ex: Example, i: int) -> str:
+def example_label(model: Handle, ex: Example, i: int) -> str:
     return f"#{i} · deepest answer {unit_words(ex.deepest, unit(model))} · {ex.text[:40]}…"
 
 
@@ -137,51 +138,55 @@ def _section(path: str, ckpt_id: str, device: str, r_max: int, r_bar: int, exact
                                 cache=TraceCache() if exact else False, progress=progress, cache_only=cache_only)
 
 
-@st.cache_data(max_entries=8, show_spinner="Scoring exits against the hop counts…")
-def section(path: str, ckpt_id: str, device: str, r_max: int, r_bar: int, exact: bool) -> dict:
+def section(model: Handle, exact: bool) -> dict:
     """The report's ground_truth section on the canonical eval trace: exact (report.json's
     `ground_truth`) or fast (`ground_truth_fast`)."""
+    return _cached_section(*model.key, model.r_max, model.r_bar, exact)
+
+
+@st.cache_data(max_entries=8, show_spinner="Scoring exits against the hop counts…")
+def _cached_section(path: str, ckpt_id: str, device: str, r_max: int, r_bar: int, exact: bool) -> dict:
     return _section(path, ckpt_id, device, r_max, r_bar, exact)
 
 
 _EXACT_READY: set[tuple] = set()
 
 
-def exact_key(path: str, ckpt_id: str, device: str) -> tuple:
-    return "exact_ground_truth", path, ckpt_id, device
+def exact_key(model: Handle) -> tuple:
+    return "exact_ground_truth", *model.key
 
 
-def exact_ready(path: str, ckpt_id: str, device: str, r_max: int, r_bar: int) -> bool:
+def exact_ready(model: Handle) -> bool:
     """Whether the exact section is in the disk cache (the harness's sweep and the readout rules'
     decoding, e.g. from `python -m recur_core.analyze`)."""
-    key = exact_key(path, ckpt_id, device)
+    key = exact_key(model)
     job = jobs.get(key)
     if key in _EXACT_READY or (job is not None and job.finished and not (job.error or job.stopped)):
         return True
-    if _section(path, ckpt_id, device, r_max, r_bar, True, cache_only=True) is None:
+    if _section(*model.key, model.r_max, model.r_bar, True, cache_only=True) is None:
         return False
     _EXACT_READY.add(key)  # on disk now: no need to read it all again on every rerun
     return True
 
 
-def exact_size(path: str, ckpt_id: str, device: str, r_max: int) -> tuple[int, int]:
+def exact_size(model: Handle) -> tuple[int, int]:
     """(policy thresholds, eval windows) the exact section runs in the masking harness."""
-    ckpt = compute._ckpt(path, ckpt_id, device)
-    families = operating_point_families(r_max, compute._train_probes(ckpt, path), SETTINGS.eps_grid,
+    ckpt = model.checkpoint()
+    families = operating_point_families(model.r_max, compute._train_probes(ckpt, model.path), SETTINGS.eps_grid,
                                         SETTINGS.tau_grid)
     return sum(map(len, families.values())), min(SETTINGS.windows, len(ckpt.windows("eval")))
 
 
-def start_exact(path: str, ckpt_id: str, device: str, r_max: int, r_bar: int) -> jobs.Job:
+def start_exact(model: Handle) -> jobs.Job:
     """The background job that runs every policy's thresholds in the masking harness, then decodes the
     readout rules near their operating points (all cached on disk). The harness counts passes over
     the windows (all policies that share lanes make one pass; each policy that remembers earlier loops
     makes its own), each decoding counts windows decoded."""
     def work(job: jobs.Job) -> None:
-        _section(path, ckpt_id, device, r_max, r_bar, True,
+        _section(*model.key, model.r_max, model.r_bar, True,
                  progress=job.progress("Exact: the masking harness (window passes), then each readout rule "
                                        "decoded near its operating point (windows)"))
-    return jobs.start(exact_key(path, ckpt_id, device), work)
+    return jobs.start(exact_key(model), work)
 
 
 def gap_sentence(exact: dict, fast: dict, policy: str = "A1") -> str:
@@ -192,7 +197,7 @@ def gap_sentence(exact: dict, fast: dict, policy: str = "A1") -> str:
             f"token stayed at full depth (the fast path) it would need **{f['mean_loops']:.2f}**.")
 
 
-def add_random_example(model: compute.SelectedCheckpoint, examples_key: str) -> None:
+def add_random_example(model: Handle, examples_key: str) -> None:
     """Button callback: a new seeded example with the chosen deepest answer, appended and picked."""
     seed = st.session_state.get("gt_seed", 0) + 1
     ex = random_example(model, seed, int(st.session_state["gt_max_hops"]))

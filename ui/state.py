@@ -27,6 +27,7 @@ from recur_core import CheckpointError
 
 from . import compute, jobs
 from .checkpoints import default_path, describe, discover, expand, task_of
+from .handle import Handle
 from .text import Encoded, encode_for, examples_for
 from .views import COLOUR_BY, plain_md
 
@@ -139,7 +140,7 @@ def ensure_navigation() -> None:
         st.rerun()
 
 
-def require_model() -> compute.SelectedCheckpoint:
+def require_model() -> Handle:
     """The selected checkpoint, loaded; otherwise a clear message and the page stops here."""
     ensure_navigation()
     path = st.session_state.get("checkpoint_path")
@@ -151,7 +152,7 @@ def require_model() -> compute.SelectedCheckpoint:
         st.error(f"**This checkpoint cannot be used.** {plain_md(entry.error)}  \nPick another one in the sidebar.")
         st.stop()
     try:
-        model = compute.open_model(path, st.session_state.get("device", "cpu"))
+        model = Handle.open(path, st.session_state.get("device", "cpu"))
     except (CheckpointError, OSError, ValueError, RuntimeError) as err:
         st.error(f"**This checkpoint cannot be used.** {plain_md(str(err))}  \nPick another one in the sidebar.")
         st.stop()
@@ -161,22 +162,22 @@ def require_model() -> compute.SelectedCheckpoint:
 
 
 # -- pasted text ----------------------------------------------------------------------------------------
-def task_scope(model: compute.SelectedCheckpoint) -> str:
+def task_scope(model: Handle) -> str:
     """The scope of values kept per task and tokenizer (texts, prompts)."""
     return task_of(model.meta, model.path)
 
 
-def text_key(model: compute.SelectedCheckpoint) -> str:
+def text_key(model: Handle) -> str:
     """The session key of the submitted text for this checkpoint's task and tokenizer."""
     return f"text@{task_scope(model)}"
 
 
-def current_text(model: compute.SelectedCheckpoint) -> str:
+def current_text(model: Handle) -> str:
     """The submitted text of this checkpoint's task (its first example until one is submitted)."""
     return st.session_state.setdefault(text_key(model), next(iter(examples_for(model).values())))
 
 
-def _use_example(model: compute.SelectedCheckpoint, key: str) -> None:
+def _use_example(model: Handle, key: str) -> None:
     examples = examples_for(model)
     name = st.session_state.get(key)
     if name in examples:
@@ -187,7 +188,7 @@ def _submit_text(area_key: str, store: str) -> None:
     st.session_state[store] = st.session_state.get(area_key, "")
 
 
-def text_form(model: compute.SelectedCheckpoint, form_key: str) -> str:
+def text_form(model: Handle, form_key: str) -> str:
     """Example picker + a text box in a form; returns the submitted text (shared by the pages, per
     task). The box always opens on the submitted text, the one the page analyses."""
     store, area = text_key(model), f"{form_key}_text"
@@ -206,7 +207,7 @@ def text_form(model: compute.SelectedCheckpoint, form_key: str) -> str:
     return st.session_state[store]
 
 
-def encoded_text(model: compute.SelectedCheckpoint, text: str | None = None) -> Encoded | None:
+def encoded_text(model: Handle, text: str | None = None) -> Encoded | None:
     """The shared text as token ids within the context, with the hint / truncation notice shown;
     None (after a hint) when there is no text."""
     text = current_text(model) if text is None else text
@@ -222,7 +223,7 @@ def encoded_text(model: compute.SelectedCheckpoint, text: str | None = None) -> 
     return enc
 
 
-def pasted_text(model: compute.SelectedCheckpoint, form_key: str) -> Encoded:
+def pasted_text(model: Handle, form_key: str) -> Encoded:
     """The text form and its encoding, for pages that analyse the pasted text; stops the page
     (after the hint) while there is no text to analyse."""
     enc = encoded_text(model, text_form(model, form_key))
@@ -244,7 +245,7 @@ def eps_slider(page: str = "other", help_text: str | None = None) -> float:
     return 10.0 ** log10
 
 
-def source_picker(model: compute.SelectedCheckpoint) -> tuple[int, ...] | None | bool:
+def source_picker(model: Handle) -> tuple[int, ...] | None | bool:
     """Eval windows (returns None) or the pasted text (returns its ids); False when the text is unusable.
     A checkpoint that ships no eval windows (a Huginn folder) always uses the pasted text."""
     if not model.has_windows:
@@ -266,16 +267,16 @@ def source_picker(model: compute.SelectedCheckpoint) -> tuple[int, ...] | None |
 
 
 # -- the eval set: a first look while the full trace runs ------------------------------------------------
-def first_look(model: compute.SelectedCheckpoint, ids: tuple[int, ...] | None = None) -> bool:
+def first_look(model: Handle, ids: tuple[int, ...] | None = None) -> bool:
     """Whether a page on the eval windows (ids None) shows its first look: the canonical trace is
     neither on disk nor done in the background yet."""
-    return ids is None and model.has_windows and not compute.eval_trace_ready(*model.key)
+    return ids is None and model.has_windows and not model.eval_trace_ready()
 
 
-def refine(model: compute.SelectedCheckpoint, where) -> None:
+def refine(model: Handle, where) -> None:
     """Start (or follow) the background job that computes the canonical trace, its progress bar in
     the container `where`; the page reruns with the full results when it ends."""
-    job = compute.start_eval_trace(*model.key)
+    job = model.start_eval_trace()
     with where:
         jobs.watch(job, f"**First look**: the first {compute.FIRST_LOOK_WINDOWS} of {compute.S.windows} eval windows, "
                         "A0 and A1 only. The full trace (with A2's probes) is computed in the background; the page "

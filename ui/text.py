@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from training.hops import EOS, hop_counts, is_hops, token_hops
 from training.word_problems import WordProblems, token_steps
 
-from . import compute
+from .handle import Handle
 
 # (name, kind, steps, seed): word problems told plain, each answer 3 steps from what the story states
 WORD_PROBLEMS = (("counting", "count", 3, 1), ("who is where", "where", 3, 2), ("swapped toys", "swap", 2, 1),
@@ -55,11 +55,12 @@ class Encoded:
                 f"it was **truncated**, and only the first {self.max_len} tokens are analysed.")
 
 
-def encode(path: str, ckpt_id: str, text: str, max_len: int) -> Encoded:
-    enc = compute.tokenizer(path, ckpt_id).encode(text)
-    ids = list(enc.ids)
+def encode(model: Handle, text: str) -> Encoded:
+    """The text's plain tokens, up to the model's context."""
+    enc = model.tokenizer().encode(text)
+    ids, n = list(enc.ids), model.max_seq_len
     pieces = _pieces(text, enc.offsets)
-    return Encoded(tuple(ids[:max_len]), tuple(pieces[:max_len]), len(ids), max_len)
+    return Encoded(tuple(ids[:n]), tuple(pieces[:n]), len(ids), n)
 
 
 def _pieces(text: str, offsets) -> list[str]:
@@ -73,10 +74,10 @@ def _pieces(text: str, offsets) -> list[str]:
     return pieces
 
 
-def encode_word_problem(model: compute.SelectedCheckpoint, text: str, char_steps) -> tuple[Encoded, list[int]]:
+def encode_word_problem(model: Handle, text: str, char_steps) -> tuple[Encoded, list[int]]:
     """EOS + a word problem's tokens, as the stories-reasoning mixture was trained (EOS before every
     problem), and the steps each token's answer word needs (training/word_problems.py; 0 elsewhere)."""
-    tok = compute.tokenizer(model.path, model.checkpoint_id)
+    tok = model.tokenizer()
     enc = tok.encode(text, add_special_tokens=False)
     ids = [tok.token_to_id(EOS), *enc.ids]
     pieces = [EOS_PIECE, *_pieces(text, enc.offsets)]
@@ -90,15 +91,15 @@ EOS_PIECE = "␄"  # how a program's leading <|endoftext|> is drawn
 N_PROGRAM_EXAMPLES = 8
 
 
-def reads_programs(model: compute.SelectedCheckpoint) -> bool:
+def reads_programs(model: Handle) -> bool:
     """Whether the checkpoint was trained on hops programs (its text is a program, not prose)."""
     return is_hops(str((model.meta.get("train_config") or {}).get("dataset", "")))
 
 
-def eval_programs(model: compute.SelectedCheckpoint, n: int = 32) -> list[str]:
+def eval_programs(model: Handle, n: int = 32) -> list[str]:
     """The first n held-out programs as text (EOS and padding removed)."""
-    ckpt = compute.checkpoint(model.path, model.device)
-    tok = compute.tokenizer(model.path, model.checkpoint_id)
+    ckpt = model.checkpoint()
+    tok = model.tokenizer()
     eos = tok.token_to_id(EOS)
     return [tok.decode([i for i in w.tolist() if i != eos]) for w in ckpt.windows("eval")[:n]]
 
@@ -108,7 +109,7 @@ def program_label(program: str, i: int) -> str:
     return f"#{i} · deepest answer {deepest} hop{'s' if deepest != 1 else ''} · {program[:40]}…"
 
 
-def examples_for(model: compute.SelectedCheckpoint) -> dict[str, str]:
+def examples_for(model: Handle) -> dict[str, str]:
     """Example texts by name: held-out programs for a hops checkpoint, prose otherwise."""
     if reads_programs(model) and model.has_windows:
         programs = eval_programs(model, N_PROGRAM_EXAMPLES)
@@ -116,18 +117,18 @@ def examples_for(model: compute.SelectedCheckpoint) -> dict[str, str]:
     return EXAMPLES
 
 
-def encode_program(model: compute.SelectedCheckpoint, text: str) -> tuple[Encoded, list[int]]:
+def encode_program(model: Handle, text: str) -> tuple[Encoded, list[int]]:
     """EOS + the program's tokens, as the model was trained, and the hop count each token carries
     (answers only; 0 elsewhere)."""
-    tok = compute.tokenizer(model.path, model.checkpoint_id)
+    tok = model.tokenizer()
     ids, hops = token_hops(tok, text)
     pieces = [EOS_PIECE] + [tok.id_to_token(i) for i in ids[1:]]
     n = model.max_seq_len
     return Encoded(tuple(ids[:n]), tuple(pieces[:n]), len(ids), n), hops[:n]
 
 
-def encode_for(model: compute.SelectedCheckpoint, text: str) -> Encoded:
+def encode_for(model: Handle, text: str) -> Encoded:
     """The text as this checkpoint reads it: a program for a hops checkpoint, else plain tokens."""
     if reads_programs(model):
         return encode_program(model, text)[0]
-    return encode(model.path, model.checkpoint_id, text, model.max_seq_len)
+    return encode(model, text)

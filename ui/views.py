@@ -12,6 +12,7 @@ from recur_core.analysis.trace import Trace
 from recur_core.exits import catalogue
 
 from . import compute
+from .handle import Handle
 from .strip import DepthScale, TokenView, legend_html, plain_visible, strip_html, tooltip
 from .text import Encoded
 
@@ -106,7 +107,7 @@ def _at_exit(values: np.ndarray, depth: np.ndarray) -> np.ndarray:
     return np.take_along_axis(values, depth[:, None] - 1, axis=1)[:, 0]
 
 
-def token_table(model: compute.SelectedCheckpoint, tr: Trace, enc: Encoded, out: compute.Outcome) -> pd.DataFrame:
+def token_table(model: Handle, tr: Trace, enc: Encoded, out: compute.Outcome) -> pd.DataFrame:
     """One row per token of the text: its exit depth under the policy and its output there."""
     depth, d = out.depth[0], out.decoded
     if d is None:  # fast path: the uniform trace at each token's exit loop
@@ -118,7 +119,7 @@ def token_table(model: compute.SelectedCheckpoint, tr: Trace, enc: Encoded, out:
     return pd.DataFrame({
         "position": np.arange(len(depth)), "token": list(enc.pieces), "token_id": tr.ids[0],
         "exit_depth": depth, "converged": out.converged[0], "kl_at_exit": kl, "state_change_at_exit": change,
-        "top_prediction": compute.decode_ids(model.path, model.checkpoint_id, pred_ids),
+        "top_prediction": model.decode_ids(pred_ids),
         "top_prob": top_prob, "next_token_loss": ce})
 
 
@@ -126,7 +127,7 @@ COLOUR_BY = {"reading": "the loops at it (predicting the next token)",
              "produced": "the loops that produced it (at the token before)"}
 
 
-def strip_views(model: compute.SelectedCheckpoint, table: pd.DataFrame, policy: str,
+def strip_views(model: Handle, table: pd.DataFrame, policy: str,
                 colour_by: str = "reading") -> list[TokenView]:
     """One view per token. colour_by "reading": its own position's exit (it predicts the next token);
     "produced": the exit of the position before, which predicted it (a word problem's answer word
@@ -153,7 +154,7 @@ def scored(table: pd.DataFrame) -> pd.Series:
     return table.position < len(table) - 1 if len(table) > 1 else table.position >= 0
 
 
-def strip_scale(model: compute.SelectedCheckpoint, *tables: pd.DataFrame) -> DepthScale:
+def strip_scale(model: Handle, *tables: pd.DataFrame) -> DepthScale:
     """One colour scale for strips shown together: the exit depths of the converged, scored tokens of
     all tables (the last token, with no next token to score, does not stretch it)."""
     return DepthScale.of((d for t in tables for d in t.exit_depth[t.converged & scored(t)]), model.r_max)
@@ -164,7 +165,7 @@ def deepest_token(table: pd.DataFrame) -> int:
     return int(table.exit_depth[scored(table)].idxmax())
 
 
-def render_strip(model: compute.SelectedCheckpoint, table: pd.DataFrame, policy: str, selected: int | None = None,
+def render_strip(model: Handle, table: pd.DataFrame, policy: str, selected: int | None = None,
                  legend: bool = True, scale: DepthScale | None = None, colour_by: str = "reading") -> None:
     """A strip with its legend (legend=False: the caller drew a shared one, and passes its scale)."""
     scale = scale or strip_scale(model, table)
@@ -174,10 +175,10 @@ def render_strip(model: compute.SelectedCheckpoint, table: pd.DataFrame, policy:
                        ids=table.token_id.tolist()))
 
 
-def logit_lens(model: compute.SelectedCheckpoint, tr: Trace, pos: int, exit_depth: int) -> pd.DataFrame:
+def logit_lens(model: Handle, tr: Trace, pos: int, exit_depth: int) -> pd.DataFrame:
     """Top-k next-token predictions of one token after every loop (the logit lens over loops)."""
     ids, probs = tr.topk_ids[0, pos], tr.topk_probs[0, pos]  # (L, k)
-    words = np.array(compute.decode_ids(model.path, model.checkpoint_id, ids.ravel()), dtype=object).reshape(ids.shape)
+    words = np.array(model.decode_ids(ids.ravel()), dtype=object).reshape(ids.shape)
     df = pd.DataFrame({"loop": np.arange(1, tr.max_loops + 1),
                        "": ["◀ exit" if i + 1 == exit_depth else "" for i in range(tr.max_loops)],
                        "KL [nats]": tr.kl_prev[0, pos], "loss [nats]": tr.ce[0, pos]})

@@ -238,9 +238,10 @@ def read_meta(path: str | Path) -> dict:
     return meta
 
 
-def load_native(path: Path, device: str | torch.device = "cpu", dtype=None) -> Checkpoint:
+def load_native(path: Path, device: str | torch.device = "cpu", dtype=None, meta: dict | None = None) -> Checkpoint:
     """Load and validate a folder of this project's format (weights from safetensors only).
-    dtype: None keeps the stored dtype; "float32" / "bfloat16" / "float16" converts."""
+    dtype: None keeps the stored dtype; "float32" / "bfloat16" / "float16" converts. meta: meta.json
+    as the caller already read it (copied), else read here."""
     for name in (WEIGHTS, CONFIG, TOKENIZER, META):
         if not (path / name).is_file():
             raise CheckpointError(f"{path}: incomplete checkpoint, {name} is missing")
@@ -248,7 +249,7 @@ def load_native(path: Path, device: str | torch.device = "cpu", dtype=None) -> C
         config = ModelConfig.from_json((path / CONFIG).read_text())
     except (ValueError, TypeError) as err:
         raise CheckpointError(f"{path}: unreadable config.json: {err}") from err
-    meta = read_meta(path)
+    meta = dict(read_meta(path) if meta is None else meta)
     state = read_safetensors(path / WEIGHTS)
     model = LoopedLM(config)
     check_state_dict(model, state, str(path))

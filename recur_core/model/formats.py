@@ -36,25 +36,27 @@ def hf_model_type(path: Path) -> str | None:
 
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", dtype=None,
-                    max_bytes: int | None = None) -> Checkpoint:
+                    max_bytes: int | None = None, meta: dict | None = None) -> Checkpoint:
     """Load and validate a checkpoint folder of any format (weights from safetensors only).
     dtype: None keeps the stored dtype; "float32" / "bfloat16" / "float16" converts. max_bytes: the
     memory budget a transformers folder's estimate is checked against (default: what the device
-    has free)."""
+    has free). meta: a native folder's meta.json as the caller already read it (the app reads it
+    once per change of the folder), else it is read here."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such checkpoint directory")
     model_type = hf_model_type(path)
     if model_type is not None:
         return LOADERS[model_type](path, device, dtype, max_bytes)
-    return load_native(path, device, dtype)
+    return load_native(path, device, dtype, meta)
 
 
-def describe_folder(path: str | Path) -> dict:
+def describe_folder(path: str | Path, meta: dict | None = None) -> dict:
     """What a checkpoint folder holds, without reading its weights: meta.json for a native folder
     (with the stored dtype from the safetensors header where meta.json does not say), a Huginn or
     Ouro folder's config and headers (format, name, recipe, n_params, dtype, weights_bytes,
-    memory_estimate). CheckpointError says why a folder is unusable."""
+    memory_estimate). meta: a native folder's meta.json as the caller already read it (left
+    unchanged). CheckpointError says why a folder is unusable."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: no such folder")
@@ -63,7 +65,7 @@ def describe_folder(path: str | Path) -> dict:
     model_type = hf_model_type(path)
     if model_type is not None:
         return DESCRIBERS[model_type](path)
-    meta = read_meta(path)
+    meta = dict(read_meta(path) if meta is None else meta)
     if "dtype" not in meta and (dtype := stored_dtype_name(path)):
         meta["dtype"] = dtype
     return meta

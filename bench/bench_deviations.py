@@ -1,4 +1,4 @@
-"""The measured effects quoted in README.md's "Deviations from the paper".
+"""The measured effects quoted in docs/DEVIATIONS.md, the deviations from the paper.
 
   1. the depth sampler's mean: E[r], P(r = 1), P(r <= 2) under sampler_mean "r_bar" and "huginn";
   2. plain vs truncated (at +-3 std, Huginn's) initial noise: loss at 1, 2, 4, 8 loops on a

@@ -1,6 +1,6 @@
 """The Ground truth page in a real browser (see tests/test_browser.py for the setup): the two charts
 draw, the strip's tooltip on a `?` token carries its answer's hop count, and the button adds a new
-program. Saves ground_truth.png (the README's image: RECUR_SCREENSHOTS=docs/screenshots
+program. Saves ground_truth.png (the README's and docs/CHECKPOINTS.md's image: RECUR_SCREENSHOTS=docs/screenshots
 RECUR_BROWSER_HOPS_CHECKPOINT=checkpoints/hops pytest tests/test_browser_ground_truth.py)."""
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Huginn's recipe, which the paper follows:
     rate ~ LogNormal(mu = ln(m) - sigma^2 / 2, sigma)      so that E[rate] = m
     r    = min(Poisson(rate) + 1, r_max)
 
-The mean m is a recorded recipe field, `sampler_mean` (a deviation from the paper, README.md):
+The mean m is a recorded recipe field, `sampler_mean` (a deviation from the paper, docs/DEVIATIONS.md):
   "r_bar"   m = r_bar - 1, so that E[r] (before the cap) is exactly r_bar, the "mean recursion"
             of the paper's configuration table (ours; every shipped checkpoint used it);
   "huginn"  m = r_bar, as Huginn's code passes the nominal mean itself: E[r] = r_bar + 1.

@@ -5,7 +5,7 @@
 Every number in the card is measured here with the product's own code (recur_core.analysis.trace and
 recur_core.analysis.curves) on the checkpoint's saved eval windows, with the analysis settings of
 recur_core.settings (the ones `python -m recur_core.analyze` and the app use). Its training data
-is named by source (training/sources.py), and it links to README.md's deviations from the paper.
+is named by source (training/sources.py), and it links to docs/DEVIATIONS.md, the deviations from the paper.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from .presets import shape_of
 from .sources import Source, identify
 
 CARD_LOOPS = SETTINGS.min_trace_loops  # the card's table runs to loop 32
-DEVIATIONS = "../../README.md#deviations-from-the-paper"
+DEVIATIONS = "../../docs/DEVIATIONS.md"
 
 
 def bytes_per_token(tokenizer, windows: np.ndarray) -> float:

@@ -195,7 +195,7 @@ Preset `{meta['preset']}` with overrides
 heads, FFN {shape['ffn_dim']}, prelude/core/coda {shape['n_prelude']}/{shape['n_core']}/{shape['n_coda']} blocks, a
 {meta.get('vocab_size', '')}-token word vocabulary (a token per statement, query and answer), windows of {shape['max_seq_len']} tokens. Recipe:
 {meta['recipe_text']}, lr {tc['lr']}. Where this recipe and the runtime differ from the paper:
-[Deviations from the paper](../../README.md#deviations-from-the-paper).
+[Deviations from the paper](../../docs/DEVIATIONS.md).
 
 - **Data**: `{tc['dataset']}`, generated on the fly (seeded; no data files), trained on hop counts
   1..{gt['max_train_hops']}; the 128 eval programs are held out (another seed) and go to

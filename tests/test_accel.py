@@ -5,13 +5,14 @@ import pytest
 import torch
 
 from recur_core.analysis.harness import run_exact
-from recur_core.analysis.trace import Trace, trace
+from recur_core.analysis.trace import trace
 from recur_core.decoding.decode import generate
 from recur_core.decoding.serve import Request, serve
 from recur_core.decoding.teacher_forced import teacher_forced
 from recur_core.exits import catalogue
 from recur_core.exits.policies import Accel
 from recur_core.exits.signals import LoopSignals
+from recur_core.exits.trace_type import Trace
 
 SEED, CAP = 3, 6
 

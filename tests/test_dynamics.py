@@ -4,7 +4,8 @@ import pytest
 
 from recur_core.analysis.dynamics import MARGINAL, REGIMES, contraction_rate, dynamics, regime, token_regimes
 from recur_core.analysis.stats import Bootstrap
-from recur_core.analysis.trace import Trace, trace
+from recur_core.analysis.trace import trace
+from recur_core.exits.trace_type import Trace
 
 
 def test_contraction_rate_is_the_geometric_mean_of_the_last_step_ratios():

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 import torch
 
-from recur_core.analysis.trace import Trace
 from recur_core.exits.policies import (
     ArgmaxStable,
     ConvergenceExit,
@@ -15,6 +14,7 @@ from recur_core.exits.policies import (
     Uniform,
 )
 from recur_core.exits.signals import LoopSignals
+from recur_core.exits.trace_type import Trace
 
 
 def make_trace(kl_prev, state_change=None, router_chance=None) -> Trace:

@@ -6,7 +6,8 @@ import torch.nn.functional as F
 
 import recur_core.analysis.trace as trace_mod
 from recur_core.analysis.cache import TraceCache, trace_key
-from recur_core.analysis.trace import NO_TARGET, TRACE_FORMAT_VERSION, trace
+from recur_core.analysis.trace import TRACE_FORMAT_VERSION, trace
+from recur_core.exits.trace_type import NO_TARGET
 from recur_core.settings import seed_for
 
 LOOPS = 5

@@ -31,9 +31,10 @@ from recur_core.analysis.exact import TextDecoding, decoded_text
 from recur_core.analysis.ground_truth import probe_answers
 from recur_core.analysis.probe import load_or_train_probes
 from recur_core.analysis.stats import Bootstrap
-from recur_core.analysis.trace import Trace, is_cached, trace
+from recur_core.analysis.trace import is_cached, trace
 from recur_core.exits import catalogue
 from recur_core.exits.policies import ConvergenceExit, GateExit, LinearRouter, Uniform
+from recur_core.exits.trace_type import Trace
 from recur_core.model.checkpoint import METRICS, TOKENIZER
 from recur_core.settings import SETTINGS
 from training.metrics_log import read_metrics

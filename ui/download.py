@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from recur_core.analysis.trace import Trace
+from recur_core.exits.trace_type import Trace
 
 
 def csv_bytes(df: pd.DataFrame) -> bytes:

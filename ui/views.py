@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from recur_core.analysis.trace import Trace
 from recur_core.exits import catalogue
+from recur_core.exits.trace_type import Trace
 
 from . import compute
 from .handle import Handle

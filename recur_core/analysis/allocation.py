@@ -30,6 +30,7 @@ import numpy as np
 
 from ..exits import catalogue
 from ..exits.policies import ConvergenceExit, Policy
+from ..exits.trace_type import Trace
 from .curves import (
     EPS_GRID,
     Q_GRID,
@@ -47,7 +48,7 @@ from .exact import exact_results
 from .harness import ExactResult, SweepWork, uniform_run_result
 from .matching import cheapest
 from .stats import Bootstrap
-from .trace import Trace, weighted_positions
+from .trace import weighted_positions
 
 SPREAD_POINTS = 8  # exact points per family spread over its fast mean loops, before refinement
 MAX_ROUNDS = 8  # refinement rounds (a 35-point grid needs at most 6 to reach neighbours)

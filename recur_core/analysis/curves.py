@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..exits.policies import Policy, Uniform
+from ..exits.trace_type import Trace
 from ..settings import SETTINGS
 from .stats import Bootstrap
-from .trace import Trace
 
 MOVING_KL = SETTINGS.moving_kl  # still moving at loop i while KL(p_i || p_{i-1}) > this
 EPS_GRID, TAU_GRID = SETTINGS.eps_grid, SETTINGS.tau_grid  # A1's ε and A2's τ sweeps

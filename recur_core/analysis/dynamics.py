@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..exits.trace_type import Trace
 from ..settings import SETTINGS
 from .curves import elasticity
 from .stats import Bootstrap
-from .trace import Trace
 
 RATE_LOOPS = 4  # the contraction rate is measured over the trace's last 4 loops
 MARGINAL = (0.95, 1.05)  # ρ within 5% of 1: neither settling nor drifting

@@ -32,12 +32,12 @@ import numpy as np
 
 from ..exits import catalogue
 from ..exits.policies import Policy
+from ..exits.trace_type import Trace
 from ..model.checkpoint import read_safetensors
 from .exact import decoded_results, exact_results
 from .harness import ExactResult
 from .matching import cheapest
 from .stats import Bootstrap
-from .trace import Trace
 
 GROUND_TRUTH = "ground_truth.safetensors"
 TOLERANCE = 0.01  # "matches A0 at r_bar": answer accuracy within 1 point

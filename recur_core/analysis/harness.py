@@ -40,10 +40,11 @@ from .. import cancel
 from ..exits.policies import Policy
 from ..exits.readout import readout_stats
 from ..exits.signals import LoopSignals, loop_readout, readout_fields
+from ..exits.trace_type import NO_TARGET, Trace
 from ..model.checkpoint import Checkpoint, resolve_model
 from ..model.looped_lm import LoopedLM, take_rows
 from .parallel import map_batches
-from .trace import NO_TARGET, Trace, progress_bar, split_inputs
+from .trace import progress_bar, split_inputs
 
 ALONE_GROUP = 64  # windows per batch of a policy that remembers earlier loops (runs outside the lanes)
 

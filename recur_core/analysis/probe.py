@@ -40,13 +40,14 @@ import torch
 import torch.nn.functional as F
 
 from ..exits.policies import ConvergenceExit, Uniform
+from ..exits.trace_type import Trace
 from ..model.checkpoint import Checkpoint, model_id, resolve_model
 from .cache import CacheCorrupt, TraceCache, read_arrays, write_arrays
 from .curves import EPS_GRID, fast_sums
 from .ground_truth import TOLERANCE, correct_at
 from .matching import cheapest
 from .parallel import map_batches
-from .trace import Trace, padding_token, progress_bar, resolve_cache, split_inputs, trace_batch, zero_weight_mask
+from .trace import padding_token, progress_bar, resolve_cache, split_inputs, trace_batch, zero_weight_mask
 
 LABEL_KINDS = ("argmax", "kl", "argmax_any", "kl_any")
 PROBE_FORMAT_VERSION = 2

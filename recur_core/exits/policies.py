@@ -64,7 +64,7 @@ import torch
 from .signals import LoopSignals
 
 if TYPE_CHECKING:
-    from ..analysis.trace import Trace
+    from .trace_type import Trace
 
 
 @dataclass

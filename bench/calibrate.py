@@ -14,7 +14,7 @@ from recur_core.analysis.matching import Match, match_threshold
 from recur_core.decoding.teacher_forced import teacher_forced
 from recur_core.exits.policies import Policy
 from recur_core.settings import SETTINGS
-from training.hops import PAD
+from recur_core.tasks.hops import PAD
 
 
 def log(*args):

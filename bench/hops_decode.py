@@ -33,7 +33,7 @@ from recur_core.decoding.teacher_forced import teacher_forced
 from recur_core.exits import catalogue
 from recur_core.exits.policies import Uniform
 from recur_core.settings import SETTINGS
-from training.hops import PAD
+from recur_core.tasks.hops import PAD
 
 from .calibrate import Accuracy, AccuracyCalibrator
 from .cost import CostModel, program_cost

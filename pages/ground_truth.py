@@ -3,7 +3,7 @@ do exit policies stop each answer token at the depth it needs? Exact (as real ha
 fast path one click away."""
 import streamlit as st
 
-from ui import charts, download, ground_truth, jobs, state, views
+from ui import charts, download, ground_truth, jobs, state, text, views
 
 m = state.require_model()
 st.title("Ground truth: exit depth against the depth each answer needs")
@@ -16,12 +16,8 @@ if not ground_truth.has_ground_truth(m):
 unit = ground_truth.unit(m)
 operating = ("A good exit policy spends more loops on deeper answers. Each policy is shown at its **operating "
              "point**: the cheapest threshold whose answer accuracy is within 1 point of uniform depth r̄.")
-st.caption(("Word problems in story form: counts changed several times, children following each other from "
-            "place to place, toys swapped, ages told relative to each other. Each answer word needs one "
-            "**step** of composition per change, link or swap since the last value the story states. "
-            if ground_truth.reads_problems(m) else
-            "Programs bind variables in chains (`k=7;b=k;x=b;` … `x?7;`). The answer after `v?` needs one lookup "
-            "per hop, so its **hop count** is the depth it should need. ") + operating)
+task = text.task(m)
+st.caption(f"{task.about} {operating}")
 if state.first_look(m):
     st.info("The eval windows are being traced (once per checkpoint, then cached on disk); the page fills in when "
             "they are done.")
@@ -86,7 +82,7 @@ st.dataframe(download.readable(ground_truth.policy_table(gt, fast if gt is not f
              column_config={f"Spearman(exit, {unit}s) [95% CI]": st.column_config.TextColumn(width="medium"),
                             "matches A0 at r̄": st.column_config.TextColumn(width="medium")})
 
-noun = "problem" if ground_truth.reads_problems(m) else "program"
+noun = task.noun
 st.subheader(f"One {noun}, token by token")
 examples_key = f"gt_programs@{m.path}"
 examples = st.session_state.setdefault(examples_key, ground_truth.eval_examples(m))

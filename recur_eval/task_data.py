@@ -1,8 +1,8 @@
 """The local lm-eval tasks' data (recur_eval/tasks/): how it is made, loaded and scored.
 
   hops_qa            multiple choice over the 10 values: for every query of a checkpoint's held-out hops
-                     programs (training/hops.py), the program up to and including the query `x?` is the
-                     context and the answers `0;` .. `9;` (training.hops.ANSWERS, listed in the YAML)
+                     programs (recur_core/tasks/hops.py), the program up to and including the query `x?` is the
+                     context and the answers `0;` .. `9;` (recur_core.tasks.hops.ANSWERS, in the YAML)
                      are the choices, `gold` the true one's index; `hops` is the answer's hop count
                      (its ground-truth depth), `program` the eval window it comes from.
   tinystories_cloze  multiple-choice next word over held-out TinyStories paragraphs: a paragraph cut
@@ -34,9 +34,12 @@ def hops_qa_docs(ckpt_path: str | Path) -> list[dict]:
     """One document per answer of a hops checkpoint's eval windows (with their ground truth)."""
     from recur_core import load_checkpoint
     from recur_core.analysis.ground_truth import load_ground_truth
-    from training.hops import ANSWERS, EOS
+    from recur_core.tasks import HopsTask, task_of
+    from recur_core.tasks.hops import ANSWERS, EOS
 
     ckpt = load_checkpoint(ckpt_path)
+    if not isinstance(task_of(ckpt.meta), HopsTask):
+        raise ValueError(f"{ckpt_path} was not trained on hops programs: hops_qa needs a hops checkpoint")
     truth = load_ground_truth(ckpt_path)
     if truth is None:
         raise ValueError(f"{ckpt_path} has no ground_truth.safetensors: hops_qa needs a hops checkpoint")

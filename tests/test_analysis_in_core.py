@@ -49,7 +49,7 @@ def test_smallest_uniform_depth_is_the_first_depth_at_that_loss(small_trace):
 
 
 def test_metrics_parser_reads_old_and_new_logs(tmp_path):
-    from training.metrics_log import append, read_metrics
+    from recur_core.model.metrics_log import append, read_metrics
 
     new = tmp_path / "new.jsonl"
     append(new, {"event": "start", "recipe": {"r_bar": 4, "sampler_mean": "huginn"}})

@@ -9,7 +9,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 from test_app import settle, tooltips
 
-from training.hops import hop_counts
+from recur_core.tasks.hops import hop_counts
 
 TIMEOUT = 300
 

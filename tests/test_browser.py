@@ -251,7 +251,7 @@ def test_app_in_chromium(server, browser, shots):
 def word_problem_produced(page, ckpt: Path, shots: Path) -> None:
     """The first word-problem example, each token coloured by the loops that produced it (the README's
     word-problem image): token t shows position t - 1's exit, the first token none."""
-    from ui.text import EXAMPLES
+    from recur_core.tasks.prose import EXAMPLES
     from ui.views import COLOUR_BY
     problem = next(t for name, t in EXAMPLES.items() if name.startswith("Word problem"))
     box = page.locator("textarea[aria-label='Text']")

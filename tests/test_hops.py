@@ -9,8 +9,7 @@ from tiny import make_tiny_hops_checkpoint
 from recur_core import load_checkpoint
 from recur_core.analysis.ground_truth import load_ground_truth
 from recur_core.model.checkpoint import read_safetensors
-from training.hops import (
-    HopsStream,
+from recur_core.tasks.hops import (
     HopsTask,
     build_tokenizer,
     elimination_chance,
@@ -19,12 +18,11 @@ from training.hops import (
     make_program,
     program_ids,
     random_program,
-    structured_embedding,
     token_hops,
     trained_hops,
-    training_data,
     training_program,
 )
+from training.hops import HopsStream, structured_embedding, training_data
 
 
 def answers(text: str) -> dict[str, int]:
@@ -157,7 +155,7 @@ def test_stopped_and_resumed_hops_run_equals_uninterrupted_run(tmp_path):
 
 def test_best_is_selected_on_held_out_programs_disjoint_from_the_eval_ones():
     tok = build_tokenizer()
-    eval_ids, select_ids, _, _, gt = training_data("hops", tok, seed=0, window_len=65, n_select=8)
+    eval_ids, select_ids, _, _, gt = training_data(HopsTask.parse("hops"), tok, seed=0, window_len=65, n_select=8)
     assert eval_ids.shape == (128, 65) and select_ids.shape == (8, 65)
     assert gt  # the eval programs carry their hop counts
     assert not any(torch.equal(s, e) for s in select_ids for e in eval_ids)

@@ -1,5 +1,7 @@
 """The runtime's layers import only downward: `recur_core/model` and `recur_core/exits` never import
-the layers above them (analysis, decoding, the app, training, lm-eval), not even for type checking."""
+the layers above them (analysis, decoding, the app, training, lm-eval), not even for type checking;
+nothing in `recur_core` imports the packages on top of it; and nothing outside `training/` imports
+`training` (issue 47) but the two benches that measure training itself."""
 import ast
 from pathlib import Path
 
@@ -8,6 +10,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 ABOVE = ("recur_core.analysis", "recur_core.decoding", "recur_core.analyze", "ui", "pages", "training",
          "recur_eval", "bench")
+ON_TOP_OF_CORE = ("ui", "pages", "training", "recur_eval", "bench", "app")
+# The benchmarks of training itself: they run its optimizer step, depth sampler and presets.
+TRAINING_BENCHES = ["bench/bench_deviations.py", "bench/bench_train.py"]
 
 
 def imported_modules(path: Path, root: Path = ROOT) -> set[str]:
@@ -26,8 +31,14 @@ def imported_modules(path: Path, root: Path = ROOT) -> set[str]:
     return names
 
 
-def upward(path: Path, root: Path = ROOT) -> list[str]:
-    return sorted(m for m in imported_modules(path, root) if any(m == a or m.startswith(a + ".") for a in ABOVE))
+def upward(path: Path, root: Path = ROOT, above: tuple[str, ...] = ABOVE) -> list[str]:
+    return sorted(m for m in imported_modules(path, root) if any(m == a or m.startswith(a + ".") for a in above))
+
+
+def project_files() -> list[Path]:
+    """Every .py file of the project (not its tests, virtual environment or checkpoints)."""
+    skip = {".venv", "tests", "checkpoints", ".git"}
+    return sorted(p for p in ROOT.rglob("*.py") if not skip & set(p.relative_to(ROOT).parts))
 
 
 @pytest.mark.parametrize("layer", ["recur_core/model", "recur_core/exits"])
@@ -46,3 +57,22 @@ def test_the_check_sees_a_relative_import_under_type_checking(tmp_path):
     module = package / "bad.py"
     module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..analysis.trace import Trace\n")
     assert upward(module, tmp_path) == ["recur_core.analysis.trace", "recur_core.analysis.trace.Trace"]
+
+
+def test_nothing_outside_training_imports_training():
+    outside = [p for p in project_files() if p.relative_to(ROOT).parts[0] != "training"]
+    assert len(outside) > 50  # the walk found the project
+    assert [str(p.relative_to(ROOT)) for p in outside if upward(p, above=("training",))] == TRAINING_BENCHES
+
+
+def test_recur_core_imports_nothing_on_top_of_it():
+    core = [p for p in project_files() if p.relative_to(ROOT).parts[0] == "recur_core"]
+    assert len(core) > 30
+    assert {str(p.relative_to(ROOT)): upward(p, above=ON_TOP_OF_CORE) for p in core if upward(p, above=ON_TOP_OF_CORE)} == {}
+
+
+def test_the_check_sees_training_imported_inside_a_function(tmp_path):
+    (tmp_path / "ui").mkdir()
+    module = tmp_path / "ui" / "bad.py"
+    module.write_text("def f():\n    from training.hops import PAD\n    return PAD\n")
+    assert upward(module, tmp_path, above=("training",)) == ["training.hops", "training.hops.PAD"]

@@ -9,8 +9,8 @@ from tiny import TINY_SETTINGS, synthetic_stories
 
 from recur_core import load_checkpoint
 from recur_core.model.checkpoint import read_safetensors
+from recur_core.tasks import EOS
 from training.data import (
-    EOS,
     MAX_HOLDOUT_SHARE,
     USUAL_HOLDOUT_BELOW,
     DataError,

@@ -8,8 +8,8 @@ import torch
 from tiny import make_tiny_reasoning_checkpoint
 
 from recur_core.model.checkpoint import read_safetensors
+from recur_core.tasks import WordProblems
 from training.presets import PRESETS
-from training.word_problems import WordProblems
 
 
 def test_the_preset_applies_what_made_hops_learn():

@@ -14,7 +14,7 @@ from tiny import make_tiny_reasoning_checkpoint
 
 from recur_core import load_checkpoint
 from recur_core.analysis.ground_truth import load_ground_truth
-from training.word_problems import WordProblems
+from recur_core.tasks import WordProblems
 
 
 @pytest.fixture(scope="module")

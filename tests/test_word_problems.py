@@ -1,4 +1,5 @@
-"""The generated word problems (training/word_problems.py): every answer is right (checked by an
+"""The generated word problems (recur_core/tasks/stories.py and word_problems.py, trained by
+training/word_problems.py): every answer is right (checked by an
 independent solver that reads only the text), its steps label is where the answer word starts, the
 stream is seeded and resumable, the mixture saves aligned ground truth, weights its training tokens
 by label, and its curriculum holds each stage until it is learned and resumes exactly."""
@@ -9,21 +10,16 @@ import re
 import pytest
 import torch
 
+from recur_core.tasks.stories import KINDS, NUMBER_WORDS, TOYS, guess_chance, token_steps
+from recur_core.tasks.word_problems import WordProblems, held_out_windows
 from training.tokenizer import train_bpe
 from training.word_problems import (
-    KINDS,
-    NUMBER_WORDS,
     TEXT_LABEL,
-    TOYS,
     Curriculum,
     MixedWindows,
     ProblemStream,
-    WordProblems,
-    guess_chance,
-    held_out_windows,
     interleave,
     mixture_data,
-    token_steps,
     tokenizer_sample,
 )
 

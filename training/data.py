@@ -26,7 +26,6 @@ import torch
 
 from recur_core.settings import seed_for
 
-EOS = "<|endoftext|>"
 LOCAL_SUFFIXES = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 VAL_PER_MILLE = 5  # documents held out for validation when no validation split is given
 # A document's hold-out rank puts its hash's per-mille bucket first, so the usual hold-out (buckets

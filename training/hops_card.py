@@ -28,7 +28,7 @@ from recur_core.analysis.trace import trace
 from recur_core.model.checkpoint import SHIPPED_FILES, atomic_write_dir
 from recur_core.model.formats import load_checkpoint
 from recur_core.settings import SETTINGS
-from training.hops import elimination_chance
+from recur_core.tasks.hops import elimination_chance
 from training.presets import shape_of
 
 CARD_LOOPS = 32
@@ -40,7 +40,7 @@ def measure(ckpt_dir: Path, n_boot: int = SETTINGS.n_boot, max_train: int | None
     programs, to CARD_LOOPS loops, with the fast path's section under "fast" and the per-policy gap
     under "fast_minus_exact" (max_train: the largest trained hop count, default the checkpoint's
     ground truth file's)."""
-    from training.hops import window_hops
+    from recur_core.tasks.hops import window_hops
 
     ckpt = load_checkpoint(ckpt_dir)
     hops, saved_max_train = load_ground_truth(ckpt_dir)
@@ -288,7 +288,7 @@ def trained_hops_of(src: Path, task, saved: int) -> int:
     """The largest hop count the run had trained on when src was saved, from its trainer state (the
     stream position); a checkpoint without one keeps its ground truth file's figure. (Trainers
     before this check saved the task's H even when a run stopped before its curriculum got there.)"""
-    from training.hops import trained_hops
+    from recur_core.tasks.hops import trained_hops
     state = src / "trainer_state.json"
     if not state.is_file():
         return saved
@@ -299,7 +299,7 @@ def export_hops(src: Path, dst: Path, command: str, machine: str, compare: Path 
     """Ship a multi-hop checkpoint: its files plus the ground truth, with the card measured here;
     compare: a shipped hops checkpoint to set beside it (from its card.json)."""
     from recur_core.analysis.ground_truth import GROUND_TRUTH
-    from training.hops import HopsTask, window_hops
+    from recur_core.tasks.hops import HopsTask, window_hops
 
     ckpt = load_checkpoint(src)
     task = HopsTask.parse(ckpt.meta["train_config"]["dataset"])

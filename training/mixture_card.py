@@ -14,8 +14,7 @@ from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
 from recur_core.model.formats import load_checkpoint
 from recur_core.settings import SETTINGS
-
-from .word_problems import WordProblems
+from recur_core.tasks import WordProblems
 
 CARD_DEPTHS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
 

@@ -11,8 +11,7 @@ from dataclasses import dataclass, fields
 
 from recur_core.model.config import VOCAB_FROM_TOKENIZER, ModelConfig
 from recur_core.model.recipe import DEPTH_MODES, SAMPLER_MEANS, Recipe
-
-from .word_problems import WordProblems
+from recur_core.tasks import WordProblems
 
 # shipped in training/tokenizers/ (Apache-2.0); the same as the hub's HuggingFaceTB/SmolLM2-135M tokenizer
 SMOLLM2_TOKENIZER = "smollm2"

@@ -7,7 +7,10 @@ from typing import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from .data import EOS, require_hub
+from recur_core.tasks import EOS
+from recur_core.tasks.hops import build_tokenizer
+
+from .data import require_hub
 
 SHIPPED = {"smollm2": Path(__file__).resolve().parent / "tokenizers" / "smollm2.json"}
 
@@ -24,10 +27,9 @@ def train_bpe(docs: Iterable[str], vocab_size: int) -> Tokenizer:
 
 
 def load_tokenizer(spec: str, docs_for_training: Iterable[str] | None = None) -> Tokenizer:
-    """spec: "hops" (the word vocabulary of training/hops.py); "bpe:<vocab>" trains on
+    """spec: "hops" (the word vocabulary of recur_core/tasks/hops.py); "bpe:<vocab>" trains on
     docs_for_training; a shipped name (SHIPPED); a tokenizer.json path; or a hub id."""
     if spec == "hops":
-        from .hops import build_tokenizer
         return build_tokenizer()
     if spec.startswith("bpe:"):
         if docs_for_training is None:

@@ -1,7 +1,7 @@
 """The randomized-depth training loop: sample r per step, truncated backprop, eval, checkpoints.
 
 Run layout under --out DIR:
-    DIR/metrics.jsonl   live log (one JSON object a line; events in training/metrics_log.py)
+    DIR/metrics.jsonl   live log (one JSON object a line; events in recur_core/model/metrics_log.py)
     DIR/latest/         newest checkpoint + optimizer/data/RNG state for --resume
     DIR/best/           checkpoint with the lowest validation loss at r_bar loops so far, measured on
                         the selection windows: the cfg.eval_windows validation windows that follow the
@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from recur_core.analysis.ground_truth import GROUND_TRUTH
 from recur_core.model.checkpoint import (
     EVAL_WINDOWS,
     METRICS,
@@ -39,7 +40,9 @@ from recur_core.model.checkpoint import (
 )
 from recur_core.model.formats import load_checkpoint
 from recur_core.model.looped_lm import LoopedLM
+from recur_core.model.metrics_log import append as append_metrics
 from recur_core.settings import seed_for
+from recur_core.tasks import HopsTask, WordProblems, parse_task
 
 from . import hops, word_problems
 from .data import (
@@ -59,12 +62,10 @@ from .data import (
     token_counts,
 )
 from .depth_sampler import sample_depth, sample_token_depths
-from .metrics_log import append as append_metrics
 from .presets import TrainConfig
 from .sources import file_record
 from .state import read_trainer_state, write_trainer_state
 from .tokenizer import eos_id, load_tokenizer
-from .word_problems import WordProblems
 
 N_SAVED_WINDOWS = 128  # the paper evaluates on 128 validation windows
 # The least validation a run takes (it refuses below): 8 saved eval windows give the analyses'
@@ -210,40 +211,17 @@ class Trainer:
         if not self.resume and (self._latest()).exists():
             raise FileExistsError(f"{self._latest()} exists: pass --resume to continue that run, "
                                   "or choose another --out")
+        self.task = parse_task(self.data.train, cfg.mixture)
         self.tokenizer = self._tokenizer()
         window_len = cfg.seq_len + 1
         self.ground_truth = {}
         sources = (("train", self.data.train), ("validation", self.data.val))
         self.data_files = [file_record(f, role) for role, spec in sources if spec for f in (local_files(spec) or [])]
-        if hops.is_hops(self.data.train):  # generated programs, with per-token hop counts
-            (self.eval_windows, self.select_windows, self.probe_windows, self.train_windows,
-             self.ground_truth) = hops.training_data(self.data.train, self.tokenizer, cfg.seed, window_len,
-                                                     n_select=cfg.eval_windows)
-            self.validation = self._validation_record("held-out generated programs (training/hops.py)")
-        else:
-            self.eval_windows, self.select_windows = self._validation_windows(window_len)
-            self.validation = self._validation_record(self._validation_made_by())
-            eos = eos_id(self.tokenizer)
-            make_train = lambda: pack_windows(self.data.train_docs(), self.tokenizer, window_len, eos)
-            self.probe_windows = take_windows(make_train(), N_SAVED_WINDOWS)
-            if local_files(self.data.train) is not None:
-                self.train_windows = ShuffledWindows(take_windows(make_train(), 2 ** 62), cfg.seed)
-            else:
-                self.train_windows = StreamedWindows(make_train)
-            if cfg.mixture:  # generated word problems alongside the text (training/word_problems.py)
-                (self.eval_windows, self.select_windows, self.probe_windows, self.train_windows,
-                 self.ground_truth) = word_problems.mixture_data(
-                    WordProblems.parse(cfg.mixture), self.tokenizer, cfg.seed, window_len, self.eval_windows,
-                    self.select_windows, self.probe_windows, self.train_windows)
-                self.validation = self._validation_record(self._validation_made_by() + " and held-out generated "
-                                                          f"problems ({cfg.mixture}, training/word_problems.py)")
-                split = word_problems.split_answer_words(self.tokenizer, WordProblems.parse(cfg.mixture))
-                if split and self.is_main:
-                    print(f"{self.preset}: the tokenizer splits {len(split)} answer words ({', '.join(split[:5])}, ...); "
-                          "their answers are scored on their first token", file=sys.stderr)
+        load_data = {"hops": self._program_data, "prose": self._text_data, "word_problems": self._mixture_data}
+        load_data[self.task.kind](window_len)
         torch.manual_seed(cfg.seed)
         self.model = LoopedLM(cfg.model_config(self.tokenizer.get_vocab_size())).to(self.device)
-        if hops.is_hops(self.data.train):  # statement tokens start from shared codes (see the function)
+        if isinstance(self.task, HopsTask):  # statement tokens start from shared codes (see the function)
             with torch.no_grad():
                 self.model.embed.weight.copy_(hops.structured_embedding(self.tokenizer, cfg.model.d_model, cfg.seed))
         self.opt = make_optimizer(self.model, cfg, self.device)
@@ -253,6 +231,39 @@ class Trainer:
             self._load_initial_weights()
         self.ddp = (torch.nn.parallel.DistributedDataParallel(self.model) if self.world > 1 else self.model)
         self.total_steps = max(1, cfg.max_tokens // cfg.tokens_per_step(self.world))
+
+    def _program_data(self, window_len: int) -> None:
+        """Generated programs, with per-token hop counts: eval, selection and probe windows and the stream."""
+        (self.eval_windows, self.select_windows, self.probe_windows, self.train_windows,
+         self.ground_truth) = hops.training_data(self.task, self.tokenizer, self.cfg.seed, window_len,
+                                                 n_select=self.cfg.eval_windows)
+        self.validation = self._validation_record("held-out generated programs (recur_core/tasks/hops.py)")
+
+    def _text_data(self, window_len: int) -> None:
+        """Text: the validation windows, probe windows from the training text, and its windows."""
+        self.eval_windows, self.select_windows = self._validation_windows(window_len)
+        self.validation = self._validation_record(self._validation_made_by())
+        eos = eos_id(self.tokenizer)
+        make_train = lambda: pack_windows(self.data.train_docs(), self.tokenizer, window_len, eos)
+        self.probe_windows = take_windows(make_train(), N_SAVED_WINDOWS)
+        if local_files(self.data.train) is not None:
+            self.train_windows = ShuffledWindows(take_windows(make_train(), 2 ** 62), self.cfg.seed)
+        else:
+            self.train_windows = StreamedWindows(make_train)
+
+    def _mixture_data(self, window_len: int) -> None:
+        """Text with generated word problems alongside (training/word_problems.py)."""
+        self._text_data(window_len)
+        (self.eval_windows, self.select_windows, self.probe_windows, self.train_windows,
+         self.ground_truth) = word_problems.mixture_data(
+            self.task, self.tokenizer, self.cfg.seed, window_len, self.eval_windows,
+            self.select_windows, self.probe_windows, self.train_windows)
+        self.validation = self._validation_record(self._validation_made_by() + " and held-out generated "
+                                                  f"problems ({self.cfg.mixture}, recur_core/tasks/word_problems.py)")
+        split = word_problems.split_answer_words(self.tokenizer, self.task)
+        if split and self.is_main:
+            print(f"{self.preset}: the tokenizer splits {len(split)} answer words ({', '.join(split[:5])}, ...); "
+                  "their answers are scored on their first token", file=sys.stderr)
 
     def _validation_windows(self, window_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The 128 saved eval windows (what every analysis reads) and, after them in the same stream,
@@ -343,7 +354,7 @@ class Trainer:
         record = {"made_by": made_by, "enlarged": False, "shrunk": counts != wanted,
                   "eval_windows": counts[0], "selection_windows": counts[1],
                   "wanted_eval_windows": wanted[0], "wanted_selection_windows": wanted[1]}
-        if not hops.is_hops(self.data.train) and self.data.holds_out_by_hash():
+        if not isinstance(self.task, HopsTask) and self.data.holds_out_by_hash():
             record["hold_out_rank_below"] = self.data.holdout_below
             if self.data.holdout_below != USUAL_HOLDOUT_BELOW:
                 docs = list(self.data.all_train_docs())
@@ -369,9 +380,9 @@ class Trainer:
     def _bpe_docs(self):
         """What a BPE is trained on: the training documents, and a mixture's generated problems."""
         docs = self.data.train_docs()
-        if not self.cfg.mixture:
+        if not isinstance(self.task, WordProblems):
             return docs
-        return chain(docs, word_problems.tokenizer_sample(WordProblems.parse(self.cfg.mixture), self.cfg.seed))
+        return chain(docs, word_problems.tokenizer_sample(self.task, self.cfg.seed))
 
     def _load_initial_weights(self) -> None:
         """--init-from: start from another checkpoint's weights (same model shape and tokenizer), with
@@ -427,7 +438,7 @@ class Trainer:
         if not self.is_main:
             return
         if hasattr(self.train_windows, "trained_hops"):  # the hop counts trained so far, not the task's H
-            self.ground_truth[hops.GROUND_TRUTH]["max_train_hops"] = torch.tensor([self.train_windows.trained_hops])
+            self.ground_truth[GROUND_TRUTH]["max_train_hops"] = torch.tensor([self.train_windows.trained_hops])
         extra_tensors = {EVAL_WINDOWS: {"ids": self.eval_windows}, PROBE_WINDOWS: {"ids": self.probe_windows},
                          **self.ground_truth}
         info = {"step": self.step, "tokens_seen": self.tokens_seen, "best_eval": self.best_eval,

@@ -36,8 +36,8 @@ from recur_core.exits import catalogue
 from recur_core.exits.policies import ConvergenceExit, GateExit, LinearRouter, Uniform
 from recur_core.exits.trace_type import Trace
 from recur_core.model.checkpoint import METRICS, TOKENIZER
+from recur_core.model.metrics_log import read_metrics
 from recur_core.settings import SETTINGS
-from training.metrics_log import read_metrics
 
 from . import jobs
 from .checkpoints import describe
@@ -456,7 +456,7 @@ def elasticity_difference(path: str, ckpt_id: str, ref_path: str, ref_id: str, d
 # -- training log -----------------------------------------------------------------------------------
 @st.cache_data(max_entries=16, show_spinner=False)
 def training_log(path: str, stamp: str) -> dict:
-    """The checkpoint's metrics.jsonl, parsed by training.metrics_log (beside its writer)."""
+    """The checkpoint's metrics.jsonl, parsed by recur_core.model.metrics_log (beside its writer)."""
     log = read_metrics(Path(path) / METRICS)
     return {"train": log.train, "eval": log.evals, "bad_lines": log.bad_lines, "start": log.start}
 

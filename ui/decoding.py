@@ -11,10 +11,9 @@ from recur_core.decoding.decode import generate
 from recur_core.exits import catalogue
 from recur_core.exits.policies import Uniform
 
-from . import compute
+from . import compute, text
 from .handle import Handle
 from .strip import DepthScale, TokenView, legend_html, strip_html, tooltip
-from .text import examples_for, reads_programs
 from .views import delta
 
 POLICIES = [f.name for f in catalogue.shown_in(catalogue.GENERATE)]
@@ -72,17 +71,15 @@ def strip(pieces, depths, scale: DepthScale, policy: str) -> str:
     return strip_html(tokens, scale, policy=policy)
 
 
-PROSE_PROMPTS = ("Once upon a time, there was a little girl named Lily.\nTom had a red ball.\n"
-                 "The sun was hot and the dog was tired.\nMia found a box in the park.")
+N_PROMPTS = 4
 
 
 def default_prompts(model: Handle) -> str:
     """Prompts, one per line: for a hops checkpoint, held-out programs up to their first query (the
-    model writes the answer); prose otherwise."""
-    if not reads_programs(model) or not model.has_windows:
-        return PROSE_PROMPTS
-    programs = list(examples_for(model).values())[:4]
-    return "\n".join(p[:p.index("?") + 1] if "?" in p else p for p in programs)
+    model writes the answer); prose otherwise (recur_core.tasks)."""
+    windows = text.eval_windows(model)
+    tok = model.tokenizer() if windows is not None else None
+    return "\n".join(text.task(model).prompts(tok, windows, N_PROMPTS))
 
 
 def speed_metrics(label: str, uniform_label: str, run, base, r_bar: int) -> None:

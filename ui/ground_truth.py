@@ -1,17 +1,14 @@
 """The Ground truth page's cached calls and figures: exit policies against the known depth of each answer.
 
 Only for checkpoints that carry ground truth (recur_core.analysis.ground_truth): multi-hop programs
-(training/hops.py, an answer's depth in hops) or the stories-reasoning mixture's word problems
-(training/word_problems.py, in composition steps). The
+or the stories-reasoning mixture's word problems, an answer's depth in hops or composition steps; the
+examples, their labels and the unit are the checkpoint's task's (recur_core.tasks). The
 eval-set numbers are `recur_core.analysis.ground_truth.ground_truth_section` on the same trace and grids as
 `python -m recur_core.analyze`, so the page and report.json agree: exact (the masking harness, as
 real halting) by default, computed in the background into the harness's disk cache the first time,
 and the fast path one click away.
 """
 from __future__ import annotations
-
-import random
-from dataclasses import dataclass
 
 import numpy as np
 import plotly.graph_objects as go
@@ -27,9 +24,8 @@ from recur_core.analysis.ground_truth import (
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
 from recur_core.exits import catalogue
-from recur_core.settings import SETTINGS, seed_for
-from training.hops import HopsTask, hop_counts, is_hops, random_program
-from training.word_problems import EVAL_SEED_OFFSET, WordProblems, eval_steps
+from recur_core.settings import SETTINGS
+from recur_core.tasks import Example
 
 from . import compute, jobs, state, text
 from .charts import PALETTE, base_layout
@@ -49,69 +45,26 @@ def has_ground_truth(model: Handle) -> bool:
 
 
 # -- the labelled examples of the token-by-token section ---------------------------------------------
-@dataclass(frozen=True)
-class Example:
-    """A text with ground truth: a hops program (its labels read from its text, char_steps None) or a
-    word problem (the steps of the answer word starting at each character, from the generator)."""
-    text: str
-    char_steps: tuple[int, ...] | None = None
-
-    @property
-    def deepest(self) -> int:
-        return max(self.char_steps or hop_counts(self.text) or [0])
-
-
-def _train_config(model: Handle) -> dict:
-    return model.meta.get("train_config") or {}
-
-
-def reads_problems(model: Handle) -> bool:
-    """Whether the checkpoint's ground truth is word problems (else hops programs)."""
-    return bool(_train_config(model).get("mixture"))
-
-
 def unit(model: Handle) -> str:
-    """What an answer's depth is counted in."""
-    return "step" if reads_problems(model) else "hop"
-
-
-def hops_task(model: Handle) -> HopsTask:
-    dataset = _train_config(model).get("dataset", "hops")
-    return HopsTask.parse(dataset if is_hops(dataset) else "hops")
-
-
-def problem_task(model: Handle) -> WordProblems:
-    return WordProblems.parse(_train_config(model)["mixture"])
+    """What an answer's depth is counted in ("hop", "step")."""
+    return text.task(model).unit
 
 
 def eval_examples(model: Handle, n: int = 32) -> list[Example]:
-    """Held-out programs (the first n eval windows), or n word problems drawn with the held-out
+    """n held-out labelled examples: the first eval programs, or word problems drawn with the held-out
     seeds, told plain, cycling through every step count the eval set has."""
-    if not reads_problems(model):
-        return [Example(p) for p in text.eval_programs(model, n)]
-    task = problem_task(model)
-    seed = int(_train_config(model).get("seed", 0))
-    out = []
-    for i in range(n):
-        rng = random.Random(seed_for(seed, EVAL_SEED_OFFSET + i))
-        p = task.problem(rng, eval_steps(task, i)(rng, 0), running=False)
-        out.append(Example(p.text, tuple(p.steps)))
-    return out
+    seed = int((model.meta.get("train_config") or {}).get("seed", 0))
+    return text.task(model).eval_examples(model.tokenizer(), text.eval_windows(model), seed, n)
 
 
 def random_example(model: Handle, seed: int, deepest: int) -> Example:
     """A new seeded program or word problem whose deepest answer needs `deepest` hops / steps."""
-    if not reads_problems(model):
-        return Example(random_program(hops_task(model), seed, deepest).text)
-    p = problem_task(model).problem(random.Random(seed), deepest, running=False)
-    return Example(p.text, tuple(p.steps))
+    return text.task(model).random_example(seed, deepest)
 
 
 def encode_example(model: Handle, ex: Example) -> tuple[text.Encoded, list[int]]:
     """(what the model reads, each token's ground truth: its answer's hops / steps, else 0)."""
-    if ex.char_steps is None:
-        return text.encode_program(model, ex.text)
-    return text.encode_word_problem(model, ex.text, ex.char_steps)
+    return text.within_context(text.task(model).labelled(model.tokenizer(), ex), model.max_seq_len)
 
 
 def example_label(model: Handle, ex: Example, i: int) -> str:

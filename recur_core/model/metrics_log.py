@@ -1,4 +1,4 @@
-"""metrics.jsonl, the live training log: one JSON object a line. The trainer writes it (`append`),
+"""metrics.jsonl, a checkpoint folder's live training log: one JSON object a line. The trainer writes it (`append`),
 the app's Training page reads it (`read_metrics`).
 
 Events:

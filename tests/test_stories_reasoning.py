@@ -81,7 +81,7 @@ def test_ground_truth_page_scores_word_problem_answers_in_steps(reasoning_env):
     examples = at.session_state[f"gt_programs@{reasoning_env}"]
     ex = examples[at.selectbox(key="gt_pick").value]
     answers = at.dataframe[-1].value
-    labelled = [(pos, s) for pos, s in enumerate(ex.char_steps) if s]
+    labelled = [(pos, s) for pos, s in enumerate(ex.char_depths) if s]
     # every answer the model reads (within its context) is a row, with the steps the generator gave it
     assert 0 < len(answers) <= len(labelled)
     assert answers["steps"].tolist() == [f"{s} step" + ("s" if s > 1 else "") for _, s in labelled[:len(answers)]]

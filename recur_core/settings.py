@@ -1,5 +1,5 @@
 """The analysis settings, in one place: `python -m recur_core.analyze`, the app (ui/compute.py),
-`python -m training.export`, decoding and the benches all read SETTINGS, so a figure in the app, in
+`python -m recur_core.report.export`, decoding and the benches all read SETTINGS, so a figure in the app, in
 report.json and in a checkpoint's card comes from the same seed, windows, loops and grids.
 
 `seed_for` is the one rule that derives a seed for item `index` (a window, a step, a program) from a

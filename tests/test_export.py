@@ -8,8 +8,8 @@ import pytest
 
 from recur_core import load_checkpoint
 from recur_core.model.checkpoint import SHIPPED_FILES
-from training.export import DEVIATIONS, card, export, saturation_section
-from training.sources import KNOWN
+from recur_core.report.export import DEVIATIONS, card, export, saturation_section
+from recur_core.report.sources import KNOWN
 
 ROOT = Path(__file__).resolve().parents[1]
 

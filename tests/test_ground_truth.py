@@ -9,7 +9,7 @@ import torch
 from recur_core import load_checkpoint
 from recur_core.analysis.ground_truth import load_ground_truth, spearman
 from recur_core.model.checkpoint import read_safetensors
-from training.hops_card import beside_section, goals, learned_line
+from recur_core.report.hops_card import beside_section, goals, learned_line
 
 ANALYZE_ARGS = ["--windows", "12", "--max-loops", "6", "--n-boot", "40", "--probe-windows", "8",
                 "--probe-tokens", "16", "--no-cache", "--batch-size", "12"]
@@ -157,7 +157,7 @@ def test_checkpoints_without_ground_truth_have_no_section(tiny_ckpt, tmp_path):
 
 @pytest.mark.slow
 def test_export_writes_the_hops_card(hops_ckpt, tmp_path):
-    from training.export import export
+    from recur_core.report.export import export
     dst = tmp_path / "shipped"
     out = export(hops_ckpt, dst, command="python -m training.run hops", machine="a test")
     readme = (dst / "README.md").read_text()

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from recur_core.model.config import ModelConfig
-from training.presets import PRESETS, shape_of
+from recur_core.model.config import ModelConfig, shape_of
+from training.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ from recur_core import load_checkpoint
 from recur_core.analysis.ground_truth import GROUND_TRUTH, answer_hops, correct_at, load_ground_truth
 from recur_core.analysis.trace import trace
 from recur_core.model.checkpoint import SHIPPED_FILES
-from training.hops_card import goals
+from recur_core.report.hops_card import goals
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 

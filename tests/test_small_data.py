@@ -9,6 +9,7 @@ from tiny import TINY_SETTINGS, synthetic_stories
 
 from recur_core import load_checkpoint
 from recur_core.model.checkpoint import read_safetensors
+from recur_core.report.export import validation_sentence
 from recur_core.tasks import EOS
 from training.data import (
     MAX_HOLDOUT_SHARE,
@@ -19,7 +20,6 @@ from training.data import (
     holdout_rank,
     is_heldout,
 )
-from training.export import validation_sentence
 from training.presets import PRESETS
 from training.trainer import MIN_EVAL_WINDOWS, MIN_SELECT_WINDOWS, Trainer, split_validation
 

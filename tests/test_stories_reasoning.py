@@ -97,7 +97,7 @@ def test_ground_truth_page_scores_word_problem_answers_in_steps(reasoning_env):
 
 
 def test_export_ships_the_ground_truth_and_a_word_problem_section(reasoning, tmp_path):
-    from training.export import export
+    from recur_core.report.export import export
     dst = tmp_path / "stories-reasoning"
     export(reasoning, dst, "python -m training.run stories-reasoning", "test machine")
     src_steps, src_max = load_ground_truth(reasoning)

@@ -24,10 +24,10 @@ from typing import Iterator
 
 import torch
 
+from recur_core.report.sources import VAL_PER_MILLE
 from recur_core.settings import seed_for
 
 LOCAL_SUFFIXES = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-VAL_PER_MILLE = 5  # documents held out for validation when no validation split is given
 # A document's hold-out rank puts its hash's per-mille bucket first, so the usual hold-out (buckets
 # below VAL_PER_MILLE) is exactly the ranks below USUAL_HOLDOUT_BELOW, and an enlarged hold-out
 # (enlarged_holdout_below) extends it in rank order.

@@ -111,16 +111,6 @@ class TrainConfig:
 SHAPE_ALIASES = {"seq_len": "max_seq_len"}  # the trainer's word for the model's context
 
 
-def shape_of(train_config: dict) -> dict:
-    """The model-shape fields of a meta.json "train_config": nested under "model", or (runs before
-    the shape moved into TrainConfig.model) flat, with the window length as "seq_len"."""
-    if "model" in train_config:
-        return train_config["model"]
-    names = {f.name for f in fields(ModelConfig)}
-    flat = {k: v for k, v in train_config.items() if k in names}
-    return {**flat, "max_seq_len": train_config["seq_len"]}
-
-
 def parse_value(type_name: str, raw: str):
     if type_name == "bool":
         if raw.lower() not in ("true", "false", "1", "0"):

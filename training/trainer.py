@@ -41,6 +41,7 @@ from recur_core.model.checkpoint import (
 from recur_core.model.formats import load_checkpoint
 from recur_core.model.looped_lm import LoopedLM
 from recur_core.model.metrics_log import append as append_metrics
+from recur_core.report.sources import file_record
 from recur_core.settings import seed_for
 from recur_core.tasks import HopsTask, WordProblems, parse_task
 
@@ -63,7 +64,6 @@ from .data import (
 )
 from .depth_sampler import sample_depth, sample_token_depths
 from .presets import TrainConfig
-from .sources import file_record
 from .state import read_trainer_state, write_trainer_state
 from .tokenizer import eos_id, load_tokenizer
 

@@ -33,7 +33,7 @@ from .recipe import Recipe
 
 WEIGHTS, CONFIG, TOKENIZER, META = "model.safetensors", "config.json", "tokenizer.json", "meta.json"
 EVAL_WINDOWS, PROBE_WINDOWS, METRICS = "eval_windows.safetensors", "probe_windows.safetensors", "metrics.jsonl"
-# What a shipped checkpoint holds (no trainer state): `training.export` copies these.
+# What a shipped checkpoint holds (no trainer state): `recur_core.report.export` copies these.
 SHIPPED_FILES = (WEIGHTS, CONFIG, TOKENIZER, META, METRICS, EVAL_WINDOWS, PROBE_WINDOWS)
 
 

@@ -91,3 +91,13 @@ class ModelConfig:
     @classmethod
     def from_json(cls, text: str) -> "ModelConfig":
         return cls.from_dict(json.loads(text))
+
+
+def shape_of(train_config: dict) -> dict:
+    """The model-shape fields of a meta.json "train_config": nested under "model", or (runs before
+    the shape moved into TrainConfig.model) flat, with the window length as "seq_len"."""
+    if "model" in train_config:
+        return train_config["model"]
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    flat = {k: v for k, v in train_config.items() if k in names}
+    return {**flat, "max_seq_len": train_config["seq_len"]}

@@ -44,7 +44,7 @@ def mixture_section(ckpt_dir: Path, loops: int) -> str:
     return f"""## Word problems (the generated half of the mixture)
 
 {task.share:.0%} of every training batch's windows are word problems in story form
-(`training/word_problems.py`; kinds {', '.join(task.kind_list)}; {task.running_share:.0%} told "running",
+(`recur_core/tasks/word_problems.py`; kinds {', '.join(task.kind_list)}; {task.running_share:.0%} told "running",
 stating each intermediate value), whose answer words need 1–{task.max_steps} composition steps in
 training and up to {task.max_steps + task.extra_eval_steps} in the held-out windows. The eval windows
 alternate TinyStories text and problems; `ground_truth.safetensors` labels each answer token with its

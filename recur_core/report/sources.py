@@ -1,7 +1,7 @@
 """Where training data comes from, by source rather than by a path on the machine that trained.
 
 The trainer records every local data file it read (name, bytes, sha256) in meta.json's
-"data_files"; the checkpoint card (training/export.py) names each one by its source through KNOWN:
+"data_files"; the checkpoint card (recur_core/report/export.py) names each one by its source through KNOWN:
 dataset, split, which part of which file, license, and how to get it. Checkpoints trained before
 "data_files" existed only recorded the path patterns given to --data / --val-data ("data"); their
 file names are then matched against the patterns.
@@ -13,6 +13,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+VAL_PER_MILLE = 5  # training documents held out for validation when no validation split is given (training/data.py)
 HASH_LIMIT_BYTES = 256 * 2 ** 20  # larger files are recorded by name and size only
 TINYSTORIES = "TinyStories (Eldan & Li, 2023), Hugging Face dataset `roneneldan/TinyStories`"
 TINYSTORIES_LICENSE = "CDLA-Sharing-1.0"
@@ -87,7 +88,7 @@ def identify(meta: dict) -> dict[str, list]:
     train, _, val = str(meta.get("data", "")).partition(" (validation: ")
     for role, spec in (("train", train.strip()), ("validation", val.rstrip(")").strip())):
         if spec == "hashed hold-out":
-            out[role].append("a hashed 0.5% hold-out of the training documents (training/data.py)")
+            out[role].append(f"a hashed {VAL_PER_MILLE / 10:g}% hold-out of the training documents (training/data.py)")
             continue
         if not spec:
             continue

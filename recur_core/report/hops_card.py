@@ -1,4 +1,4 @@
-"""The model card of a checkpoint trained on multi-hop programs (training/hops.py), for training.export.
+"""The model card of a checkpoint trained on multi-hop programs (recur_core/tasks/hops.py), for export.py.
 
 Every number is measured here with the product's own code (recur_core.analysis.trace, recur_core.analysis.probe,
 recur_core.analysis.ground_truth) on the checkpoint's 128 held-out eval programs, and judged against the
@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 
 from recur_core.analysis.curves import json_safe
 from recur_core.analysis.ground_truth import (
+    GROUND_TRUTH,
     eos_id,
     ground_truth_section,
     load_ground_truth,
@@ -26,10 +27,10 @@ from recur_core.analysis.probe import load_or_train_probes
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
 from recur_core.model.checkpoint import SHIPPED_FILES, atomic_write_dir
+from recur_core.model.config import shape_of
 from recur_core.model.formats import load_checkpoint
 from recur_core.settings import SETTINGS
-from recur_core.tasks.hops import elimination_chance
-from training.presets import shape_of
+from recur_core.tasks.hops import HopsTask, elimination_chance, trained_hops, window_hops
 
 CARD_LOOPS = 32
 TABLE_LOOPS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
@@ -40,8 +41,6 @@ def measure(ckpt_dir: Path, n_boot: int = SETTINGS.n_boot, max_train: int | None
     programs, to CARD_LOOPS loops, with the fast path's section under "fast" and the per-policy gap
     under "fast_minus_exact" (max_train: the largest trained hop count, default the checkpoint's
     ground truth file's)."""
-    from recur_core.tasks.hops import window_hops
-
     ckpt = load_checkpoint(ckpt_dir)
     hops, saved_max_train = load_ground_truth(ckpt_dir)
     max_train = saved_max_train if max_train is None else max_train
@@ -186,7 +185,7 @@ def card(name: str, meta: dict, gt: dict, command: str, machine: str, beside: st
 
 Programs bind variables in independent chains ({meta['task']['chains']} queried, {meta['task']['decoys']} decoys that are
 never queried) and then query one variable of each queried chain (`k=7;b=k;x=b;` … `x?7;`); an answer's
-**hop count** (the lookups it needs) is its ground-truth depth (`training/hops.py`).
+**hop count** (the lookups it needs) is its ground-truth depth (`recur_core/tasks/hops.py`).
 
 {status}
 
@@ -207,7 +206,7 @@ heads, FFN {shape['ffn_dim']}, prelude/core/coda {shape['n_prelude']}/{shape['n_
 
 ## Answer accuracy (%) per hop count × uniform loops, on the 128 held-out programs
 
-Measured by `python -m training.export` with `recur_core.analysis.ground_truth` (noise seed 0); the same
+Measured by `python -m recur_core.report.export` with `recur_core.analysis.ground_truth` (noise seed 0); the same
 numbers as the `ground_truth` section of `python -m recur_core.analyze`.
 
 {chr(10).join(rows)}
@@ -288,7 +287,6 @@ def trained_hops_of(src: Path, task, saved: int) -> int:
     """The largest hop count the run had trained on when src was saved, from its trainer state (the
     stream position); a checkpoint without one keeps its ground truth file's figure. (Trainers
     before this check saved the task's H even when a run stopped before its curriculum got there.)"""
-    from recur_core.tasks.hops import trained_hops
     state = src / "trainer_state.json"
     if not state.is_file():
         return saved
@@ -298,9 +296,6 @@ def trained_hops_of(src: Path, task, saved: int) -> int:
 def export_hops(src: Path, dst: Path, command: str, machine: str, compare: Path | None = None) -> dict:
     """Ship a multi-hop checkpoint: its files plus the ground truth, with the card measured here;
     compare: a shipped hops checkpoint to set beside it (from its card.json)."""
-    from recur_core.analysis.ground_truth import GROUND_TRUTH
-    from recur_core.tasks.hops import HopsTask, window_hops
-
     ckpt = load_checkpoint(src)
     task = HopsTask.parse(ckpt.meta["train_config"]["dataset"])
     meta = {**ckpt.meta, "vocab_size": ckpt.config.vocab_size, "task": {"chains": task.chains, "decoys": task.decoys},

@@ -1,11 +1,11 @@
 """Ship a trained checkpoint: copy it without trainer state and write its README (model card).
 
-    python -m training.export runs/demo/best checkpoints/demo --command "python -m training.run ..."
+    python -m recur_core.report.export runs/demo/best checkpoints/demo --command "python -m training.run ..."
 
 Every number in the card is measured here with the product's own code (recur_core.analysis.trace and
 recur_core.analysis.curves) on the checkpoint's saved eval windows, with the analysis settings of
 recur_core.settings (the ones `python -m recur_core.analyze` and the app use). Its training data
-is named by source (training/sources.py), and it links to docs/DEVIATIONS.md, the deviations from the paper.
+is named by source (sources.py), and it links to docs/DEVIATIONS.md, the deviations from the paper.
 """
 from __future__ import annotations
 
@@ -22,14 +22,13 @@ from recur_core.analysis.ground_truth import GROUND_TRUTH
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
 from recur_core.model.checkpoint import SHIPPED_FILES, atomic_write_dir
+from recur_core.model.config import shape_of
 from recur_core.model.formats import load_checkpoint
 from recur_core.model.recipe import Recipe
 from recur_core.settings import SETTINGS
 
-from .data import VAL_PER_MILLE
 from .mixture_card import is_mixture, mixture_section
-from .presets import shape_of
-from .sources import Source, identify
+from .sources import VAL_PER_MILLE, Source, identify
 
 CARD_LOOPS = SETTINGS.min_trace_loops  # the card's table runs to loop 32
 DEVIATIONS = "../../docs/DEVIATIONS.md"
@@ -213,7 +212,7 @@ differ from the paper: [Deviations from the paper]({DEVIATIONS}).
 
 ## Measured on the {m['n_windows']} saved eval windows ({m['n_windows']} × {m['tokens_per_window']} tokens)
 
-`python -m training.export` measured these with `recur_core.analysis.trace` / `recur_core.analysis.curves` and the
+`python -m recur_core.report.export` measured these with `recur_core.analysis.trace` / `recur_core.analysis.curves` and the
 settings of `recur_core/settings.py` (noise seed {SETTINGS.seed}, 95% bootstrap intervals over windows,
 {SETTINGS.n_boot} replicates). {m['bytes_per_token']:.3f} bytes of text per token.
 
@@ -240,7 +239,7 @@ settings of `recur_core/settings.py` (noise seed {SETTINGS.seed}, 95% bootstrap 
 def export(src: Path, dst: Path, command: str, machine: str, compare: Path | None = None) -> dict:
     """compare: a shipped checkpoint trained with another r̄, for the saturation section (for a
     checkpoint with ground truth, multi-hop programs, which gets its own card from
-    training/hops_card.py: a hops checkpoint to set beside it)."""
+    hops_card.py: a hops checkpoint to set beside it)."""
     ckpt = load_checkpoint(src)
     mixture = is_mixture(ckpt.meta)
     if (src / GROUND_TRUTH).is_file() and not mixture:

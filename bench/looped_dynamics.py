@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from recur_core import load_checkpoint
-from recur_core.analysis.certify import readout_lipschitz, violations
+from recur_core.analysis.certify import LIPSCHITZ_WINDOWS, readout_lipschitz, violations
 from recur_core.analysis.dynamics import REGIMES, dynamics, overthinking, overthinking_loops
 from recur_core.analysis.ground_truth import answer_hops, eos_id, ground_truth_section, load_ground_truth
 from recur_core.analysis.stats import Bootstrap
@@ -138,7 +138,7 @@ def main(argv=None) -> dict:
     p.add_argument("what", choices=("regimes", "overthinking", "accel", "certified"))
     p.add_argument("ckpt", nargs="+")
     p.add_argument("--windows", type=int, default=16, help="eval windows (default 16)")
-    p.add_argument("--probe-windows", type=int, default=4, help="certified: probe windows L is measured on")
+    p.add_argument("--probe-windows", type=int, default=LIPSCHITZ_WINDOWS, help="certified: probe windows L is measured on")
     p.add_argument("--positions", type=int, default=8, help="certified: positions per window run past their exit")
     args = p.parse_args(argv)
     torch.set_num_threads(1)

@@ -59,19 +59,26 @@ for col, (_family, label, _policy), out, table in zip(cols, policies, outcomes, 
         a.metric("Mean loops", f"{out.mean_loops:.2f}")
         b.metric("Loss [nats]", f"{out.loss:.3f}")
         views.render_strip(m, table, state.path_label(label, out), legend=False, scale=scale)
-st.subheader("Huginn's exit criteria · on the same tokens")
+st.subheader("More exit criteria (Huginn's, Accel, the certified exit) · on the same tokens")
 h_cols = st.columns(2, gap="medium")
 with h_cols[0]:
     criteria = [f.name for f in catalogue.shown_in(catalogue.COMPARE)]
-    crit = st.selectbox("Criterion (seal-rg/recurrent-pretraining's exit evaluators)", criteria,
+    crit = st.selectbox("Criterion (seal-rg/recurrent-pretraining's exit evaluators, Accel, the certified exit)", criteria,
                         format_func=catalogue.display, **state.keep("cmp_huginn", criteria[0],
                                                                    valid=lambda v: v in criteria))
     fam = catalogue.family(crit)
     if fam.integer:
         thr = st.number_input(fam.rule, 1, m.r_max, **state.keep(f"cmp_huginn_{crit}", min(fam.default, m.r_max),
                                                                   scope=m.path, valid=lambda v: 1 <= v <= m.r_max))
+    elif fam.default is None:  # the certified exit: its knob is the checkpoint's measured L
+        lip = m.lipschitz(None if m.has_windows else enc.ids)
+        thr = st.number_input(fam.rule, fam.low, None, format="%.4g", help=f"Measured: L = {lip['lipschitz']:.4g}, "
+                              f"the largest ‖z_i − z_{{i−1}}‖_∞ / ‖s_i − s_{{i−1}}‖ over {lip['n_pairs']:,} token-loop "
+                              f"steps of a uniform run on {lip['measured_on']} (99th percentile {lip['p99']:.4g}). "
+                              "The guarantee holds as far as L bounds the readout along the rest of the path.",
+                              **state.keep(f"cmp_huginn_{crit}", lip["lipschitz"], scope=m.path))
     else:
-        thr = st.number_input(fam.rule, 0.0, 10.0, format="%.1e", **state.keep(f"cmp_huginn_{crit}", fam.default))
+        thr = st.number_input(fam.rule, fam.low, None, format="%.1e", **state.keep(f"cmp_huginn_{crit}", fam.default))
     h_policy = m.policy(crit, thr)
     h_out = policy_outcome(h_policy)
     shown = [*outcomes, h_out]

@@ -23,7 +23,7 @@ from recur_core.analysis.stats import Bootstrap
 
 ROOT = Path(__file__).resolve().parents[1]
 PLACEHOLDERS = {"<class>": ["whitespace", "numeral", "punctuation", "word", "other"],
-                "<curve>": ["A0", "A1", "A2_argmax", "A2_kl", "A2_argmax_any", "A2_kl_any"],
+                "<curve>": ["A0", "A1", "A2_argmax", "A2_kl", "A2_argmax_any", "A2_kl_any", "latent", "Accel", "Certified"],
                 "<kind>": ["argmax", "kl", "argmax_any", "kl_any"]}
 
 
@@ -87,6 +87,46 @@ def documented_keys() -> list[str]:
     return keys
 
 
+def listed_keys() -> list[str]:
+    """Every key path docs/REPORT_KEYS.md names: its tables' first column (documented_keys) and the
+    items of its lists ("- `a.b`, `.c`: meaning", the sections of keys only some reports have)."""
+    keys = documented_keys()
+    for line in (ROOT / "docs" / "REPORT_KEYS.md").read_text().splitlines():
+        if line.startswith("- `"):
+            base = None
+            for item in re.findall(r"`([^`]+)`", line.split("`: ", 1)[0] + "`"):
+                if item.startswith("."):
+                    item = ".".join(base.split(".")[:-1] + [item[1:]])
+                keys.append(item)
+                base = item
+    return keys
+
+
+def report_paths(node, where: str = "") -> list[str]:
+    """The key path of every value in a report that is not an object (list elements as "[]")."""
+    if isinstance(node, list) and any(isinstance(e, dict | list) for e in node):
+        return [p for element in node for p in report_paths(element, where + "[]")]
+    if not isinstance(node, dict):
+        return [where]
+    return [p for name, child in node.items() for p in report_paths(child, f"{where}.{name}" if where else name)]
+
+
+def undocumented(report: dict) -> set[str]:
+    """The report's key paths that no key named in docs/REPORT_KEYS.md covers (a documented key covers
+    itself and everything under it; placeholders such as <curve> stand for their values; the
+    digits of a per-count key such as a hop count stand for <h>)."""
+    patterns = []
+    for key in listed_keys():
+        parts = []
+        for part in key.split("."):
+            stem, brackets = part.removesuffix("[]"), "[]" if part.endswith("[]") else ""
+            names = PLACEHOLDERS.get(stem, [stem]) if not stem.startswith("<") or stem in PLACEHOLDERS else None
+            parts.append("(?:" + "|".join(re.escape(n) for n in names) + ")" if names else r"[^.\[]+")
+            parts[-1] += re.escape(brackets)
+        patterns.append(re.compile(r"\.".join(parts) + r"(?:[.\[].*)?$"))
+    return {path for path in report_paths(report) if not any(p.match(path) for p in patterns)}
+
+
 def check_path(node, parts: list[str], where: str) -> None:
     if not parts:
         return
@@ -107,7 +147,7 @@ def test_cli_writes_a_report_with_every_documented_key(tiny_ckpt, tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "recur_core.analyze", str(tiny_ckpt), "--windows", "6", "--max-loops", "6",
            "--n-boot", "50", "--probe-windows", "6", "--probe-tokens", "8",
-           "--cache-dir", str(tmp_path / "cache"), "--out", str(out), "--export-trace"]
+           "--cache-dir", str(tmp_path / "cache"), "--overthinking", "--out", str(out), "--export-trace"]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     for title in ("Table 2", "Table 3", "Table 4", "Fig. 4", "Fast (trace) vs exact", "label kinds side by side"):
@@ -118,6 +158,9 @@ def test_cli_writes_a_report_with_every_documented_key(tiny_ckpt, tmp_path):
     assert len(keys) > 60  # truth only: tests/test_ground_truth.py checks those keys
     for key in keys:
         check_path(report, key.split("."), "")
+    assert not undocumented(report)  # and every key the report holds is in docs/REPORT_KEYS.md
+    assert undocumented({"elasticity": {"loss": [], "made_up": 1}}) == {"elasticity.made_up"}
+    assert report["overthinking"]["loops"][-1] == max(32, 4 * report["checkpoint"]["recipe"]["r_max"])  # --overthinking
 
     s = report["settings"]
     assert (s["windows"], s["max_loops"], s["r_max"]) == (6, 6, 6)

@@ -406,6 +406,29 @@ def test_compare_page_three_strips(app_env):
     assert len(at.metric) == 8  # mean loops and loss per policy, Huginn's criterion included
 
 
+def test_compare_page_accel_and_the_certified_exit_beside_a1(app_env):
+    """Accel and the certified exit (issue 48) are criteria on Compare: their strips are real decoding's
+    exits; the certified exit's knob opens on the checkpoint's measured L (stated in its help)."""
+    from recur_core import load_checkpoint
+    from recur_core.analysis.certify import measured_lipschitz
+    from recur_core.exits.policies import Accel, CertifiedExit
+    ckpt = load_checkpoint(app_env["ckpt"])
+    r_max, ids = ckpt.recipe.r_max, ckpt.tokenizer().encode(TEXT).ids
+    at = goto(submit_text(new_app(), TEXT), "compare")
+    at.selectbox(key="cmp_huginn").set_value("Accel").run()
+    assert [t["depth"] for t in strips(at)[3]] == generated_exits(ckpt, ids, Accel(1e-2, r_max=r_max)).tolist()
+    at.selectbox(key="cmp_huginn").set_value("Certified").run()
+    lip = measured_lipschitz(ckpt, max(32, r_max), 0)
+    knob = at.number_input(key="cmp_huginn_Certified")
+    assert knob.value == pytest.approx(lip["lipschitz"]) and "probe windows" in knob.help
+    certified = generated_exits(ckpt, ids, CertifiedExit(lip["lipschitz"], r_max=r_max))
+    assert [t["depth"] for t in strips(at)[3]] == certified.tolist()
+    knob.set_value(0.0).run()  # L = 0: halt wherever the steps shrink (a looser rule)
+    loose = [t["depth"] for t in strips(at)[3]]
+    assert loose == generated_exits(ckpt, ids, CertifiedExit(0.0, r_max=r_max)).tolist()
+    assert sum(loose) <= sum(certified)
+
+
 # -- pages 4 - 7 -------------------------------------------------------------------------------------------
 def test_convergence_page(app_env):
     at = goto(new_app(), "convergence")

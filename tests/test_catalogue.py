@@ -99,17 +99,17 @@ def test_sweeps_are_the_families_the_analysis_ran_before_the_catalogue():
                  "huginn_cosine": [CosineExit(e, r_max=r_max) for e in huginn],
                  "huginn_argmax": [ArgmaxStable(n, r_max=r_max) for n in (1, 2, 3, 4, 5, 6)]}
     gt = operating_point_families(r_max, {"kl": probe}, SETTINGS.eps_grid, SETTINGS.tau_grid)
-    assert list(gt) == list(before_gt)
+    assert list(gt) == [*before_gt, "Accel"]  # Accel: issue 48 (a state rule: harness passes only)
     assert {k: [repr(p) for p in gt[k]] for k in before_gt} == {k: [repr(p) for p in v] for k, v in before_gt.items()}
     before_curves = {"A0": [Uniform(r) for r in range(1, r_max + 1)],
                      "A1": [ConvergenceExit(e, 2, r_max) for e in SETTINGS.eps_grid],
                      "A2_kl": [LinearRouter(probe, t, 1, r_max) for t in SETTINGS.tau_grid],
                      "Gate": [GateExit(q, gate_lambda, 1, 6) for q in SETTINGS.q_grid]}
     curves = allocation_families(r_max, probes={"kl": probe}, gate=(gate_lambda, 6))
-    assert list(curves) == ["A0", "A1", "latent", "A2_kl", "Accel", "Gate"]  # latent and Accel: issue 48
+    assert list(curves) == ["A0", "A1", "latent", "A2_kl", "Accel", "Certified", "Gate"]  # latent on: issue 48
     assert {k: [repr(p) for p in curves[k]] for k in before_curves} == {k: [repr(p) for p in v]
                                                                           for k, v in before_curves.items()}
-    assert list(allocation_families(r_max)) == ["A0", "A1", "latent", "Accel"]  # no probe, no gate: left out
+    assert list(allocation_families(r_max)) == ["A0", "A1", "latent", "Accel", "Certified"]  # no probe, no gate
 
 
 def test_a_family_with_variants_names_each_and_refuses_an_unknown_one():

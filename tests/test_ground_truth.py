@@ -43,7 +43,8 @@ def test_analyze_adds_the_ground_truth_section(hops_ckpt, tmp_path):
     assert gt["path"] == "exact" and report["ground_truth_fast"]["path"] == "fast"
     kinds = {k for k in gt["policies"] if k.startswith("A2_")} | {f"A2_{k}" for k in report["allocation"]["probes_refused"]}
     assert kinds == {"A2_argmax", "A2_kl", "A2_argmax_any", "A2_kl_any"}
-    assert {"A1", "latent", "huginn_kl", "huginn_entropy", "huginn_cosine", "huginn_argmax"} <= set(gt["policies"])
+    assert {"A1", "latent", "huginn_kl", "huginn_entropy", "huginn_cosine", "huginn_argmax", "Accel"} <= set(gt["policies"])
+    assert gt["policies"]["Accel"]["evaluated_by"] == "harness"  # a state rule: one harness pass per threshold
     fast = report["ground_truth_fast"]
     assert set(fast["policies"]) == set(gt["policies"]) == set(fast["fast_minus_exact"])
     for name, gap in fast["fast_minus_exact"].items():
@@ -69,6 +70,7 @@ def test_analyze_adds_the_ground_truth_section(hops_ckpt, tmp_path):
                                          "<unseen>": [str(h) for h in gt["hop_counts"] if h > max_train]})
         for key in keys:
             cli.check_path(report, key.split("."), "")
+    assert not cli.undocumented({k: report[k] for k in ("ground_truth", "ground_truth_fast")})  # and the converse
     best = gt["best_uniform_depth"]
     assert gt["uniform"]["answer_accuracy"][best - 1] >= gt["target_accuracy"]
     assert all(a < gt["target_accuracy"] for a in gt["uniform"]["answer_accuracy"][:best - 1])

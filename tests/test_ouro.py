@@ -476,8 +476,9 @@ def test_bfloat16_on_request():
 
 # -- the comparison it is for ---------------------------------------------------------------------
 def test_analyze_puts_the_gate_beside_a1(tmp_path):
-    """report.json: GateExit's curve (exact and fast) and its matched point next to A1's, on the fixture
-    (random weights: a check of the mechanism, not of the science)."""
+    """report.json: GateExit's curve (exact and fast) and its matched point next to A1's, the latent
+    rule's, Accel's and the certified exit's on the same curves (issue 48), on the fixture (random
+    weights: a check of the mechanism, not of the science)."""
     from recur_core.analyze import main
     text = tmp_path / "text.txt"
     text.write_text("The baker sold 14 loaves before seven, and the river rose by 3 metres on Tuesday. " * 12)
@@ -488,10 +489,15 @@ def test_analyze_puts_the_gate_beside_a1(tmp_path):
         al = report[section]
         assert [p["threshold_name"] for p in al["Gate"]] == ["q"] * len(al["Gate"])
         assert "a1_loops_to_match_a0_rbar" in al and al["gate_loops_to_match_a0_rbar"]["value"] is not None
-        assert all("Gate_minus_A0" in row and "A1_minus_A0" in row for row in al["matched_depth"])
+        beside = ("A1", "latent", "Accel", "Certified", "Gate")
+        assert all(f"{name}_minus_A0" in row for row in al["matched_depth"] for name in beside)
+        for name in beside:
+            assert al[name] and al[f"{name.lower()}_loops_to_match_a0_rbar"] is not None
+            assert all(1.0 <= p["mean_loops"] <= 8.0 for p in al[name])
         loops = [p["mean_loops"] for p in al["Gate"]]
         assert loops[0] == 1.0 and max(loops) <= 4.0 and loops == sorted(loops)  # q = 0: loop 1; cap: 4 steps
     assert 0 in report["allocation"]["exact_points"]["Gate"] and report["settings"]["q_grid"][0] == 0.0
+    assert {"Accel", "Certified"} <= set(report["fast_minus_exact"])
     assert any(r["threshold_name"] == "q" for r in report["fast_minus_exact"]["Gate"])
 
 
@@ -524,7 +530,8 @@ def test_app_shows_the_gate_beside_a1(monkeypatch, tmp_path):
     at.segmented_control(key="eval_mode").set_value("fast").run()
     assert not at.exception, [e.message for e in at.exception]
     text = " ".join(c.value for c in at.caption)
-    assert "Learned exit gate" in text and "A1 convergence exit" in text
+    for name in ("Learned exit gate", "A1 convergence exit", "latent rule", "Accel", "Certified exit"):
+        assert name in text
 
 
 def test_a_lone_text_reports_progress_after_every_loop():

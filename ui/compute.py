@@ -26,6 +26,7 @@ from recur_core import CheckpointError, cancel, load_checkpoint
 from recur_core.analysis import allocation as alloc
 from recur_core.analysis import curves as analysis
 from recur_core.analysis.cache import TraceCache
+from recur_core.analysis.certify import measured_lipschitz
 from recur_core.analysis.dynamics import dynamics as state_dynamics
 from recur_core.analysis.exact import TextDecoding, decoded_text
 from recur_core.analysis.ground_truth import probe_answers
@@ -228,6 +229,14 @@ def a2(path: str, ckpt_id: str, device: str, kind: str, tau: float, r_max: int) 
 def policy(name: str, threshold, r_max: int):
     """A catalogue family that needs neither a probe nor a gate (the Compare page's criteria)."""
     return catalogue.make(name, threshold, r_max=r_max)
+
+
+@st.cache_data(max_entries=16, show_spinner="Measuring the readout's Lipschitz bound L…")
+def lipschitz(path: str, ckpt_id: str, device: str, text: tuple[int, ...] | None) -> dict:
+    """The certified exit's L for this checkpoint (recur_core.analysis.certify.measured_lipschitz: on
+    its probe windows, or on `text` for a folder that ships none)."""
+    ckpt = _ckpt(path, ckpt_id, device)
+    return measured_lipschitz(ckpt, trace_loops(ckpt), S.seed, None if text is None else np.asarray(text))
 
 
 def gate(path: str, ckpt_id: str, device: str) -> tuple | None:

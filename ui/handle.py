@@ -100,6 +100,10 @@ class Handle:
         """A catalogue family that needs neither a probe nor a gate, capped at r_max."""
         return compute.policy(name, threshold, self.r_max)
 
+    def lipschitz(self, text: tuple[int, ...] | None) -> dict:
+        """The certified exit's L: measured on the probe windows, or on `text` for a folder without them."""
+        return compute.lipschitz(*self.key, text)
+
     def gate_exit(self, q: float):
         return compute.gate_exit(*self.key, q, self.r_max)
 
@@ -139,3 +143,20 @@ class Handle:
         do not share them)."""
         return compute.elasticity_difference(self.path, self.checkpoint_id, ref.path, ref.checkpoint_id, self.device,
                                              first_look)
+
+    # -- overthinking: the sweep far past r_max --------------------------------------------------------
+    def overthinking_size(self, ids: tuple[int, ...] | None) -> tuple[int, int]:
+        """(windows, loops); a ValueError naming the memory limit when the sweep would not fit."""
+        return compute.overthinking_size(*self.key, ids)
+
+    def overthinking_job(self, ids: tuple[int, ...] | None) -> jobs.Job | None:
+        return jobs.get(compute.overthinking_key(*self.key, ids))
+
+    def overthinking_ready(self, ids: tuple[int, ...] | None) -> bool:
+        return compute.overthinking_ready(*self.key, ids)
+
+    def start_overthinking(self, ids: tuple[int, ...] | None) -> jobs.Job:
+        return compute.start_overthinking(*self.key, ids)
+
+    def overthinking(self, ids: tuple[int, ...] | None) -> dict:
+        return compute.overthinking_figures(*self.key, ids)

@@ -21,7 +21,7 @@ import torch
 
 from ..decoding.teacher_forced import teacher_forced
 from ..exits.policies import CertifiedExit, Policy, remaining_motion
-from ..model.checkpoint import resolve_model
+from ..model.checkpoint import CheckpointError, resolve_model
 from .trace import split_inputs
 
 
@@ -49,6 +49,22 @@ def readout_lipschitz(ckpt_or_model, windows, loops: int, seed: int = 0) -> dict
         raise ValueError("no state moved on these windows: there is no Lipschitz ratio to measure")
     return {"lipschitz": float(r.max()), "p99": float(np.quantile(r, 0.99)), "n_pairs": int(len(r)),
             "windows": int(len(inputs)), "loops": int(loops)}
+
+
+LIPSCHITZ_WINDOWS = 4  # probe windows a checkpoint's L is measured on (a uniform run to the trace depth)
+
+
+def measured_lipschitz(ckpt, loops: int, seed: int = 0, text=None) -> dict:
+    """The checkpoint's L as the app and the benches state it: readout_lipschitz on its first
+    LIPSCHITZ_WINDOWS probe (training-side) windows, or, for a folder that ships none (Huginn,
+    Ouro), on `text` (token ids, the text being analysed); "measured_on" says which."""
+    try:
+        windows, where = ckpt.windows("probe")[:LIPSCHITZ_WINDOWS], "probe windows"
+    except CheckpointError:
+        if text is None:
+            raise CheckpointError(f"{ckpt.path} ships no probe windows: give the text to measure L on") from None
+        windows, where = np.asarray(text, dtype=np.int64), "the text"
+    return {**readout_lipschitz(ckpt, windows, loops, seed), "measured_on": where}
 
 
 class _PastTheExit(Policy):

@@ -118,10 +118,11 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("Accel", Accel, "τ", "τ: halt once |δ_i − δ_{i−1}| < τ, δ_i = ‖s_i − s_{i−1}‖ (the state's step size)",
            "Accel (second-order step size)", "#393b79", 1e-2, (0.0, *(10.0 ** k for k in range(-5, 3)), math.inf),
            calibration=(30.0, 10.0, 3.0, 1.0, 0.3, 0.1, 0.03, 0.01, 3e-3, 1e-3, 3e-4, 1e-4, 1e-5),
-           places=frozenset({CURVES, GENERATE}), aliases=("second_order",)),
+           places=frozenset({CURVES, GROUND_TRUTH, COMPARE, GENERATE}), aliases=("second_order",)),
     Family("Certified", CertifiedExit, "L", "L: halt once 2 L · δ_i ρ/(1 − ρ) < the top-1 − top-2 logit margin "
            "(ρ = δ_i / δ_{i−1}; L the readout's measured Lipschitz bound)", "Certified exit (sufficient condition)",
-           "#637939", None, (0.0, *(10.0 ** (k / 2) for k in range(-4, 9)), math.inf), aliases=("certified",)),
+           "#637939", None, (0.0, *(10.0 ** (k / 2) for k in range(-4, 9)), math.inf),
+           places=frozenset({CURVES, COMPARE}), aliases=("certified",)),
     Family("Gate", GateExit, "q", "q: halt at the first loop whose exit CDF ≥ q (Ouro's Q-exit)",
            "Learned exit gate (Ouro's Q-exit, CDF ≥ q)", "#9d755d", 0.5, SETTINGS.q_grid,
            places=frozenset({CURVES}), needs_gate=True, high=1.0),

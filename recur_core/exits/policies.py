@@ -454,7 +454,8 @@ class CertifiedExit(_Remembering):
         margin = np.log(trace.topk_probs[..., 0]) - np.log(trace.topk_probs[..., 1])
         tail = remaining_motion(trace.state_step[..., 1:], trace.state_step[..., :-1])
         never = np.zeros(trace.state_step.shape[:-1] + (1,), dtype=bool)
-        return np.concatenate([never, 2 * self.lipschitz * tail < margin[..., 1:]], axis=-1)
+        with np.errstate(invalid="ignore"):  # L = 0 with steps that do not shrink: 0 · ∞ is NaN, never certified (as online)
+            return np.concatenate([never, 2 * self.lipschitz * tail < margin[..., 1:]], axis=-1)
 
 
 def remaining_motion(step, prev):

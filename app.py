@@ -39,6 +39,7 @@ navigation = st.navigation({
                  page("convergence.py", "Convergence", "trending_down", url_path="convergence"),
                  page("classes.py", "Token classes", "category", url_path="classes"),
                  page("elasticity.py", "Elasticity & saturation", "stacked_line_chart", url_path="elasticity"),
+                 page("overthinking.py", "Overthinking", "history", url_path="overthinking"),
                  page("ground_truth.py", "Ground truth", "rule", url_path="ground_truth")],
     "Training": [page("training.py", "Training run", "monitoring", url_path="training")],
 })

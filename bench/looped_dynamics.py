@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from recur_core import load_checkpoint
-from recur_core.analysis.certify import LIPSCHITZ_WINDOWS, readout_lipschitz, violations
+from recur_core.analysis.certify import LIPSCHITZ_WINDOWS, measured_lipschitz, readout_lipschitz, violations
 from recur_core.analysis.dynamics import REGIMES, dynamics, overthinking, overthinking_loops
 from recur_core.analysis.ground_truth import answer_hops, eos_id, ground_truth_section, load_ground_truth
 from recur_core.analysis.stats import Bootstrap
@@ -97,17 +97,19 @@ def accel(args) -> dict:
     windows = ckpt.windows("eval")[:args.windows].numpy()
     tr = trace(ckpt, windows, SETTINGS.trace_loops(ckpt.recipe), SETTINGS.seed, cache=False, progress=True)
     hops, max_train = load_ground_truth(path)
+    lip = measured_lipschitz(ckpt, SETTINGS.trace_loops(ckpt.recipe), SETTINGS.seed)
     families = {name: catalogue.sweep(name, r_max) for name in ("A1", "Accel")}
+    families["Certified"] = [catalogue.make("Certified", lip["lipschitz"], r_max=r_max)]  # at its measured L
     gt = ground_truth_section(tr, hops, max_train, eos_id(ckpt.tokenizer()), r_max, r_bar,
                               Bootstrap(tr.n_windows, SETTINGS.n_boot, SETTINGS.seed), exact=(ckpt, windows),
                               families=families, progress=True)
-    out = {"windows": len(windows), "target_accuracy": gt["target_accuracy"], "best_uniform_depth": gt["best_uniform_depth"],
+    out = {"windows": len(windows), "lipschitz": lip, "target_accuracy": gt["target_accuracy"], "best_uniform_depth": gt["best_uniform_depth"],
            "policies": {n: {k: p[k] for k in ("threshold", "answer_accuracy", "mean_loops", "vs_best_uniform_loops_ratio",
                                               "matches_a0_rbar", "evaluated_by")} for n, p in gt["policies"].items()}}
     print(f"{path}: {len(windows)} programs, exact; target accuracy {gt['target_accuracy']:.4f}, best uniform depth "
           f"{gt['best_uniform_depth']}")
     for n, p in out["policies"].items():
-        print(f"  {n:6s} threshold {p['threshold']:.3g}: answers {100 * p['answer_accuracy']:.2f}%, {p['mean_loops']:.2f} "
+        print(f"  {n:9s} threshold {p['threshold']:.3g}: answers {100 * p['answer_accuracy']:.2f}%, {p['mean_loops']:.2f} "
               f"mean loops = {p['vs_best_uniform_loops_ratio']}x the best uniform depth ({p['evaluated_by']})")
     return out
 

@@ -1,7 +1,9 @@
-"""Token exit depths: a token strip coloured by A1 exit depth, the KL heatmap and a per-token drill-in."""
+"""Token exit depths: a token strip coloured by A1 exit depth (or by regime), the KL heatmap and a
+per-token drill-in (its curves, regime and state norm per loop)."""
 import streamlit as st
 
 from recur_core.analysis import curves as analysis
+from recur_core.analysis.dynamics import MARGINAL, PRECISION, RATE_LOOPS
 from ui import charts, compute, download, state, views
 from ui.strip import plain_visible
 
@@ -13,7 +15,8 @@ st.caption("Every token is coloured by its **A1 exit depth**: the first loop i a
            "prediction; pick one below to drill in. The heatmap and the drill-in show the uniform run (every "
            "token to the last loop), with the exit marked. **Colour each token by the loops that produced it** shifts "
            "the colours by one: each token shows the exit of the token before it, the position that predicted it "
-           "(a word problem's answer word then carries the depth its answer took).")
+           "(a word problem's answer word then carries the depth its answer took). **Its regime** colours it by how its "
+           "state moves over the uniform run's last loops: settling (the steps shrink), marginal or drifting (they grow).")
 
 enc = state.pasted_text(m, "exits_form")
 decoding_note = st.container()
@@ -47,7 +50,7 @@ if saving.warning:
 
 pick_key = f"token_pos_{hash(enc.ids) & 0xFFFFFFFF:x}"  # a fresh picker for every text
 selected = st.session_state.get(pick_key, views.deepest_token(table))
-colour_by = state.colour_by_control("exits")
+colour_by = state.colour_by_control("exits", regime=True)
 views.render_strip(m, table, state.path_label(f"A1 ε={eps:.1e}", out), selected=selected, colour_by=colour_by)
 
 charts.show(charts.kl_heatmap(tr.kl_prev[0], [plain_visible(p) for p in enc.pieces], out.depth[0],
@@ -61,6 +64,15 @@ row = table.iloc[pos]
 charts.show(charts.token_curves(tr.kl_prev[0, pos], tr.state_change[0, pos], tr.ce[0, pos], int(row.exit_depth),
                                 bool(row.converged), eps, m.r_max, views.token_label(table, pos)),
             "token_curves", key="token_curves")
+low, high = MARGINAL
+r = st.columns(2)
+r[0].metric("Regime", str(row.regime).capitalize(), help=f"From the contraction rate ρ of the token's step sizes over "
+            f"the uniform run's last {RATE_LOOPS} loops: settling ρ < {low:g} (or its last relative step at most "
+            f"{PRECISION:g}: converged to float32 resolution), marginal {low:g} ≤ ρ ≤ {high:g}, drifting ρ > {high:g}.")
+r[1].metric("Contraction rate ρ", f"{row.contraction_rate:.3g}", help=f"(δ_L / δ_(L−{RATE_LOOPS}))^(1/{RATE_LOOPS}), "
+            "δ_i = ‖s_i − s_{i−1}‖ the state's step size, L the trace's last loop: below 1 the steps shrink.")
+charts.show(charts.token_state(tr.state_norm[0, pos], tr.state_step[0, pos], int(row.exit_depth), bool(row.converged),
+                               m.r_max, views.token_label(table, pos)), "token_state", key="token_state")
 st.markdown(f"**Logit lens over loops** — top-{tr.topk} next-token predictions of token #{pos} after each loop")
 download.table(views.logit_lens(m, tr, pos, int(row.exit_depth)), f"logit_lens_token{pos}", height=280)
 

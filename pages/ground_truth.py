@@ -37,7 +37,7 @@ if path == "exact" and not exact_ready:
         st.warning(f"**The exact figures are not computed yet, and on a CPU they take long**: tens of minutes on a "
                    f"small model, hours on a larger one. They run {n_policies} policy thresholds on {n_windows} eval "
                    "windows in the masking harness, then decode the readout rules (A1, Huginn's KL / entropy / "
-                   "argmax) near their operating points; once started, the bar shows the time left at its own pace "
+                   "argmax) near their operating points, and the certified exit at the checkpoint's measured L; once started, the bar shows the time left at its own pace "
                    "and Stop acts within seconds. The result is cached on disk (`python -m recur_core.analyze` "
                    "fills the same cache). The **fast path** is shown below meanwhile.", icon=":material/schedule:")
         st.button("Compute the exact figures", key="gt_start_exact", on_click=ground_truth.start_exact,
@@ -52,7 +52,7 @@ if exact_ready:
     st.markdown(ground_truth.gap_sentence(exact, fast))
 st.caption(f"Showing the **{gt['path']} path**. " + (
     "Exact: what real decoding gets, a halted token staying in the context with its exit state. State rules come "
-    "from the masking harness, which equals decoding for them; readout rules (A1, Huginn's KL / entropy / argmax) "
+    "from the masking harness, which equals decoding for them; readout rules (A1, Huginn's KL / entropy / argmax, the certified exit) "
     "are decoded token by token (report.json's `ground_truth`)." if gt["path"] == "exact" else
     "Fast: each answer is read off the uniform trace at its exit loop, as if every other token had looped to full "
     "depth; it overstates the saving (report.json's `ground_truth_fast`)."))

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from .analysis.allocation import allocation, model_gate, operating_threshold
 from .analysis.cache import TraceCache
+from .analysis.certify import measured_lipschitz
 from .analysis.curves import (
     MOVING_KL,
     convergence,
@@ -156,12 +157,13 @@ def main(argv=None) -> dict:
             tr, vocab_classes(ckpt.tokenizer(), ckpt.config.vocab_size),
             catalogue.make("A1", class_eps, r_max=r_max), boot)},
     }
+    report["certified_lipschitz"] = measured_lipschitz(ckpt, max_loops, args.seed)
     gt = load_ground_truth(args.checkpoint)
     if gt is not None:  # a checkpoint whose answer tokens have known hop counts (training/hops.py)
         t0 = time.perf_counter()
         section = lambda exact: ground_truth_section(  # noqa: E731
             tr, *gt, eos_id(ckpt.tokenizer()), r_max, r_bar, boot, probes,
-            exact=exact, cache=cache, progress=True)
+            exact=exact, cache=cache, progress=True, lipschitz=report["certified_lipschitz"]["lipschitz"])
         fast_gt = section(None)
         report["ground_truth"] = fast_gt if args.fast_only else section((ckpt, windows))
         if not args.fast_only:

@@ -20,7 +20,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 TIMEOUT = 300  # seconds per script run: first runs trace and train the A2 probes (CPU shared with training)
-PAGES = ("exits", "compare", "curve", "convergence", "classes", "elasticity", "training")
+PAGES = ("exits", "compare", "curve", "convergence", "classes", "elasticity", "overthinking", "training")
 
 
 @pytest.fixture(scope="module")
@@ -247,6 +247,29 @@ def test_a_finished_decoding_is_shown_when_the_disk_cache_has_moved(app_env, tmp
     assert not any("Exact decoding" in c.value for c in at.caption)
 
 
+def test_strip_coloured_by_regime_and_the_drill_in_shows_the_state(app_env):
+    """Issue 48: "its regime" colours each token by recur_core's regime of its uniform run; the drill-in
+    states the token's regime and contraction rate and draws its state norm per loop."""
+    from recur_core import load_checkpoint
+    from recur_core.analysis.dynamics import REGIMES, contraction_rate, token_regimes
+    from recur_core.analysis.trace import trace
+    ckpt = load_checkpoint(app_env["ckpt"])
+    tr = trace(ckpt, np.array(ckpt.tokenizer().encode(TEXT).ids), max(32, ckpt.recipe.r_max), 0, topk=5, cache=False)
+    at = submit_text(new_app(), TEXT)
+    at.segmented_control(key="exits_colour_by").set_value("regime").run()
+    body = next(el.proto.body for el in at.html if 'data-testid="token-strip"' in el.proto.body)
+    assert re.findall(r'data-regime="(\w+)"', body) == [REGIMES[c] for c in token_regimes(tr)[0]]
+    assert any('data-testid="regime-legend"' in el.proto.body for el in at.html)
+    assert all("regime: " in t for t in tooltips(at))
+    pos = next(s for s in at.selectbox if s.label == "Token").value
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Regime"] == REGIMES[token_regimes(tr)[0, pos]].capitalize()
+    assert float(metrics["Contraction rate ρ"]) == pytest.approx(contraction_rate(tr.state_step[0, pos]), rel=1e-2)
+    state = next(f for f in figures(at) if "its state per loop" in f["layout"]["title"]["text"])
+    assert plotly_values(state["data"][0]["y"]) == pytest.approx(tr.state_norm[0, pos].tolist(), rel=1e-5)
+    at.segmented_control(key="exits_colour_by").set_value("reading").run()
+
+
 def test_exit_page_heatmap_curves_and_metrics(app_env):
     at = submit_text(new_app(), TEXT)
     heat = figure_with(at, "heatmap")
@@ -441,6 +464,54 @@ def test_convergence_page(app_env):
     assert len(norm["data"][-1]["y"]) >= 32 and min(norm["data"][-1]["y"]) > 0  # one mean per loop
     shares = [float(m.value.rstrip("%")) for m in at.metric if m.label in ("Settling", "Marginal", "Drifting")]
     assert len(shares) == 3 and sum(shares) == pytest.approx(100, abs=0.2)
+
+
+def test_overthinking_on_the_eval_set_starts_when_asked_and_matches_recur_core(app_env):
+    """Issue 48: the sweep past r_max on the eval windows is a background job started by a button; its
+    loss per loop is recur_core's (analyze --overthinking's figures)."""
+    from recur_core import load_checkpoint
+    from recur_core.analysis.dynamics import overthinking, overthinking_loops
+    from recur_core.analysis.stats import Bootstrap
+    from recur_core.analysis.trace import trace
+    from ui.handle import Handle
+    at = goto(new_app(), "overthinking")
+    assert at.button(key="ot_start") and Handle.open(str(app_env["ckpt"]), "cpu").overthinking_job(None) is None
+    at.button(key="ot_start").click().run()
+    settle(at)
+    ckpt = load_checkpoint(app_env["ckpt"])
+    loops = overthinking_loops(ckpt.recipe.r_max)
+    tr = trace(ckpt, ckpt.windows("eval")[:128], loops, 0, cache=False)
+    ov = overthinking(tr, Bootstrap(tr.n_windows, 1000, 0), ckpt.recipe.r_max)
+    assert not at.error, [e.value for e in at.error]
+    fig = next(f for f in figures(at) if "past r_max" in f["layout"]["title"]["text"])
+    line = fig["data"][1]
+    assert plotly_values(line["x"]) == list(range(1, loops + 1))
+    assert plotly_values(line["y"]) == pytest.approx(ov["loss"], rel=1e-5)
+    assert {m.label: m.value for m in at.metric}["Best depth"] == f"{ov['best_loop']} loops"
+
+
+def test_overthinking_on_the_pasted_text_shows_each_tokens_answer_flips(app_env):
+    from recur_core import load_checkpoint
+    from recur_core.analysis.dynamics import answer_flips, overthinking_loops
+    from recur_core.analysis.trace import trace
+    ckpt = load_checkpoint(app_env["ckpt"])
+    ids = ckpt.tokenizer().encode(TEXT).ids
+    at = goto(submit_text(new_app(), TEXT), "overthinking")
+    at.segmented_control(key="source").set_value("text").run()
+    settle(at)
+    flips, last = answer_flips(trace(ckpt, np.array(ids), overthinking_loops(ckpt.recipe.r_max), 0, cache=False))
+    table = at.dataframe[0].value
+    assert table["answer flips"].tolist() == flips[0].tolist() and table["last flip at loop"].tolist() == last[0].tolist()
+    at.segmented_control(key="source").set_value("eval").run()
+
+
+def test_an_overthinking_sweep_past_the_memory_available_is_refused_naming_the_limit(app_env, monkeypatch):
+    from ui import jobs
+    monkeypatch.setenv("RECUR_MEMORY_LIMIT", "100000")  # 100 kB
+    before = dict(jobs._JOBS)
+    at = goto(new_app(), "overthinking")
+    assert "refused" in at.error[0].value and "RECUR_MEMORY_LIMIT" in at.error[0].value
+    assert not any(b.key == "ot_start" for b in at.button) and dict(jobs._JOBS) == before  # before any work
 
 
 def test_classes_page(app_env):

@@ -69,7 +69,10 @@ def test_display_names_and_colours_are_one_per_report_key():
 @pytest.mark.parametrize("name,bad,limit", [("A1", -1e-3, r"\[0, inf\]"), ("Gate", 1.5, r"\[0, 1\]"),
                                             ("huginn_argmax", 0, r"whole number in \[1, inf\]"),
                                             ("huginn_argmax", 2.5, "whole number"), ("latent", math.nan, "latent"),
-                                            ("A0", "deep", "must be a number")])
+                                            ("A0", "deep", "must be a number"),
+                                            ("Accel", -0.1, r"Accel: the threshold τ must be a number in \[0, inf\]"),
+                                            ("Certified", -3.0, r"Certified: the threshold L must be a number in \[0, inf\]"),
+                                            ("Certified", math.nan, "Certified")])
 def test_a_threshold_outside_its_range_is_refused_naming_the_limit(name, bad, limit):
     with pytest.raises(ValueError, match=limit):
         catalogue.make(name, bad, r_max=8, gate=(gate_lambda, 6))

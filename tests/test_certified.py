@@ -114,3 +114,29 @@ def test_lm_eval_model_args_name_it(ckpt):
     from recur_eval.model import make_policy
     policy = make_policy(ckpt, "certified", "12.5", max_loops=5)
     assert isinstance(policy, CertifiedExit) and policy.lipschitz == 12.5 and policy.r_max == 5
+
+
+def test_the_stated_l_is_the_measured_one_rounded_up_on_the_probe_windows_or_the_text(ckpt, monkeypatch):
+    from recur_core import CheckpointError
+    from recur_core.analysis.certify import LIPSCHITZ_WINDOWS, measured_lipschitz
+    lip = measured_lipschitz(ckpt, 6, seed=0)
+    raw = readout_lipschitz(ckpt, ckpt.windows("probe")[:LIPSCHITZ_WINDOWS], 6, 0)["lipschitz"]
+    assert lip["measured"] == raw and lip["measured_on"] == "probe windows"
+    assert raw <= lip["lipschitz"] <= raw * (1 + 1e-2) and float(f"{lip['lipschitz']:.3g}") == lip["lipschitz"]
+    text = ckpt.windows("eval")[0, :-1].numpy()
+
+    def no_windows(kind):  # a folder that ships none (Huginn, Ouro)
+        raise CheckpointError("ships no windows")
+    monkeypatch.setattr(ckpt, "windows", no_windows)
+    with pytest.raises(CheckpointError, match="give the text"):
+        measured_lipschitz(ckpt, 6)
+    assert measured_lipschitz(ckpt, 6, text=text)["measured_on"] == "the text"
+
+
+def test_ground_truth_runs_the_certified_exit_at_its_measured_l_alone():
+    from recur_core.analysis.ground_truth import operating_point_families
+    plain = operating_point_families(8, None, (1e-3,), (0.5,))
+    with_l = operating_point_families(8, None, (1e-3,), (0.5,), lipschitz=12.5)
+    assert "Certified" not in plain and list(with_l) == [*plain, "Certified"]
+    [certified] = with_l["Certified"]
+    assert isinstance(certified, CertifiedExit) and certified.lipschitz == 12.5 and certified.r_max == 8

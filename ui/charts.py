@@ -126,6 +126,29 @@ def token_curves(kl: np.ndarray, state_change: np.ndarray, ce: np.ndarray, exit_
     return fig
 
 
+def token_state(norm: np.ndarray, step: np.ndarray, exit_depth: int, converged: bool, r_max: int,
+                label: str) -> go.Figure:
+    """One token's hidden-state norm ‖s_i‖ and step size ‖s_i − s_{i−1}‖ over loops, its exit marked."""
+    loops = np.arange(1, len(norm) + 1)
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=(
+        "hidden-state norm ‖s_i‖", "step size ‖s_i − s_{i−1}‖"))
+    fig.add_trace(go.Scatter(x=loops, y=norm, mode="lines+markers", name="‖s_i‖", line=dict(color="#54a24b"),
+                             hovertemplate="loop %{x}<br>‖s_i‖ %{y:.4g}<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=loops, y=positive(step), mode="lines+markers", name="step", line=dict(color="#393b79"),
+                             hovertemplate="loop %{x}<br>step %{y:.2e}<extra></extra>"), row=1, col=2)
+    for col in (1, 2):
+        fig.add_vline(x=exit_depth, line=dict(color="#00a0b0" if converged else "#e8467c", width=2, dash="dash"),
+                      row=1, col=col)
+        if r_max < len(norm):
+            fig.add_vline(x=r_max + 0.5, line=dict(color="#bbb", width=1), row=1, col=col)
+        fig.update_xaxes(title_text="loop i", row=1, col=col, range=[0.5, len(norm) + 0.5])
+    fig.update_yaxes(title_text="‖s_i‖", row=1, col=1)
+    fig.update_yaxes(type="log", title_text="‖s_i − s_{i−1}‖", exponentformat="power", row=1, col=2)
+    base_layout(fig, f"Token {label}: its state per loop (dashed: its exit)", height=300)
+    fig.update_layout(showlegend=False)
+    return fig
+
+
 # -- page 2: depth / loss curves ----------------------------------------------------------------------
 def depth_loss(curves: dict[str, list[dict]], highlight: dict | None, reference: tuple[int, float] | None,
                title: str, bands: bool = True) -> go.Figure:
@@ -331,3 +354,27 @@ def line(df, x: str, y: str, title: str, x_title: str, y_title: str, color: str 
     fig.update_xaxes(title=x_title)
     fig.update_yaxes(title=y_title)
     return base_layout(fig, title, height=320)
+
+
+# -- overthinking -----------------------------------------------------------------------------------------
+def past_r_max(ov: dict, key: str, title: str, y_title: str, r_bar: int, scale: float = 1.0,
+               by_hops: dict | None = None) -> go.Figure:
+    """A per-loop figure of the overthinking sweep (`key` with its CI band) from loop 1 to its last,
+    r̄ and r_max marked; by_hops: one extra line per hop count ({h: values per loop})."""
+    loops, color = np.asarray(ov["loops"]), "#4c78a8"
+    y = scale * np.asarray(ov[key], dtype=float)
+    fig = go.Figure([band(loops, scale * np.asarray(ov[f"{key}_ci_low"], dtype=float),
+                          scale * np.asarray(ov[f"{key}_ci_high"], dtype=float), color, "all"),
+                     go.Scatter(x=loops, y=y, mode="lines", name="all" if by_hops else key, line=dict(color=color),
+                                hovertemplate="loop %{x}<br>%{y:.4g}<extra></extra>")])
+    for i, (h, values) in enumerate(sorted((by_hops or {}).items(), key=lambda kv: int(kv[0]))):
+        fig.add_trace(go.Scatter(x=loops, y=scale * np.asarray(values, dtype=float), mode="lines",
+                                 name=f"{h} hop{'s' if int(h) != 1 else ''}",
+                                 line=dict(color=PALETTE[(i + 1) % len(PALETTE)], width=1.3),
+                                 hovertemplate=f"{h} hops · loop %{{x}}<br>%{{y:.4g}}<extra></extra>"))
+    for x, label, dash in ((r_bar, "r̄", "dot"), (ov["r_max"], "r_max", "dash")):
+        fig.add_vline(x=x, line=dict(color="#888", width=1, dash=dash), annotation_text=f"{label} = {x}",
+                      annotation_position="top")
+    fig.update_xaxes(title="loops (every token the same)")
+    fig.update_yaxes(title=y_title)
+    return base_layout(fig, title, height=360)

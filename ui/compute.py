@@ -27,12 +27,13 @@ from recur_core.analysis import allocation as alloc
 from recur_core.analysis import curves as analysis
 from recur_core.analysis.cache import TraceCache
 from recur_core.analysis.certify import measured_lipschitz
+from recur_core.analysis.dynamics import answer_flips, overthinking, overthinking_loops
 from recur_core.analysis.dynamics import dynamics as state_dynamics
 from recur_core.analysis.exact import TextDecoding, decoded_text
-from recur_core.analysis.ground_truth import probe_answers
+from recur_core.analysis.ground_truth import answer_hops, load_ground_truth, probe_answers
 from recur_core.analysis.probe import load_or_train_probes
 from recur_core.analysis.stats import Bootstrap
-from recur_core.analysis.trace import is_cached, trace
+from recur_core.analysis.trace import is_cached, refuse_if_too_big, trace
 from recur_core.exits import catalogue
 from recur_core.exits.policies import ConvergenceExit, GateExit, LinearRouter, Uniform
 from recur_core.exits.trace_type import Trace
@@ -460,6 +461,69 @@ def elasticity_difference(path: str, ckpt_id: str, ref_path: str, ref_id: str, d
     first looks."""
     tr, ref = (source_trace(p, i, device, None, first_look=first_look) for p, i in ((path, ckpt_id), (ref_path, ref_id)))
     return analysis.elasticity_difference(tr, ref, Bootstrap(ref.n_windows, S.n_boot, S.seed))
+
+
+# -- overthinking: a trace far past r_max ------------------------------------------------------------
+def _deep_inputs(ckpt, ids: tuple[int, ...] | None):
+    return _eval_windows(ckpt) if ids is None else np.asarray(ids, dtype=np.int64)
+
+
+def overthinking_size(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None) -> tuple[int, int]:
+    """(windows, loops) of the overthinking sweep; a ValueError naming the memory limit, before any
+    work, when its trace would not fit (recur_core.analysis.trace.refuse_if_too_big)."""
+    ckpt = _ckpt(path, ckpt_id, device)
+    inputs, loops = _deep_inputs(ckpt, ids), overthinking_loops(ckpt.recipe.r_max)
+    refuse_if_too_big(ckpt, inputs, loops)
+    return (1 if ids is not None else len(inputs)), loops
+
+
+def overthinking_key(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None) -> tuple:
+    return "overthinking", path, ckpt_id, device, ids
+
+
+def _overthinking(ckpt, path: str, ids: tuple[int, ...] | None, progress=None) -> dict:
+    """recur_core's overthinking figures off the deep trace (the same disk-cache key as `analyze
+    --overthinking`), answer accuracy on a ground-truth checkpoint's eval windows, and for a pasted text
+    each token's answer flips, its last flip loop and its argmax at r_max and at the last loop."""
+    r_max, loops = ckpt.recipe.r_max, overthinking_loops(ckpt.recipe.r_max)
+    tr = trace(ckpt, _deep_inputs(ckpt, ids), loops, S.seed, cache=TraceCache(), progress=progress)
+    gt = load_ground_truth(path) if ids is None else None
+    out = overthinking(tr, Bootstrap(tr.n_windows, S.n_boot, S.seed), r_max, None if gt is None else answer_hops(tr, gt[0]))
+    if ids is not None:
+        flips, last = answer_flips(tr)
+        out["tokens"] = {"flips": flips[0], "last_flip": last[0], "argmax_at_r_max": tr.argmax[0, :, min(r_max, loops) - 1],
+                         "argmax_at_last": tr.argmax[0, :, -1]}
+    return out
+
+
+def overthinking_ready(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None) -> bool:
+    """Whether the deep trace can be had without a long wait: its job finished, or it is on disk."""
+    job = jobs.get(overthinking_key(path, ckpt_id, device, ids))
+    if job is not None and job.finished and not (job.error or job.stopped):
+        return True
+    ckpt = _ckpt(path, ckpt_id, device)
+    return is_cached(ckpt, _deep_inputs(ckpt, ids), overthinking_loops(ckpt.recipe.r_max), S.seed, cache=TraceCache())
+
+
+def start_overthinking(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None) -> jobs.Job:
+    """The background job that traces the windows (or the text) far past r_max into the disk cache;
+    it holds the figures too (job.result)."""
+    ckpt = _ckpt(path, ckpt_id, device)
+    windows, loops = overthinking_size(path, ckpt_id, device, ids)
+
+    def work(job: jobs.Job) -> dict:
+        return _overthinking(ckpt, path, ids, job.progress(f"Tracing {windows} window(s) × {loops} loops",
+                                                           "window-loops"))
+    return jobs.start(overthinking_key(path, ckpt_id, device, ids), work)
+
+
+@st.cache_data(max_entries=8, show_spinner="Reading the overthinking sweep…")
+def overthinking_figures(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None) -> dict:
+    """The figures of a finished sweep: its job's, else off the deep trace on disk (overthinking_ready)."""
+    job = jobs.get(overthinking_key(path, ckpt_id, device, ids))
+    if job is not None and job.result is not None:
+        return job.result
+    return _overthinking(_ckpt(path, ckpt_id, device), path, ids)
 
 
 # -- training log -----------------------------------------------------------------------------------

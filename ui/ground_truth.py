@@ -88,7 +88,8 @@ def _section(path: str, ckpt_id: str, device: str, r_max: int, r_bar: int, exact
     ckpt, tr, hops, max_train, eos, prb, windows = _inputs(path, ckpt_id, device)
     return ground_truth_section(tr, hops, max_train, eos, r_max, r_bar, Bootstrap(tr.n_windows, SETTINGS.n_boot, SETTINGS.seed),
                                 prb, exact=(ckpt, windows) if exact else None,
-                                cache=TraceCache() if exact else False, progress=progress, cache_only=cache_only)
+                                cache=TraceCache() if exact else False, progress=progress, cache_only=cache_only,
+                                lipschitz=compute.lipschitz(path, ckpt_id, device, None)["lipschitz"])
 
 
 def section(model: Handle, exact: bool) -> dict:
@@ -126,7 +127,7 @@ def exact_size(model: Handle) -> tuple[int, int]:
     """(policy thresholds, eval windows) the exact section runs in the masking harness."""
     ckpt = model.checkpoint()
     families = operating_point_families(model.r_max, compute._train_probes(ckpt, model.path), SETTINGS.eps_grid,
-                                        SETTINGS.tau_grid)
+                                        SETTINGS.tau_grid, model.lipschitz(None)["lipschitz"])
     return sum(map(len, families.values())), min(SETTINGS.windows, len(ckpt.windows("eval")))
 
 

@@ -319,7 +319,10 @@ def text_path(page: str) -> bool:
     return path == "exact"
 
 
-def colour_by_control(page: str) -> str:
-    """How the page's token strip is coloured, kept across pages: "reading" or "produced" (views.COLOUR_BY)."""
-    return st.segmented_control("Colour each token by", list(COLOUR_BY), required=True, format_func=COLOUR_BY.get,
-                                **keep(f"{page}_colour_by", "reading", store="kept:colour_by"))
+def colour_by_control(page: str, regime: bool = False) -> str:
+    """How the page's token strip is coloured, kept across pages: "reading" or "produced"
+    (views.COLOUR_BY), and with regime also "regime"."""
+    options = [o for o in COLOUR_BY if regime or o != "regime"]
+    return st.segmented_control("Colour each token by", options, required=True, format_func=COLOUR_BY.get,
+                                **keep(f"{page}_colour_by", "reading", store="kept:colour_by",
+                                       valid=lambda v: v in options))

@@ -82,9 +82,12 @@ class TokenView:
     converged: bool
     tooltip: str
     coloured: bool = True  # False: no depth to show (the first token, when tokens show the loops that produced them)
+    regime: str = ""  # set: the token is coloured by its regime (REGIME_COLOURS), not by its depth
 
 
 UNCOLOURED = "#eeeeee"
+# a token's regime (recur_core.analysis.dynamics.REGIMES): blue, yellow, red (apart under colour blindness)
+REGIME_COLOURS = {"settling": "#4c78a8", "marginal": "#f2cf5b", "drifting": "#e45756"}
 
 
 def tooltip(pos: int, piece: str, depth: int, converged: bool, r_max: int, kl: float | None = None,
@@ -120,19 +123,32 @@ def strip_html(tokens: Sequence[TokenView], scale: DepthScale, policy: str = "A1
                ids: Sequence[int] = ()) -> str:
     spans = []
     for pos, t in enumerate(tokens):
-        bg = UNCOLOURED if not t.coloured else scale.color(t.depth) if t.converged else NOT_CONVERGED
-        border = "2px dashed #7a0030" if not t.converged else "1px solid rgba(0,0,0,.08)"
+        bg = (REGIME_COLOURS[t.regime] if t.regime else UNCOLOURED if not t.coloured else
+              scale.color(t.depth) if t.converged else NOT_CONVERGED)
+        border = "2px dashed #7a0030" if not (t.converged or t.regime) else "1px solid rgba(0,0,0,.08)"
         if pos == selected:
             border = "2px solid #ff7f0e"
         style = (f"background:{bg};color:{text_color(bg)};border:{border};border-radius:4px;"
                  "padding:1px 3px;margin:1px 1px;display:inline-block;white-space:pre;cursor:help")
         spans.append(f'<span data-testid="token" data-pos="{pos}" data-depth="{int(t.depth)}" '
-                     f'data-converged="{str(bool(t.converged)).lower()}" title="{html.escape(t.tooltip, quote=True)}" '
+                     f'data-converged="{str(bool(t.converged)).lower()}" data-regime="{t.regime}" title="{html.escape(t.tooltip, quote=True)}" '
                      f'style="{style}">{visible(t.piece)}</span>')
         if "\n" in t.piece:
             spans.append("<br>")
     return (f'<div data-testid="token-strip" data-policy="{html.escape(policy)}" data-n-tokens="{len(tokens)}" data-ids="{ids_key(ids)}" '
             f'style="font-family:{FONT};font-size:0.92rem;line-height:1.9">{"".join(spans)}</div>')
+
+
+def regime_legend_html(band: tuple[float, float], rate_loops: int) -> str:
+    """The legend of a strip coloured by regime: each regime's colour and its contraction-rate range."""
+    low, high = band
+    ranges = {"settling": f"ρ < {low:g}", "marginal": f"{low:g} ≤ ρ ≤ {high:g}", "drifting": f"ρ > {high:g}"}
+    cells = "".join(f'<span style="display:inline-block;background:{c};color:{text_color(c)};border-radius:4px;'
+                    f'font-size:0.72rem;padding:0 6px;margin-left:6px">{name} ({ranges[name]})</span>'
+                    for name, c in REGIME_COLOURS.items())
+    return (f'<div data-testid="regime-legend" style="font-family:sans-serif;font-size:0.8rem;margin:2px 0 6px 0">'
+            f'<span style="opacity:.8">regime: the contraction rate ρ of the step sizes ‖s_i − s_{{i−1}}‖ over the '
+            f'last {rate_loops} loops of the uniform run:</span>{cells}</div>')
 
 
 def legend_html(scale: DepthScale, label: str = "exit depth (loops)", not_converged: bool = True) -> str:

@@ -8,12 +8,13 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from recur_core.analysis.dynamics import MARGINAL, RATE_LOOPS, REGIMES, contraction_rate, token_regimes
 from recur_core.exits import catalogue
 from recur_core.exits.trace_type import Trace
 
 from . import compute
 from .handle import Handle
-from .strip import DepthScale, TokenView, legend_html, plain_visible, strip_html, tooltip
+from .strip import DepthScale, TokenView, legend_html, plain_visible, regime_legend_html, strip_html, tooltip
 from .text import Encoded
 
 # -- user text shown safely ----------------------------------------------------------------------------
@@ -108,7 +109,8 @@ def _at_exit(values: np.ndarray, depth: np.ndarray) -> np.ndarray:
 
 
 def token_table(model: Handle, tr: Trace, enc: Encoded, out: compute.Outcome) -> pd.DataFrame:
-    """One row per token of the text: its exit depth under the policy and its output there."""
+    """One row per token of the text: its exit depth under the policy and its output there, and its
+    state's regime and contraction rate over the uniform run's last loops (recur_core.analysis.dynamics)."""
     depth, d = out.depth[0], out.decoded
     if d is None:  # fast path: the uniform trace at each token's exit loop
         pred_ids, top_prob, ce = _at_exit(tr.argmax[0], depth), _at_exit(tr.top1_prob[0], depth), _at_exit(tr.ce[0], depth)
@@ -120,32 +122,38 @@ def token_table(model: Handle, tr: Trace, enc: Encoded, out: compute.Outcome) ->
         "position": np.arange(len(depth)), "token": list(enc.pieces), "token_id": tr.ids[0],
         "exit_depth": depth, "converged": out.converged[0], "kl_at_exit": kl, "state_change_at_exit": change,
         "top_prediction": model.decode_ids(pred_ids),
-        "top_prob": top_prob, "next_token_loss": ce})
+        "top_prob": top_prob, "next_token_loss": ce, "regime": [REGIMES[c] for c in token_regimes(tr)[0]],
+        "contraction_rate": contraction_rate(tr.state_step[0])})
 
 
 COLOUR_BY = {"reading": "the loops at it (predicting the next token)",
-             "produced": "the loops that produced it (at the token before)"}
+             "produced": "the loops that produced it (at the token before)",
+             "regime": "its regime (settling / marginal / drifting)"}
 
 
 def strip_views(model: Handle, table: pd.DataFrame, policy: str,
                 colour_by: str = "reading") -> list[TokenView]:
     """One view per token. colour_by "reading": its own position's exit (it predicts the next token);
     "produced": the exit of the position before, which predicted it (a word problem's answer word
-    then carries the depth its answer took; the first token has none)."""
+    then carries the depth its answer took; the first token has none); "regime": its own position's
+    regime (its exit in the tooltip)."""
     views, rows = [], list(table.itertuples(index=False))
     notes = [getattr(row, "ground_truth", None) for row in rows]
     for i, row in enumerate(rows):
-        at = row if colour_by == "reading" else rows[i - 1] if i else None
+        at = row if colour_by != "produced" else rows[i - 1] if i else None
         if at is None:
             views.append(TokenView(row.token, 0, True, f"#0  {plain_visible(row.token)!r}\nthe first token: no "
                                    "position before it predicts it", coloured=False))
             continue
         loss = None if math.isnan(at.next_token_loss) else float(at.next_token_loss)
         kl = None if math.isnan(at.kl_at_exit) else float(at.kl_at_exit)
+        regime = f"regime: {row.regime} (contraction rate ρ = {row.contraction_rate:.3g})"
+        note = "\n".join(n for n in (notes[i], regime if colour_by == "regime" else None) if n)
         views.append(TokenView(row.token, int(at.exit_depth), bool(at.converged), tooltip(
             int(row.position), row.token, int(at.exit_depth), bool(at.converged), model.r_max,
             kl=kl, prediction=at.top_prediction, prob=float(at.top_prob), loss=loss,
-            policy=policy, note=notes[i], producer=None if at is row else at.token)))
+            policy=policy, note=note or None, producer=None if at is row else at.token),
+            regime=row.regime if colour_by == "regime" else ""))
     return views
 
 
@@ -169,7 +177,9 @@ def render_strip(model: Handle, table: pd.DataFrame, policy: str, selected: int 
                  legend: bool = True, scale: DepthScale | None = None, colour_by: str = "reading") -> None:
     """A strip with its legend (legend=False: the caller drew a shared one, and passes its scale)."""
     scale = scale or strip_scale(model, table)
-    if legend:
+    if legend and colour_by == "regime":
+        st.html(regime_legend_html(MARGINAL, RATE_LOOPS))
+    elif legend:
         st.html(legend_html(scale))
     st.html(strip_html(strip_views(model, table, policy, colour_by), scale, policy=policy, selected=selected,
                        ids=table.token_id.tolist()))

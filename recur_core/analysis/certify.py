@@ -16,6 +16,8 @@ of its margin at the exit).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -55,16 +57,28 @@ LIPSCHITZ_WINDOWS = 4  # probe windows a checkpoint's L is measured on (a unifor
 
 
 def measured_lipschitz(ckpt, loops: int, seed: int = 0, text=None) -> dict:
-    """The checkpoint's L as the app and the benches state it: readout_lipschitz on its first
-    LIPSCHITZ_WINDOWS probe (training-side) windows, or, for a folder that ships none (Huginn,
-    Ouro), on `text` (token ids, the text being analysed); "measured_on" says which."""
+    """The checkpoint's L as the app, the report and the benches state it: readout_lipschitz on its
+    first LIPSCHITZ_WINDOWS probe (training-side) windows, or, for a folder that ships none (Huginn,
+    Ouro), on `text` (token ids, the text being analysed); "measured_on" says which. "lipschitz" is
+    the largest ratio rounded up to 3 significant digits (a bound stays a bound; the policy built
+    from it, and so every cache key, does not move with the last bits of a float sum), "measured"
+    the ratio itself."""
     try:
         windows, where = ckpt.windows("probe")[:LIPSCHITZ_WINDOWS], "probe windows"
     except CheckpointError:
         if text is None:
             raise CheckpointError(f"{ckpt.path} ships no probe windows: give the text to measure L on") from None
         windows, where = np.asarray(text, dtype=np.int64), "the text"
-    return {**readout_lipschitz(ckpt, windows, loops, seed), "measured_on": where}
+    lip = readout_lipschitz(ckpt, windows, loops, seed)
+    return {**lip, "lipschitz": _round_up(lip["lipschitz"]), "measured": lip["lipschitz"], "measured_on": where}
+
+
+def _round_up(x: float, digits: int = 3) -> float:
+    """x rounded up to `digits` significant digits."""
+    if x <= 0 or not math.isfinite(x):
+        return x
+    unit = 10.0 ** (math.floor(math.log10(x)) - digits + 1)
+    return float(round(math.ceil(x / unit) * unit, 12))
 
 
 class _PastTheExit(Policy):

@@ -131,11 +131,16 @@ def spearman_ci(depth: np.ndarray, ah: np.ndarray, boot: Bootstrap) -> dict:
     return {"value": value, "ci_low": float(lo), "ci_high": float(hi)}
 
 
-def operating_point_families(r_max: int, probes: dict | None, eps_grid, tau_grid) -> dict[str, list[Policy]]:
+def operating_point_families(r_max: int, probes: dict | None, eps_grid, tau_grid,
+                             lipschitz: float | None = None) -> dict[str, list[Policy]]:
     """The policies ground truth finds operating points for (the catalogue's GROUND_TRUTH): A1 over
-    eps_grid, A2 over tau_grid per probe label kind, the others over their catalogue sweeps. A0 is
-    the baseline."""
-    return catalogue.sweeps(catalogue.GROUND_TRUTH, r_max, grids={"A1": eps_grid, "A2": tau_grid}, probes=probes)
+    eps_grid, A2 over tau_grid per probe label kind, the others over their catalogue sweeps; with the
+    checkpoint's measured Lipschitz bound, the certified exit at that L alone (it has no knob to
+    tune: one decoding). A0 is the baseline."""
+    families = catalogue.sweeps(catalogue.GROUND_TRUTH, r_max, grids={"A1": eps_grid, "A2": tau_grid}, probes=probes)
+    if lipschitz is not None:
+        families["Certified"] = [catalogue.make("Certified", lipschitz, r_max=r_max)]
+    return families
 
 
 @dataclass
@@ -193,24 +198,26 @@ class _Answers:
 def ground_truth_section(tr: Trace, hops: np.ndarray, max_train_hops: int, pad_id: int, r_max: int,
                          r_bar: int, boot: Bootstrap, probes: dict | None = None, eps_grid=None, tau_grid=None,
                          tolerance: float = TOLERANCE, exact=None, cache=False, progress=None,
-                         families: dict[str, list[Policy]] | None = None, cache_only: bool = False) -> dict | None:
+                         families: dict[str, list[Policy]] | None = None, cache_only: bool = False,
+                         lipschitz: float | None = None) -> dict | None:
     """The `ground_truth` section of report.json (keys: docs/REPORT_KEYS.md): exact with
     exact=(ckpt or model, ids) of the traced windows, else fast. The target accuracy and the best
     uniform depth are taken on the trained hop counts (1 .. max_train_hops); longer chains are
     extrapolation, reported on their own with answer counts and CIs. Uniform depth comes from the
     trace, which is what the harness computes for it (nothing freezes before the last loop).
     eps_grid / tau_grid: A1's / A2's thresholds (None: their catalogue sweeps).
-    families: the policies to find operating points for (default operating_point_families).
+    families: the policies to find operating points for (default operating_point_families, with the
+    certified exit at `lipschitz`, the checkpoint's measured L, when given).
     cache_only: return None instead of computing an exact result that is not in the disk cache."""
     try:
         return _section(tr, hops, max_train_hops, pad_id, r_max, r_bar, boot, probes, eps_grid, tau_grid, tolerance,
-                        exact, cache, progress, families, cache_only)
+                        exact, cache, progress, families, cache_only, lipschitz)
     except NotCached:
         return None
 
 
 def _section(tr, hops, max_train_hops, pad_id, r_max, r_bar, boot, probes, eps_grid, tau_grid, tolerance, exact,
-             cache, progress, families, cache_only) -> dict:
+             cache, progress, families, cache_only, lipschitz) -> dict:
     ans = _Answers(tr, hops, max_train_hops, boot)
     ah, program = ans.hops, program_mask(tr, pad_id)
     r_max = min(r_max, tr.max_loops)
@@ -221,7 +228,7 @@ def _section(tr, hops, max_train_hops, pad_id, r_max, r_bar, boot, probes, eps_g
     target = trained_acc[r_bar - 1] - tolerance
     best_uniform = next((r for r in range(1, r_max + 1) if trained_acc[r - 1] >= target), None)
 
-    families = families or operating_point_families(r_max, probes, eps_grid, tau_grid)
+    families = families or operating_point_families(r_max, probes, eps_grid, tau_grid, lipschitz)
     policies, answer_exits = {}, {}
     for name, outcomes in policy_outcomes(tr, families, exact, cache, progress, cache_only).items():
         family = families[name]

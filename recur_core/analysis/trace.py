@@ -249,6 +249,15 @@ def trace_bytes(shapes: dict[str, tuple]) -> int:
     return 2 * sum(int(np.prod(shape)) * (8 if name in INT_FIELDS else 4) for name, shape in shapes.items())
 
 
+def refuse_if_too_big(ckpt_or_model, ids, max_loops: int, topk: int = 5) -> None:
+    """What `trace(ckpt_or_model, ids, max_loops, topk=topk)` refuses before any work, without tracing:
+    a ValueError naming the memory it needs and the limit (for a caller that starts the trace later,
+    e.g. in a background job)."""
+    model = resolve_model(ckpt_or_model)[0]
+    inputs, _ = split_inputs(np.asarray(ids.cpu() if torch.is_tensor(ids) else ids, dtype=np.int64))
+    check_memory(expected_shapes(inputs.shape, max_loops, topk, (), model.exit_gate is not None))
+
+
 def check_memory(shapes: dict[str, tuple]) -> None:
     """Refuse, before any work, a trace that would not fit in the memory available now (at most
     $RECUR_MEMORY_LIMIT bytes when that is set)."""

@@ -11,6 +11,8 @@
                         depth.
   certified CKPT        the readout's measured Lipschitz bound L, the certified exit's exits at L on the
                         uniform trace, and its violations in real decoding (recompute) at --positions.
+  gt_cost CKPT          the exact ground truth's work: each family's thresholds in the masking harness
+                        (Accel's among them) and the certified exit's one decoding at its measured L.
 
 Each prints its table and a final JSON line.
 """
@@ -27,7 +29,14 @@ import torch
 from recur_core import load_checkpoint
 from recur_core.analysis.certify import LIPSCHITZ_WINDOWS, measured_lipschitz, readout_lipschitz, violations
 from recur_core.analysis.dynamics import REGIMES, dynamics, overthinking, overthinking_loops
-from recur_core.analysis.ground_truth import answer_hops, eos_id, ground_truth_section, load_ground_truth
+from recur_core.analysis.exact import decoded_results, exact_results
+from recur_core.analysis.ground_truth import (
+    answer_hops,
+    eos_id,
+    ground_truth_section,
+    load_ground_truth,
+    operating_point_families,
+)
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
 from recur_core.exits import catalogue
@@ -135,16 +144,44 @@ def certified(args) -> dict:
     return out
 
 
+def gt_cost(args) -> dict:
+    """The exact ground truth's work per family: each family's thresholds in the masking harness (one
+    batched run each, uncached), and the certified exit's one decoding at the measured L beside one
+    decoding of A1 at its default ε."""
+    path = args.ckpt[0]
+    ckpt = load_checkpoint(path)
+    r_max, loops = ckpt.recipe.r_max, SETTINGS.trace_loops(ckpt.recipe)
+    windows = ckpt.windows("eval")[:args.windows].numpy()
+    families = operating_point_families(r_max, None, SETTINGS.eps_grid, SETTINGS.tau_grid)
+    out = {"windows": len(windows), "harness_s": {}, "thresholds": {}}
+    for name, policies in families.items():
+        t0 = time.perf_counter()
+        exact_results(ckpt, windows, policies, loops, SETTINGS.seed, cache=False)
+        out["harness_s"][name], out["thresholds"][name] = time.perf_counter() - t0, len(policies)
+        print(f"{path}: {name:14s} {len(policies):2d} thresholds in the harness: {out['harness_s'][name]:.1f} s", flush=True)
+    t0 = time.perf_counter()
+    lip = measured_lipschitz(ckpt, loops, SETTINGS.seed)
+    out["lipschitz"], out["lipschitz_s"] = lip["lipschitz"], time.perf_counter() - t0
+    for name, threshold in (("Certified", lip["lipschitz"]), ("A1", None)):
+        t0 = time.perf_counter()
+        decoded_results(ckpt, windows, catalogue.make(name, threshold, r_max=r_max), loops, SETTINGS.seed, cache=False)
+        out[f"{name}_decoding_s"] = time.perf_counter() - t0
+        print(f"  one decoding of {len(windows)} programs, {name} at {threshold or 'its default'}: "
+              f"{out[f'{name}_decoding_s']:.1f} s", flush=True)
+    return out
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m bench.looped_dynamics", description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("regimes", "overthinking", "accel", "certified"))
+    p.add_argument("what", choices=("regimes", "overthinking", "accel", "certified", "gt_cost"))
     p.add_argument("ckpt", nargs="+")
     p.add_argument("--windows", type=int, default=16, help="eval windows (default 16)")
     p.add_argument("--probe-windows", type=int, default=LIPSCHITZ_WINDOWS, help="certified: probe windows L is measured on")
     p.add_argument("--positions", type=int, default=8, help="certified: positions per window run past their exit")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    out = {"regimes": regimes, "overthinking": overthink, "accel": accel, "certified": certified}[args.what](args)
+    out = {"regimes": regimes, "overthinking": overthink, "accel": accel, "certified": certified,
+           "gt_cost": gt_cost}[args.what](args)
     print(json.dumps({"what": args.what, "result": out}, default=str))
     return out
 

@@ -34,6 +34,7 @@ def test_task_of_tells_the_task_from_the_spec():
 def test_units_nouns_and_ground_truth():
     assert [(t.kind, t.unit, t.noun, t.has_ground_truth) for t in (HopsTask(), WordProblems(), Prose())] == [
         ("hops", "hop", "program", True), ("word_problems", "step", "problem", True), ("prose", None, "text", False)]
+    assert [t.padding for t in (HopsTask(), WordProblems(), Prose())] == [EOS, None, None]  # only programs are padded
     with pytest.raises(ValueError, match="prose task has no ground truth"):
         Prose().random_example(0, 3)
 

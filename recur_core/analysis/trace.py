@@ -25,7 +25,7 @@ and is scored against w[:, 1:]. A 1-D `ids` of length T is one text (e.g. pasted
 all T tokens and the last one has no target (ce NaN there).
 
 Padding: positions that carried zero loss weight in training are excluded from every statistic.
-A checkpoint trained on the hops task (training/hops.py) pads each program window with EOS and
+A checkpoint trained on the hops task (recur_core/tasks/hops.py) pads each program window with EOS and
 weighs padding-predicting-padding 0; `trace` marks those positions in `Trace.zero_weight`, and
 `Trace.scored` (a target, nonzero weight) is what every loss, KL and class statistic counts.
 Other checkpoints weighed every position alike: nothing is marked.
@@ -47,6 +47,7 @@ from ..exits.trace_type import GATE_FIELD, LOOP_FIELDS, NO_TARGET, TOPK_FIELDS, 
 from ..model.checkpoint import Checkpoint, model_id, resolve_model
 from ..model.hf_folder import available_bytes
 from ..model.looped_lm import LoopedLM
+from ..tasks import task_of
 from .cache import TraceCache, trace_key
 from .parallel import map_batches
 
@@ -205,14 +206,12 @@ def trace(ckpt_or_model: Checkpoint | LoopedLM, ids, max_loops: int, seed: int =
 
 def padding_token(ckpt_or_model) -> int | None:
     """The token whose padding positions (padding predicting padding) had zero loss weight in
-    training: EOS for a checkpoint trained on the hops task, whose windows are programs padded with
-    EOS (training/hops.py); None for anything else, a bare model included (every position counts)."""
+    training, as the checkpoint's task says (`Task.padding`: EOS for hops programs, recur_core/tasks/hops.py);
+    None for anything else, a bare model included (every position counts)."""
     if not isinstance(ckpt_or_model, Checkpoint):
         return None
-    dataset = str((ckpt_or_model.meta.get("train_config") or {}).get("dataset", ""))
-    if dataset != "hops" and not dataset.startswith("hops:"):
-        return None
-    return ckpt_or_model.tokenizer().token_to_id("<|endoftext|>")
+    padding = task_of(ckpt_or_model.meta).padding
+    return None if padding is None else ckpt_or_model.tokenizer().token_to_id(padding)
 
 
 def weighted_positions(ckpt_or_model, ids) -> np.ndarray:

@@ -26,8 +26,10 @@ from recur_core.model.config import shape_of
 from recur_core.model.formats import load_checkpoint
 from recur_core.model.recipe import Recipe
 from recur_core.settings import SETTINGS
+from recur_core.tasks import HopsTask, WordProblems, task_of
 
-from .mixture_card import is_mixture, mixture_section
+from .hops_card import export_hops
+from .mixture_card import mixture_section
 from .sources import VAL_PER_MILLE, Source, identify
 
 CARD_LOOPS = SETTINGS.min_trace_loops  # the card's table runs to loop 32
@@ -241,10 +243,10 @@ def export(src: Path, dst: Path, command: str, machine: str, compare: Path | Non
     checkpoint with ground truth, multi-hop programs, which gets its own card from
     hops_card.py: a hops checkpoint to set beside it)."""
     ckpt = load_checkpoint(src)
-    mixture = is_mixture(ckpt.meta)
-    if (src / GROUND_TRUTH).is_file() and not mixture:
-        from .hops_card import export_hops
+    task = task_of(ckpt.meta)
+    if isinstance(task, HopsTask):
         return export_hops(src, dst, command, machine, compare)
+    mixture = isinstance(task, WordProblems)
     meta = {**ckpt.meta, "vocab_size": ckpt.config.vocab_size}
     m = measure(src)
     rb = Recipe.from_meta(meta).depth
@@ -255,7 +257,7 @@ def export(src: Path, dst: Path, command: str, machine: str, compare: Path | Non
         other_rb = load_checkpoint(compare).recipe.depth
         saturation = saturation_section(dst.name, m["loss"], rb, compare.name, other, other_rb)
     if mixture:  # text mixed with word problems: its answers' ground truth ships, and a card section
-        saturation += "\n" + mixture_section(src, CARD_LOOPS)
+        saturation += "\n" + mixture_section(src, task, CARD_LOOPS)
 
     def write(tmp: Path):
         for name in SHIPPED_FILES + ((GROUND_TRUTH,) if mixture else ()):

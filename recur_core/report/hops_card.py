@@ -30,7 +30,8 @@ from recur_core.model.checkpoint import SHIPPED_FILES, atomic_write_dir
 from recur_core.model.config import shape_of
 from recur_core.model.formats import load_checkpoint
 from recur_core.settings import SETTINGS
-from recur_core.tasks.hops import HopsTask, elimination_chance, trained_hops, window_hops
+from recur_core.tasks import task_of
+from recur_core.tasks.hops import elimination_chance, trained_hops, window_hops
 
 CARD_LOOPS = 32
 TABLE_LOOPS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
@@ -297,7 +298,7 @@ def export_hops(src: Path, dst: Path, command: str, machine: str, compare: Path 
     """Ship a multi-hop checkpoint: its files plus the ground truth, with the card measured here;
     compare: a shipped hops checkpoint to set beside it (from its card.json)."""
     ckpt = load_checkpoint(src)
-    task = HopsTask.parse(ckpt.meta["train_config"]["dataset"])
+    task = task_of(ckpt.meta)
     meta = {**ckpt.meta, "vocab_size": ckpt.config.vocab_size, "task": {"chains": task.chains, "decoys": task.decoys},
             "recipe_text": ckpt.recipe.describe()}
     hops, saved_max_train = load_ground_truth(src)

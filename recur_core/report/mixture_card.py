@@ -19,13 +19,8 @@ from recur_core.tasks import WordProblems
 CARD_DEPTHS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
 
 
-def is_mixture(meta: dict) -> bool:
-    return bool((meta.get("train_config") or {}).get("mixture"))
-
-
-def mixture_section(ckpt_dir: Path, loops: int) -> str:
+def mixture_section(ckpt_dir: Path, task: WordProblems, loops: int) -> str:
     ckpt = load_checkpoint(ckpt_dir)
-    task = WordProblems.parse(ckpt.meta["train_config"]["mixture"])
     steps, max_train = load_ground_truth(ckpt_dir)
     windows = ckpt.windows("eval")[:SETTINGS.windows]
     tr = trace(ckpt, windows, loops, SETTINGS.seed, cache=TraceCache(), progress=True)

@@ -48,6 +48,8 @@ class Task(ABC):
     unit: ClassVar[str | None]  # what an answer's depth is counted in ("hop", "step"); None: no ground truth
     noun: ClassVar[str]  # what one example is called ("program", "problem", "text")
     about: ClassVar[str]  # one paragraph (Markdown): what the examples are and what an answer's depth counts
+    padding: ClassVar[str | None] = None  # the token windows are padded with after their text, padding
+    #                                       predicting padding at zero training weight (None: windows are full)
 
     @property
     def has_ground_truth(self) -> bool:

@@ -63,6 +63,7 @@ class HopsTask(Task):
     kind: ClassVar[str] = "hops"
     unit: ClassVar[str] = "hop"
     noun: ClassVar[str] = "program"
+    padding: ClassVar[str] = PAD
     about: ClassVar[str] = ("Programs bind variables in chains (`k=7;b=k;x=b;` … `x?7;`). The answer after `v?` needs "
                             "one lookup per hop, so its **hop count** is the depth it should need.")
 

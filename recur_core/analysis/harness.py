@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from .. import cancel
+from ..exits.halting import Freezing, HaltSchedule, start_loops
 from ..exits.policies import Policy
 from ..exits.readout import readout_stats
 from ..exits.signals import LoopSignals, loop_readout, readout_fields
@@ -190,20 +191,18 @@ def _outcome_arrays(n_policies: int, n_windows: int, T: int) -> tuple[np.ndarray
 @dataclass
 class _Lane:
     """One window under one freeze history, shared by the policies that produced that history.
-    state / h_prev are (T, d) tensors (never modified in place); the rest are numpy (T,)."""
+    state / h_prev are (T, d) tensors (never modified in place); freezing holds numpy (T,) arrays."""
 
     window: int
     state: torch.Tensor
     h_prev: torch.Tensor | None  # coda hidden of the previous loop, kept while a policy needs kl_prev
-    frozen: np.ndarray
-    exit_depth: np.ndarray
-    converged: np.ndarray
+    freezing: Freezing
     policies: list[int]
 
     @property
     def active_len(self) -> int:
         """Positions up to and including the last unfrozen one."""
-        live = np.flatnonzero(~self.frozen)
+        live = np.flatnonzero(self.freezing.live)
         return int(live[-1]) + 1 if len(live) else 0
 
 
@@ -214,15 +213,13 @@ class _Sweep:
         self.model, self.policies, self.caps, self.batch_size, self.work = model, policies, caps, batch_size, work
         self.device = next(model.parameters()).device
         self.targets = targets.to(self.device)
+        self.schedules = [HaltSchedule(p, cap) for p, cap in zip(policies, caps, strict=True)]
         self.readout_policies = {i for i, p in enumerate(policies) if p.needs_readout}
         with torch.inference_mode():
-            self.e = model.prelude(inputs.to(self.device))
-            noise = model.start_state(noise.to(self.device), self.e)  # the noise, or e (Ouro)
-            h0 = model.coda(noise) if self.readout_policies else None  # p_0: readout of the initial state
+            self.e, start, h0 = start_loops(model, inputs.to(self.device), noise, bool(self.readout_policies))
         T = inputs.shape[1]
-        self.lanes = [_Lane(w, noise[w], None if h0 is None else h0[w], np.zeros(T, bool),
-                            np.zeros(T, np.int64), np.zeros(T, bool), list(range(len(policies))))
-                      for w in range(inputs.shape[0])]
+        self.lanes = [_Lane(w, start[w], None if h0 is None else h0[w], Freezing.start(T, "numpy"),
+                            list(range(len(policies)))) for w in range(inputs.shape[0])]
         self.finals: list[tuple[torch.Tensor, int, list[tuple[int, np.ndarray, np.ndarray]]]] = []
 
     def needs_readout(self, lane: _Lane) -> bool:
@@ -246,7 +243,7 @@ class _Sweep:
         cancel.check()
         width = max(ln.active_len for ln in chunk)
         state = torch.stack([ln.state[:width] for ln in chunk])
-        frozen_np = np.stack([ln.frozen[:width] for ln in chunk])
+        frozen_np = np.stack([ln.freezing.frozen[:width] for ln in chunk])
         frozen = torch.from_numpy(frozen_np).to(self.device)
         rows, valid = _live_rows(frozen_np)
         rows, valid = rows.to(self.device), valid.to(self.device)
@@ -271,7 +268,7 @@ class _Sweep:
         self.work.token_loops += len(chunk) * width
         self.work.live_token_loops += int(valid.sum())
         self.work.attention_pairs += len(chunk) * width * (width + 1) // 2
-        met = {p: self.policies[p].rule_met(loop, signals).cpu().numpy()
+        met = {p: self.schedules[p].met(loop, signals).cpu().numpy()
                for p in sorted({p for ln in chunk for p in ln.policies})}
         for b, lane in enumerate(chunk):
             full_state = _splice(new[b], lane.state, width)
@@ -279,28 +276,28 @@ class _Sweep:
             if h_rows is not None:  # the readout hidden of the tokens still looping (others are never asked again)
                 full_h = lane.h_prev.clone()
                 full_h[rows[b][valid[b]]] = h_rows[b][valid[b]]
-            self._split(lane, loop, full_state, full_h, {p: _pad(met[p][b], len(lane.frozen)) for p in lane.policies})
+            self._split(lane, loop, full_state, full_h, {p: _pad(met[p][b], len(lane.freezing.frozen)) for p in lane.policies})
 
     def _split(self, lane: _Lane, loop: int, state, h, met: dict[int, np.ndarray]) -> None:
+        """Freeze each policy's tokens after this loop; policies that halt the same tokens go on in one
+        lane, those at their cap or with every token frozen are finished."""
         groups: dict[bytes, list[int]] = {}
         finished: list[tuple[int, np.ndarray, np.ndarray]] = []
-        live = ~lane.frozen
         for p, rule in met.items():
-            halt = rule & live
             if loop >= self.caps[p]:  # the cap stops every token still looping
-                finished.append((p, np.where(live, loop, lane.exit_depth), lane.converged | halt))
+                capped = lane.freezing.copy()
+                capped.update(loop, rule, at_cap=True)
+                finished.append((p, capped.exit_depth, capped.converged))
             else:
-                groups.setdefault(np.packbits(halt).tobytes(), []).append(p)
+                groups.setdefault(np.packbits(rule & lane.freezing.live).tobytes(), []).append(p)
         for ps in groups.values():
-            halt = met[ps[0]] & live
-            frozen = lane.frozen | halt
-            exit_depth = np.where(halt, loop, lane.exit_depth)
-            conv = lane.converged | halt
-            if frozen.all():
-                finished.extend((p, exit_depth, conv) for p in ps)
+            freezing = lane.freezing.copy()
+            freezing.update(loop, met[ps[0]], at_cap=False)
+            if freezing.frozen.all():
+                finished.extend((p, freezing.exit_depth, freezing.converged) for p in ps)
             else:
                 keep_h = h if any(p in self.readout_policies for p in ps) else None
-                self.lanes.append(_Lane(lane.window, state, keep_h, frozen, exit_depth, conv, ps))
+                self.lanes.append(_Lane(lane.window, state, keep_h, freezing, ps))
         if finished:
             self.finals.append((state, lane.window, finished))
 
@@ -323,30 +320,22 @@ def _exact_batch(model: LoopedLM, inputs, targets, noise, policy: Policy, cap: i
     """One policy on a fixed full-width batch of windows (for policies that remember earlier loops)."""
     device = next(model.parameters()).device
     inputs, targets = inputs.to(device), targets.to(device)
-    e = model.prelude(inputs)
-    state = model.start_state(noise.to(device), e)
-    h_prev = model.coda(state) if policy.needs_readout else None  # p_0: readout of the initial state
-    frozen = torch.zeros(inputs.shape, dtype=torch.bool, device=device)
-    exit_depth = torch.full(inputs.shape, cap, dtype=torch.long, device=device)
-    converged = torch.zeros_like(frozen)
+    schedule = HaltSchedule(policy, cap)
+    e, state, h_prev = start_loops(model, inputs, noise, schedule.needs_readout)
+    freezing = Freezing.start(inputs.shape, device)
     for loop in range(1, cap + 1):
         cancel.check()
-        new = model.core_step(state, e, freeze=frozen)
+        new = model.core_step(state, e, freeze=freezing.frozen)
         readout = {}
-        if policy.needs_readout:
+        if schedule.needs_readout:
             h_prev, stats = loop_readout(model, new, h_prev, None, topk=2 if policy.needs_margin else 0)
             readout = readout_fields(stats)
-        signals = LoopSignals.of_states(new, state, **readout)
-        met = policy.rule_met(loop, signals) & ~frozen
-        halt = met | ~frozen if loop == cap else met
-        exit_depth[halt] = loop
-        converged |= met
-        frozen |= halt
+        freezing.update(loop, schedule.met(loop, LoopSignals.of_states(new, state, **readout)), schedule.at_cap(loop))
         state = new
-        if frozen.all():
+        if freezing.frozen.all():
             break
     stats = readout_stats(model.coda(state), model.head_weight, targets)
-    return stats.ce.cpu(), exit_depth.cpu(), converged.cpu(), stats.argmax.cpu()
+    return stats.ce.cpu(), freezing.exit_depth.cpu(), freezing.converged.cpu(), stats.argmax.cpu()
 
 
 def _live_rows(frozen: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from .. import cancel
+from ..exits.halting import start_loops
 from ..exits.signals import loops_readout, state_signals
 from ..exits.trace_type import GATE_FIELD, LOOP_FIELDS, NO_TARGET, TOPK_FIELDS, Trace
 from ..model.checkpoint import Checkpoint, model_id, resolve_model
@@ -93,8 +94,7 @@ def trace_batch(model: LoopedLM, inputs: torch.Tensor, targets: torch.Tensor, no
     loop, which is reported once every readout is done.
     """
     targets = targets.to(inputs.device)
-    e = model.prelude(inputs)
-    state = model.start_state(noise.to(inputs.device), e)  # the noise, or e for a model without one (Ouro)
+    e, state, _ = start_loops(model, inputs, noise, read_out=False)  # p_0 is read out with loop 1's group
     gated = model.exit_gate is not None
     names = (*LOOP_FIELDS, *TOPK_FIELDS, *((GATE_FIELD,) if gated else ()))
     per_loop: dict[str, list[torch.Tensor]] = {name: [] for name in names}

@@ -20,8 +20,9 @@ import torch
 from torch import Tensor
 
 from .. import cancel
+from ..exits.halting import Freezing, HaltSchedule
 from ..exits.policies import Policy, Uniform
-from ..exits.signals import LoopSignals, readout_signals, state_signals
+from ..exits.signals import readout_signals
 from ..model.checkpoint import Checkpoint, resolve_model
 from ..model.looped_lm import LoopedLM
 from ..settings import SETTINGS, seed_for
@@ -82,52 +83,6 @@ def default_max_loops(policy: Policy | None, ckpt: Checkpoint | None, max_loops:
     raise ValueError("pass max_loops (a bare model has no recipe r_max)")
 
 
-class HaltSchedule:
-    """When a policy is consulted and read out, and its halt decision: what the lockstep decoder and
-    the pool (recur_core.decoding.serve) share.
-
-    The policy is consulted at min_loops, then every check_every loops; every token halts at the
-    cap = min(policy.r_max, max_loops). Readout policies (A1) read out at each check and once
-    before the first (loop min_loops - check_every, 0 = the noise state), so kl_prev is
-    KL(p_i || p_{i - check_every}) in nats.
-    """
-
-    def __init__(self, policy: Policy, max_loops: int, check_every: int = 1):
-        if check_every < 1:
-            raise ValueError(f"check_every must be >= 1, got {check_every}")
-        self.policy, self.every = policy, check_every
-        self.cap = policy.cap(max_loops)
-        self.min_loops = policy.min_loops
-        self.needs_readout = policy.needs_readout
-        self.first_readout = max(0, self.min_loops - check_every) if self.needs_readout else None
-        # one `halt_at` call can decide tokens at different loops: the policy takes a tensor of
-        # loops, is consulted every loop and needs no readout
-        self.per_token_loops = policy.per_token_loops and check_every == 1 and not self.needs_readout
-
-    def is_check(self, loop: int) -> bool:
-        return loop >= self.min_loops and (loop - self.min_loops) % self.every == 0
-
-    def wants_readout(self, loop: int) -> bool:
-        return self.first_readout is not None and (loop == self.first_readout or self.is_check(loop))
-
-    def halt(self, loop: int, new: Tensor, old: Tensor, readout: dict | None, states: dict | None = None) -> Tensor:
-        """The halt decision after `loop` (bool (B, T)) from the states before / after it, the
-        readout signals (`readout_signals`, None without a readout at this loop), and states:
-        `state_signals(new, old)` when the caller has them already."""
-        if loop >= self.cap:
-            return torch.ones(new.shape[:2], dtype=torch.bool, device=new.device)
-        if not self.is_check(loop):
-            return torch.zeros(new.shape[:2], dtype=torch.bool, device=new.device)
-        states = state_signals(new, old) if states is None else states
-        return self.policy.halt(loop, LoopSignals(state=new, **states, **(readout or {})))
-
-    def halt_at(self, loops: Tensor, new: Tensor, states: dict) -> Tensor:
-        """The halt decision of tokens each after its own loop (loops: LongTensor (B, T)), in one
-        policy call (the pool's step; requires per_token_loops); states: `state_signals` of them."""
-        stop = self.policy.halt(loops, LoopSignals(state=new, **states))
-        return stop | (loops >= self.cap)
-
-
 class Decoder:
     """One decoding session over B rows in lockstep: a cache, a halting schedule and a KV rule."""
 
@@ -171,6 +126,10 @@ class Decoder:
         kv = [SlabKV(k, v, pos) for k, v in self.cache.coda_slabs()]
         return self.model.readout(state, self._at(pos), kv)
 
+    def _first_logp(self, state: Tensor, pos) -> Tensor:
+        """log p_0 (float32) of the initial state, before loop 1 (`HaltSchedule.first_readout`)."""
+        return torch.log_softmax(self._loop_readout(state, pos).float(), dim=-1)
+
     def _loop_logp(self, state: Tensor, pos: Tensor, halted: Tensor, logp_prev: Tensor | None) -> Tensor:
         """A prefill's per-loop log-probabilities (B, P, V), float32. With `exit_context` only the
         columns where some row still loops are read out (nothing is written, and a halted token's
@@ -202,14 +161,13 @@ class Decoder:
         state = run = self.model.start_state(self.noise[:, pos:pos + 1], inject)  # run: see KVRule.loops_on
         logp_prev = kept = None
         if sched.wants_readout(0):
-            logp_prev = torch.log_softmax(self._readout(state, pos).float(), dim=-1)
-        dev = state.device
-        halted = torch.zeros(B, 1, dtype=torch.bool, device=dev) if B > 1 else None
-        read = torch.zeros(B, 1, dtype=torch.bool, device=dev) if B > 1 else None  # exit loop was read out
-        exits = torch.zeros(B, 1, dtype=torch.long, device=dev)
+            logp_prev = self._first_logp(state, pos)
+        # batch 1 stops at its token's halt; B rows in lockstep freeze the halted ones until all have
+        freezing = Freezing.start((B, 1), state.device) if B > 1 else None
+        read = torch.zeros(B, 1, dtype=torch.bool, device=state.device)  # the exit loop was read out
         for loop in range(1, self.cap + 1):
             out = self.rule.run_loop(self.model, cache, loop, run, inject, pos)
-            new = out if halted is None else torch.where(halted[..., None], state, out)
+            new = out if freezing is None else torch.where(freezing.frozen[..., None], state, out)
             run = out if self.rule.loops_on else new
             signals = logits = None
             if sched.wants_readout(loop):
@@ -218,29 +176,28 @@ class Decoder:
                 if logp_prev is not None:
                     signals = readout_signals(logp, logp_prev)
                 logp_prev = logp
-            stop = sched.halt(loop, new, state, signals)
-            state = new
-            if halted is None:  # batch 1: this token is done when it halts
+            if freezing is None:  # batch 1: this token is done when it halts
+                stop, state = sched.halt(loop, new, state, signals), new
                 if bool(stop):
-                    exits[:] = loop
-                    kept = logits
+                    kept, read[:] = logits, logits is not None
                     break
                 continue
-            stop = stop & ~halted
-            exits[stop] = loop
+            stop = freezing.update(loop, sched.consult(loop, new, state, signals), sched.at_cap(loop))
+            state = new
             if logits is not None:
                 kept = logits if kept is None else torch.where(stop[..., None], logits, kept)
-                read[stop] = True
-            halted |= stop
-            if bool(halted.all()):
+                read |= stop
+            if bool(freezing.frozen.all()):
                 break
+        exits = torch.full((B, 1), loop, dtype=torch.long, device=state.device) if freezing is None \
+            else freezing.exit_depth
         cache.exit_state[:, pos] = state[:, 0]
         cache.run_state[:, pos] = run[:, 0]
         cache.exit_loop[:, pos] = exits[:, 0].cpu()
         self.rule.finish(cache, pos, exits, loop)
         if kept is None:  # no readout at the exit loop: read out the exit state once
             kept = self._readout(state, pos)
-        elif read is not None and not bool(read.all()):  # rows that halted where nothing was read out
+        elif not bool(read.all()):  # rows that halted where nothing was read out
             kept = torch.where(read[..., None], kept, self._readout(state, pos))
         return kept[:, 0], exits[:, 0]
 
@@ -258,27 +215,25 @@ class Decoder:
         state = run = self.model.start_state(self.noise[:, pos], inject)  # run: see KVRule.loops_on
         logp_prev = None
         if sched.wants_readout(0):
-            logp_prev = torch.log_softmax(self._loop_readout(state, pos).float(), dim=-1)
-        halted = torch.zeros(B, P, dtype=torch.bool, device=state.device)
-        exits = torch.zeros(B, P, dtype=torch.long, device=state.device)
+            logp_prev = self._first_logp(state, pos)
+        freezing = Freezing.start((B, P), state.device)
         for loop in range(1, self.cap + 1):
             cancel.check()
-            keep = self.rule.prefill_keep(cache, loop, halted)
+            keep = self.rule.prefill_keep(cache, loop, freezing.frozen)
             out = self.rule.run_loop(self.model, cache, loop, run, inject, pos, keep)  # earlier chunks first
-            new = torch.where(halted[..., None], state, out)
+            new = torch.where(freezing.frozen[..., None], state, out)
             run = out if self.rule.loops_on else new
             signals = None
             if sched.wants_readout(loop):
-                logp = self._loop_logp(new, pos, halted, logp_prev)
+                logp = self._loop_logp(new, pos, freezing.frozen, logp_prev)
                 if logp_prev is not None:
                     signals = readout_signals(logp, logp_prev)
                 logp_prev = logp
-            stop = sched.halt(loop, new, state, signals) & ~halted
-            exits[stop] = loop
-            halted |= stop
+            freezing.update(loop, sched.consult(loop, new, state, signals), sched.at_cap(loop))
             state = new
-            if bool(halted.all()):
+            if bool(freezing.frozen.all()):
                 break
+        exits = freezing.exit_depth
         cache.exit_state[:, pos] = state
         cache.run_state[:, pos] = run
         cache.exit_loop[:, pos.cpu()] = exits.cpu()

@@ -48,12 +48,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..exits.halting import HaltSchedule
 from ..exits.policies import Policy, Uniform
 from ..exits.signals import readout_signals, state_signals
 from ..model.checkpoint import resolve_model
 from .decode import (
     Decoder,
-    HaltSchedule,
     check_chunk,
     check_lengths,
     default_max_loops,

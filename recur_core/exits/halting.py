@@ -1,0 +1,137 @@
+"""The halting contract, written once for every run that halts tokens loop by loop: the exact
+harness (recur_core.analysis.harness), the lockstep decoder and the fixed point built on it
+(recur_core.decoding.decode, .fixed_point) and the pool (recur_core.decoding.serve). How they batch
+(lanes, lockstep rows, a pool's mixed loops) stays theirs; the order of a loop is this one:
+
+  0. before loop 1 the state is `model.start_state(noise, e)`; a readout policy reads out p_0 there
+     (or, with check_every > 1, at the loop before its first check: `HaltSchedule.first_readout`);
+  1. the core step: new = core_step(old), frozen tokens keeping their state;
+  2. the signals of the loop: the state signals of (new, old), the readout signals where the
+     schedule reads out (`HaltSchedule.wants_readout`);
+  3. the consultation: the policy at the schedule's checks only (at min_loops, FIRST_CHECK for A1,
+     then every check_every loops): `HaltSchedule.consult` for the decoders, which skip the cap's
+     loop, `HaltSchedule.met` (the rule alone, the cap's loop included) for the exact harness;
+  4. the freezing (`Freezing.update`): a live token whose rule is met halts after this loop; at the
+     cap = min(policy.r_max, loops available) every live token halts; a halted token's exit depth
+     is this loop, and it counts as converged only where its rule was met.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..model.looped_lm import LoopedLM
+from .policies import Policy
+from .signals import LoopSignals, state_signals
+
+
+def start_loops(model: LoopedLM, inputs: torch.Tensor, noise: torch.Tensor, read_out: bool):
+    """(e, s_0, h_0) of windows before loop 1: the prelude's e, the initial state (the noise, or e on
+    a model without one: Ouro) and, when read_out, the coda hidden of s_0 whose readout is p_0."""
+    e = model.prelude(inputs)
+    state = model.start_state(noise.to(inputs.device), e)
+    return e, state, model.coda(state) if read_out else None
+
+
+class HaltSchedule:
+    """When a policy is consulted and read out, and its halt decision (steps 2-4 of the module doc).
+
+    The policy is consulted at min_loops, then every check_every loops; every token halts at the
+    cap = min(policy.r_max, max_loops). Readout policies (A1) read out at each check and once
+    before the first (loop min_loops - check_every, 0 = the initial state), so kl_prev is
+    KL(p_i || p_{i - check_every}) in nats.
+    """
+
+    def __init__(self, policy: Policy, max_loops: int, check_every: int = 1):
+        if check_every < 1:
+            raise ValueError(f"check_every must be >= 1, got {check_every}")
+        self.policy, self.every = policy, check_every
+        self.cap = policy.cap(max_loops)
+        self.min_loops = policy.min_loops
+        self.needs_readout = policy.needs_readout
+        self.first_readout = max(0, self.min_loops - check_every) if self.needs_readout else None
+        # one `halt_at` call can decide tokens at different loops: the policy takes a tensor of
+        # loops, is consulted every loop and needs no readout
+        self.per_token_loops = policy.per_token_loops and check_every == 1 and not self.needs_readout
+
+    def is_check(self, loop: int) -> bool:
+        return loop >= self.min_loops and (loop - self.min_loops) % self.every == 0
+
+    def at_cap(self, loop: int) -> bool:
+        return loop >= self.cap
+
+    def wants_readout(self, loop: int) -> bool:
+        return self.first_readout is not None and (loop == self.first_readout or self.is_check(loop))
+
+    def met(self, loop: int, signals: LoopSignals) -> Tensor:
+        """Where the policy's own rule holds after `loop` (bool, signals.shape); nowhere between
+        checks. Checked every loop, the policy is asked every loop: it answers False before min_loops
+        itself, and a rule that remembers earlier loops records those loops too (the exact harness
+        has always run it so)."""
+        if self.every > 1 and not self.is_check(loop):
+            return torch.zeros(signals.shape, dtype=torch.bool, device=signals.state_change.device)
+        return self.policy.rule_met(loop, signals)
+
+    def consult(self, loop: int, new: Tensor, old: Tensor, readout: dict | None, states: dict | None = None) -> Tensor:
+        """The policy's halt decision (`Policy.halt`) at a check before the cap, from the states before /
+        after the loop, the readout signals (`readout_signals`, None without a readout at this loop)
+        and states: `state_signals(new, old)` when the caller has them already (they are computed only
+        at a check); False elsewhere. A decoder does not consult the policy at the cap, where every
+        token halts anyway (so no token counts as converged there; the exact harness asks `met`)."""
+        if self.at_cap(loop) or not self.is_check(loop):
+            return torch.zeros(new.shape[:2], dtype=torch.bool, device=new.device)
+        states = state_signals(new, old) if states is None else states
+        return self.policy.halt(loop, LoopSignals(state=new, **states, **(readout or {})))
+
+    def halt(self, loop: int, new: Tensor, old: Tensor, readout: dict | None, states: dict | None = None) -> Tensor:
+        """The halt decision after `loop` (bool (B, T)): every token at the cap, else `consult`."""
+        if self.at_cap(loop):
+            return torch.ones(new.shape[:2], dtype=torch.bool, device=new.device)
+        return self.consult(loop, new, old, readout, states)
+
+    def halt_at(self, loops: Tensor, new: Tensor, states: dict) -> Tensor:
+        """The halt decision of tokens each after its own loop (loops: LongTensor (B, T)), in one
+        policy call (the pool's step; requires per_token_loops); states: `state_signals` of them."""
+        stop = self.policy.halt(loops, LoopSignals(state=new, **states))
+        return stop | (loops >= self.cap)
+
+
+@dataclass
+class Freezing:
+    """Which tokens have halted (frozen), after which loop (exit_depth; 0 while live), and whether
+    their rule halted them (converged) rather than the cap: torch tensors or numpy arrays of one
+    shape. `update` rebinds the fields and never writes into them, so `copy` is cheap and a copy
+    (an exact-harness lane that splits) never sees its twin's later loops."""
+
+    frozen: Tensor | np.ndarray
+    exit_depth: Tensor | np.ndarray
+    converged: Tensor | np.ndarray
+
+    @classmethod
+    def start(cls, shape, device=None) -> Freezing:
+        """Nothing halted yet, as torch tensors (on device), or numpy arrays when device is "numpy"."""
+        if device == "numpy":
+            return cls(np.zeros(shape, bool), np.zeros(shape, np.int64), np.zeros(shape, bool))
+        frozen = torch.zeros(shape, dtype=torch.bool, device=device)
+        return cls(frozen, torch.zeros(shape, dtype=torch.long, device=device), frozen.clone())
+
+    @property
+    def live(self):
+        return ~self.frozen
+
+    def copy(self) -> Freezing:
+        return replace(self)
+
+    def update(self, loop: int, met, at_cap: bool):
+        """Freeze after `loop` the live tokens whose rule is `met` (bool, this shape), and at the cap
+        every live token; returns the tokens halted now."""
+        met = met & self.live
+        halt = self.live if at_cap else met
+        where = torch.where if isinstance(halt, Tensor) else np.where
+        self.exit_depth = where(halt, loop, self.exit_depth)
+        self.converged = self.converged | met
+        self.frozen = self.frozen | halt
+        return halt

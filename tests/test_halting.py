@@ -1,0 +1,55 @@
+"""The halting contract (recur_core/exits/halting.py): the schedule's checks and cap, and the
+freezing bookkeeping every halting run shares, on torch and numpy alike."""
+import numpy as np
+import pytest
+import torch
+
+from recur_core.exits.halting import Freezing, HaltSchedule
+from recur_core.exits.policies import ConvergenceExit, LatentDiff, Uniform
+from recur_core.exits.signals import LoopSignals
+
+
+def test_freezing_halts_met_live_tokens_and_every_live_token_at_the_cap():
+    f = Freezing.start(4, "numpy")
+    now = f.update(1, np.array([True, False, False, False]), at_cap=False)
+    assert now.tolist() == [True, False, False, False]
+    now = f.update(2, np.array([True, True, False, False]), at_cap=False)  # token 0 is frozen already
+    assert now.tolist() == [False, True, False, False]
+    now = f.update(3, np.array([False, False, True, False]), at_cap=True)
+    assert now.tolist() == [False, False, True, True] and f.frozen.all()
+    assert f.exit_depth.tolist() == [1, 2, 3, 3]
+    assert f.converged.tolist() == [True, True, True, False]  # token 3: only the cap stopped it
+
+
+def test_freezing_copy_never_sees_its_twins_later_loops():
+    f = Freezing.start((1, 3), "cpu")
+    twin = f.copy()
+    twin.update(1, torch.tensor([[True, False, True]]), at_cap=False)
+    assert not f.frozen.any() and (f.exit_depth == 0).all()
+    assert twin.exit_depth.tolist() == [[1, 0, 1]] and twin.frozen.dtype == torch.bool
+
+
+def signals_of(change):
+    change = torch.tensor([change], dtype=torch.float32)
+    return LoopSignals(state=torch.zeros(1, len(change[0]), 2), state_change=change)
+
+
+def test_schedule_consults_from_min_loops_every_check_and_halts_all_at_the_cap():
+    policy = LatentDiff(0.5, min_loops=2, r_max=6)
+    sched = HaltSchedule(policy, max_loops=9, check_every=2)
+    assert sched.cap == 6 and [sched.is_check(i) for i in range(1, 7)] == [False, True, False, True, False, True]
+    small = signals_of([0.1, 0.9])
+    assert sched.met(3, small).tolist() == [[False, False]]  # between checks: never
+    assert sched.met(4, small).tolist() == [[True, False]]
+    new = torch.ones(1, 2, 2)  # no change: the rule holds for both tokens
+    assert sched.consult(4, new, new, None).all() and not sched.consult(5, new, new, None).any()
+    assert not sched.consult(6, new, new, None).any()  # the decoders do not consult the cap's loop
+    assert sched.halt(6, new, new, None).all() and sched.at_cap(6) and not sched.at_cap(5)
+
+
+def test_readout_schedule_reads_out_before_its_first_check():
+    sched = HaltSchedule(ConvergenceExit(1e-3), max_loops=8, check_every=3)  # FIRST_CHECK = 2
+    assert sched.first_readout == 0 and [i for i in range(9) if sched.wants_readout(i)] == [0, 2, 5, 8]
+    assert HaltSchedule(Uniform(4), max_loops=8).first_readout is None
+    with pytest.raises(ValueError, match="check_every"):
+        HaltSchedule(Uniform(4), max_loops=8, check_every=0)

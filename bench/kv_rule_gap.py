@@ -33,6 +33,7 @@ from recur_core.analysis.trace import trace
 from recur_core.decoding.decode import Decoder
 from recur_core.decoding.teacher_forced import teacher_forced
 from recur_core.exits import catalogue
+from recur_core.exits.halting import HaltSchedule
 from recur_core.exits.policies import Policy, Uniform
 
 # Section 2's own grid, not A2's catalogue calibration grid: steps of 0.1 with the investigated tau (the
@@ -81,7 +82,7 @@ def tf(ckpt, windows, policy, rule, cap, seed, first=0):
 def keys_at(ckpt, windows, policy, rule, cap, seed):
     """(core keys (n_core, N, loops, Hkv, T, hd), exits (N, T), loops filled (N, T)) of a prefill."""
     ids = windows[:, :-1]
-    dec = Decoder(ckpt.model, policy, batch=len(ids), max_loops=cap, kv_rule=rule,
+    dec = Decoder(ckpt.model, HaltSchedule(policy, cap), batch=len(ids), kv_rule=rule,
                   noise=ckpt.model.seeded_state(range(len(ids)), seed))
     _, exits = dec.prefill(ids)
     T = ids.shape[1]

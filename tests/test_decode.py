@@ -21,6 +21,7 @@ from recur_core.decoding.decode import (
 )
 from recur_core.decoding.kv import KV_RULES
 from recur_core.decoding.teacher_forced import teacher_forced
+from recur_core.exits.halting import HaltSchedule
 from recur_core.exits.policies import ConvergenceExit, LatentDiff, LinearRouter, Uniform
 from recur_core.exits.signals import LoopSignals
 from recur_core.settings import seed_for
@@ -215,7 +216,7 @@ def test_continue_rule_is_the_uniform_forward_read_at_each_exit(ckpt, windows):
     ids, model = windows[:, :-1], ckpt.model
     sessions = {}
     for name, p in (("continue", policy), ("uniform", Uniform(6))):
-        dec = Decoder(model, p, batch=len(ids), max_loops=6, kv_rule="continue",
+        dec = Decoder(model, HaltSchedule(p, 6), batch=len(ids), kv_rule="continue",
                       noise=window_noise(model, len(ids), model.cfg.max_seq_len))
         for t in range(ids.shape[1]):
             dec.step(ids[:, t], t)
@@ -269,7 +270,7 @@ def test_cache_entries_of_halted_tokens(ckpt, windows, kv_rule):
     model, cap = ckpt.model, 6
     policy = LatentDiff(mixed_delta(model, windows, 1))
     ids = windows[:, :-1]
-    dec = Decoder(model, policy, batch=len(ids), max_loops=cap, kv_rule=kv_rule,
+    dec = Decoder(model, HaltSchedule(policy, cap), batch=len(ids), kv_rule=kv_rule,
                   noise=window_noise(model, len(ids), model.cfg.max_seq_len))
     for t in range(ids.shape[1]):
         dec.step(ids[:, t], t)

@@ -18,6 +18,7 @@ from recur_core.analysis.trace import trace
 from recur_core.decoding.fixed_point import fixed_point, needs_passes, settled_prefix
 from recur_core.decoding.kv import KV_RULES
 from recur_core.decoding.teacher_forced import teacher_forced
+from recur_core.exits.halting import HaltSchedule
 from recur_core.exits.policies import (
     ArgmaxStable,
     ConvergenceExit,
@@ -140,8 +141,8 @@ def test_any_first_guess_converges_to_the_same_result(context_heavy, windows, gu
     noise = model.seeded_state(range(B), SEED)
     start = {"ones": torch.ones(B, T, dtype=torch.long), "cap": torch.full((B, T), 8),
              "random": torch.randint(1, 9, (B, T), generator=torch.Generator().manual_seed(1))}[guess]
-    plain = fixed_point(model, ids, a1, max_loops=8, noise=noise, kv_rule="recompute")
-    seeded = fixed_point(model, ids, a1, max_loops=8, noise=noise, kv_rule="recompute", guess=start)
+    plain = fixed_point(model, ids, HaltSchedule(a1, 8), noise=noise, kv_rule="recompute")
+    seeded = fixed_point(model, ids, HaltSchedule(a1, 8), noise=noise, kv_rule="recompute", guess=start)
     assert torch.equal(plain.exits, seeded.exits)
     torch.testing.assert_close(plain.logits, seeded.logits, atol=TOL, rtol=1e-4)
     assert seeded.passes <= T and plain.passes <= T

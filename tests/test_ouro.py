@@ -18,6 +18,7 @@ from recur_core.analysis.trace import trace
 from recur_core.decoding.decode import Decoder, full_depth_logits, generate
 from recur_core.decoding.serve import Request, serve
 from recur_core.decoding.teacher_forced import teacher_forced
+from recur_core.exits.halting import HaltSchedule
 from recur_core.exits.policies import GateExit, Uniform, exit_cdf
 from recur_core.exits.signals import LoopSignals
 from recur_core.model.formats import describe_folder
@@ -191,7 +192,7 @@ def test_cached_decoding_reproduces_the_reference_logits(ouro):
     B, S = ids.shape
     model = ck.model
     with torch.no_grad():
-        dec = Decoder(model, Uniform(T), batch=B, max_loops=T, noise=model.seeded_state(range(B), 0), max_len=S)
+        dec = Decoder(model, HaltSchedule(Uniform(T), T), batch=B, noise=model.seeded_state(range(B), 0), max_len=S)
         first, _ = dec.prefill(ids[:, :5])
         rest = [dec.step(ids[:, p], p)[0] for p in range(5, S)]
     torch.testing.assert_close(torch.cat([first, torch.stack(rest, 1)], 1), logits, atol=ATOL, rtol=RTOL)
@@ -320,7 +321,7 @@ def test_a_halted_tokens_later_steps_run_only_when_a_later_token_reads_them():
     ids, P = ref["input_ids"][0], 5
     saved_rows = []
     for q in (0.3, 0.5, 0.7):
-        dec = Decoder(ck.model, GateExit.of_checkpoint(ck, q), max_loops=4, noise=ck.model.seeded_state([0], 0),
+        dec = Decoder(ck.model, HaltSchedule(GateExit.of_checkpoint(ck, q), 4), noise=ck.model.seeded_state([0], 0),
                       max_len=len(ids))
         rows, handle = _core_rows(ck.model)
         try:
@@ -363,7 +364,7 @@ def test_a_prompt_longer_than_the_cache_is_refused_and_nothing_is_lost():
     model = ck.model
 
     def session():
-        return Decoder(model, policy, max_loops=4, noise=model.seeded_state([0], 0), max_len=8)
+        return Decoder(model, HaltSchedule(policy, 4), noise=model.seeded_state([0], 0), max_len=8)
 
     with torch.no_grad():
         dec, clean = session(), session()

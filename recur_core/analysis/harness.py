@@ -146,7 +146,7 @@ def run_exact_sweep(ckpt_or_model: Checkpoint | LoopedLM, ids, policies: list[Po
     def run_alone(p: int, rows: range) -> tuple[list[int], tuple[np.ndarray, ...], SweepWork]:
         """One remembering policy on the window group `rows` (its own memory: groups run in parallel)."""
         out = _exact_batch(model, inputs[rows.start:rows.stop], targets[rows.start:rows.stop],
-                           model.seeded_state(rows, seed, T), policies[p].private(), caps[p])
+                           model.seeded_state(rows, seed, T), policies[p], caps[p])
         return [p], tuple(value.numpy()[None] for value in out), SweepWork(lane_loops=len(rows) * caps[p])
 
     def gather(item, result) -> None:

@@ -47,7 +47,7 @@ from .curves import EPS_GRID, fast_sums
 from .ground_truth import TOLERANCE, correct_at
 from .matching import cheapest
 from .parallel import map_batches
-from .trace import padding_token, progress_bar, resolve_cache, split_inputs, trace_batch, zero_weight_mask
+from .trace import Recording, padding_token, progress_bar, resolve_cache, split_inputs, trace_batch, zero_weight_mask
 
 LABEL_KINDS = ("argmax", "kl", "argmax_any", "kl_any")
 PROBE_FORMAT_VERSION = 2
@@ -182,7 +182,7 @@ def _harvest_batch(model, inputs, targets, noise, positions, max_loops, rows):
     loop has no later loop to label it)."""
     states = []
     gather = positions.to(inputs.device)[..., None].expand(-1, -1, model.cfg.d_model)
-    out = trace_batch(model, inputs, targets, noise, max_loops,
+    out = trace_batch(model, inputs, targets, noise, Recording(max_loops),
                       on_state=lambda loop, s: states.append(s.gather(1, gather).float().cpu()))
     at_positions = positions[..., None].expand(-1, -1, max_loops)
     argmax, kl_prev = out["argmax"].gather(1, at_positions), out["kl_prev"].gather(1, at_positions)

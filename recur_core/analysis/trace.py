@@ -36,6 +36,7 @@ harness (recur_core.analysis.harness) can reproduce the same noise.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -82,17 +83,27 @@ def readout_group(rows: int) -> int:
     return max(1, -(-READOUT_ROWS // max(rows, 1)))
 
 
+@dataclass(frozen=True)
+class Recording:
+    """What a trace records: loops 1 .. max_loops, the top-k tokens of each (0: none), and the chance
+    of a change that each A2 probe predicts (for LinearRouter's fast path)."""
+
+    max_loops: int
+    topk: int = 0
+    probes: Sequence = ()
+
+
 def trace_batch(model: LoopedLM, inputs: torch.Tensor, targets: torch.Tensor, noise: torch.Tensor,
-                max_loops: int, topk: int = 0, probes: Sequence = (),
-                on_state: Callable[[int, torch.Tensor], None] | None = None,
+                recording: Recording, on_state: Callable[[int, torch.Tensor], None] | None = None,
                 on_loop: Callable[[int], None] | None = None) -> dict[str, torch.Tensor]:
-    """Run one batch to max_loops; returns {field: (B, T, L) or (B, T, L, k)} tensors on the CPU.
+    """Run one batch as `recording` says; returns {field: (B, T, L) or (B, T, L, k)} tensors on the CPU.
 
     The core runs loop after loop; the readout (coda, head, statistics) takes `readout_group` loops'
     states at once, after the group's last core step. on_state(loop, state) is called after every
     core step (the probe harvest records states with it); on_loop(loop) too, except for the last
     loop, which is reported once every readout is done.
     """
+    max_loops, topk, probes = recording.max_loops, recording.topk, recording.probes
     targets = targets.to(inputs.device)
     e, state, _ = start_loops(model, inputs, noise, read_out=False)  # p_0 is read out with loop 1's group
     gated = model.exit_gate is not None
@@ -196,7 +207,7 @@ def trace(ckpt_or_model: Checkpoint | LoopedLM, ids, max_loops: int, seed: int =
         hit = store.load(store.trace_path(ckpt_id, key), key, shapes)
         if hit is not None:
             return _from_arrays(hit[0], max_loops, seed, ckpt_id, pad)
-    arrays = _compute(model, inputs, targets, max_loops, seed, topk, probes, batch_size, progress)
+    arrays = _compute(model, inputs, targets, Recording(max_loops, topk, probes), seed, batch_size, progress)
     if store is not None:
         store.save(store.trace_path(ckpt_id, key), key, arrays,
                    {"max_loops": max_loops, "seed": seed, "topk": topk, "checkpoint_id": ckpt_id,
@@ -279,9 +290,10 @@ def expected_shapes(input_shape, max_loops: int, topk: int, probe_ids: Sequence[
 
 
 @torch.inference_mode()
-def _compute(model, inputs, targets, max_loops, seed, topk, probes, batch_size, progress) -> dict:
+def _compute(model, inputs, targets, recording: Recording, seed, batch_size, progress) -> dict:
     device = next(model.parameters()).device
     N, T = inputs.shape
+    max_loops = recording.max_loops
     update, close = progress_bar(progress, N * max_loops, "trace (window-loops)")
 
     batches = [range(first, min(first + batch_size, N)) for first in range(0, N, batch_size)]
@@ -289,7 +301,7 @@ def _compute(model, inputs, targets, max_loops, seed, topk, probes, batch_size, 
 
     def run(rows: range) -> dict:
         return trace_batch(model, inputs[rows.start:rows.stop].to(device), targets[rows.start:rows.stop],
-                           model.seeded_state(rows, seed, T), max_loops, topk, probes,
+                           model.seeded_state(rows, seed, T), recording,
                            on_loop=(lambda loop: update(len(rows))) if lone else None)
     try:
         parts = map_batches(run, batches, device,

@@ -86,16 +86,17 @@ def default_max_loops(policy: Policy | None, ckpt: Checkpoint | None, max_loops:
 class Decoder:
     """One decoding session over B rows in lockstep: a cache, a halting schedule and a KV rule."""
 
-    def __init__(self, model: LoopedLM, policy: Policy, *, batch: int = 1, max_loops: int, kv_rule=None,
-                 noise: Tensor, check_every: int = 1, cache: LoopKVCache | None = None, max_len: int | None = None):
-        """max_len: the context the cache holds (default max_seq_len; generate sizes it to the prompt
-        plus the new tokens, which keeps a large model's per-loop caches small). kv_rule: a name or
-        rule of recur_core.decoding.kv (None: the model's default, kv.default_rule)."""
+    def __init__(self, model: LoopedLM, schedule: HaltSchedule, *, batch: int = 1, kv_rule=None, noise: Tensor,
+                 cache: LoopKVCache | None = None, max_len: int | None = None):
+        """schedule: the policy, its loop cap and check period (this session's own: a remembering
+        policy's memory is the schedule's). max_len: the context the cache holds (default
+        max_seq_len; generate sizes it to the prompt plus the new tokens, which keeps a large model's
+        per-loop caches small). kv_rule: a name or rule of recur_core.decoding.kv (None: the model's
+        default, kv.default_rule)."""
         self.model, self.B = model, batch
-        self.policy = policy.private()  # this session's own memory
+        self.schedule, self.policy = schedule, schedule.policy
         self.rule = named_rule(kv_rule, model)
-        self.schedule = HaltSchedule(self.policy, max_loops, check_every)
-        self.cap = self.schedule.cap
+        self.cap = schedule.cap
         cfg = model.cfg
         weight = model.embed.weight
         self.cache = cache or LoopKVCache(cfg, batch, self.cap, max_len or cfg.max_seq_len, weight.device,
@@ -357,8 +358,8 @@ def generate(ckpt_or_model, prompt, max_new_tokens: int, policy: Policy | None =
     check_chunk(prefill_chunk)
     cap = default_max_loops(policy, ckpt, max_loops)
     policy = policy if policy is not None else Uniform(cap)
-    dec = Decoder(model, policy, max_loops=cap, kv_rule=kv_rule, noise=model.seeded_state([0], seed),
-                  check_every=check_every, max_len=len(prompt_ids) + max_new_tokens)
+    dec = Decoder(model, HaltSchedule(policy, cap, check_every), kv_rule=kv_rule, noise=model.seeded_state([0], seed),
+                  max_len=len(prompt_ids) + max_new_tokens)
     sampler = torch.Generator().manual_seed(seed)
     sample = dict(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p)
     device = model.embed.weight.device

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..exits.halting import HaltSchedule
 from ..exits.policies import Policy
 from .decode import Decoder
 
@@ -80,22 +81,22 @@ def settled_prefix(exits: Tensor, previous: Tensor | None, passes: int) -> Tenso
 
 
 @torch.inference_mode()
-def fixed_point(model, ids: Tensor, policy: Policy, *, max_loops: int, noise: Tensor, kv_rule=None,
-                check_every: int = 1, guess: Tensor | None = None,
-                on_pass: Callable[[int, int], None] | None = None) -> FixedPoint:
+def fixed_point(model, ids: Tensor, schedule: HaltSchedule, *, noise: Tensor, kv_rule=None,
+                guess: Tensor | None = None, on_pass: Callable[[int, int], None] | None = None) -> FixedPoint:
     """Exact teacher-forced decoding of the inputs ids (B, T): what `Decoder.step` position by
-    position gives, by parallel passes until no exit can change (module docstring).
+    position gives, by parallel passes until no exit can change (module docstring), under
+    `schedule` (the policy, its loop cap and check period).
 
     guess: optional exits (B, T) to seed the first pass's context with (default: the plain prefill
     is the first pass); the result does not depend on it, only the number of passes. on_pass(settled
     positions summed over rows, B * T) is called after every pass."""
     B, T = ids.shape
-    dec = Decoder(model, policy, batch=B, max_loops=max_loops, kv_rule=kv_rule, noise=noise,
-                  check_every=check_every, max_len=T)
+    dec = Decoder(model, schedule, batch=B, kv_rule=kv_rule, noise=noise, max_len=T)
+    passes_needed = needs_passes(model, schedule.policy)
     previous = None
-    if guess is not None and needs_passes(model, policy):  # a pass that only writes the guess's exit states
+    if guess is not None and passes_needed:  # a pass that only writes the guess's exit states
         previous = guess.to(ids.device).clamp(1, dec.cap)
-        Decoder(model, _GuessedExits(previous), batch=B, max_loops=dec.cap, kv_rule=kv_rule, noise=noise,
+        Decoder(model, HaltSchedule(_GuessedExits(previous), dec.cap), batch=B, kv_rule=kv_rule, noise=noise,
                 cache=dec.cache, max_len=T).prefill(ids)
         dec.exit_context = True
     logits = exits = None
@@ -107,7 +108,7 @@ def fixed_point(model, ids: Tensor, policy: Policy, *, max_loops: int, noise: Te
             logits, exits = part_logits, part_exits
         else:
             logits[:, start:], exits[:, start:] = part_logits, part_exits
-        if not needs_passes(model, policy):
+        if not passes_needed:
             settled[:] = T
         else:
             settled = torch.maximum(settled, settled_prefix(exits, previous, passes))

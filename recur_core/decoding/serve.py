@@ -331,9 +331,8 @@ class Pool:
             rid, req, prompt_ids, policy = self.waiting.popleft()
             slot = free.pop(0)
             self.cache.reset_row(slot)
-            dec = Decoder(self.model, policy, max_loops=self.max_loops, kv_rule=req.kv_rule,
-                          noise=self.model.seeded_state([0], req.seed), check_every=req.check_every,
-                          cache=self.cache.row(slot))
+            dec = Decoder(self.model, HaltSchedule(policy, self.max_loops, req.check_every), kv_rule=req.kv_rule,
+                          noise=self.model.seeded_state([0], req.seed), cache=self.cache.row(slot))
             s = _Sequence(rid, slot, req, dec, prompt_ids, self.keep_logits)
             s.out.admitted_s = time.perf_counter()
             self.active[slot] = s

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import cancel
+from ..exits.halting import HaltSchedule
 from ..exits.policies import Policy
 from ..model.checkpoint import resolve_model
 from .decode import Decoder, default_max_loops
@@ -92,13 +93,13 @@ def teacher_forced(ckpt_or_model, windows, policy: Policy, kv_rule: str | None =
         if mode == "fixed_point":
             on_pass = None if position_progress is None else (
                 lambda settled, total: position_progress(settled * T // total, T))
-            dec = fixed_point(model, ids[:, :-1], policy, max_loops=cap, noise=noise, kv_rule=kv_rule,
-                              check_every=check_every, on_pass=on_pass)
+            dec = fixed_point(model, ids[:, :-1], HaltSchedule(policy, cap, check_every), noise=noise,
+                              kv_rule=kv_rule, on_pass=on_pass)
             logits, ex = dec.logits, dec.exits
             passes.append(dec.passes)
         else:
-            dec = Decoder(model, policy, batch=len(rows), max_loops=cap, kv_rule=kv_rule, noise=noise,
-                          check_every=check_every, max_len=T)
+            dec = Decoder(model, HaltSchedule(policy, cap, check_every), batch=len(rows), kv_rule=kv_rule,
+                          noise=noise, max_len=T)
             if mode == "prefill":
                 logits, ex = dec.prefill(ids[:, :-1])
             else:

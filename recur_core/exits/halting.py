@@ -37,7 +37,8 @@ def start_loops(model: LoopedLM, inputs: torch.Tensor, noise: torch.Tensor, read
 
 
 class HaltSchedule:
-    """When a policy is consulted and read out, and its halt decision (steps 2-4 of the module doc).
+    """When a policy is consulted and read out, and its halt decision (steps 2-4 of the module doc),
+    for one run: a policy that remembers earlier loops gets its own memory (`Policy.private`).
 
     The policy is consulted at min_loops, then every check_every loops; every token halts at the
     cap = min(policy.r_max, max_loops). Readout policies (A1) read out at each check and once
@@ -48,7 +49,7 @@ class HaltSchedule:
     def __init__(self, policy: Policy, max_loops: int, check_every: int = 1):
         if check_every < 1:
             raise ValueError(f"check_every must be >= 1, got {check_every}")
-        self.policy, self.every = policy, check_every
+        self.policy, self.every = policy.private(), check_every
         self.cap = policy.cap(max_loops)
         self.min_loops = policy.min_loops
         self.needs_readout = policy.needs_readout

@@ -9,7 +9,8 @@ how each tensor is named; this module reads the folder:
   memory      `memory_estimate` (weights + one window's working memory) and `check_fits`, which
               refuses a folder before a byte of weights is read when the estimate exceeds what the
               device has free (or $RECUR_MEMORY_LIMIT).
-  loading     `build_model`: the model on the meta device, the weights read tensor by tensor (views
+  loading     `build_model` of a format's `TensorLayout` (its tensors' names, shapes and mapping onto
+              ours): the model on the meta device, the weights read tensor by tensor (views
               of the memory-mapped files when no conversion is needed, else converted one at a time),
               shapes checked against the config, assigned without a second copy.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -34,6 +36,22 @@ SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float1
 
 # {their tensor name: {our state-dict name: tensor}} for one tensor of a format
 TensorMap = Callable[[str, torch.Tensor], dict[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class TensorLayout:
+    """How a format's tensors map onto our state dict, for one config: `shapes` names its tensors
+    (names theirs) with their shapes, `to_ours` maps each to ours, `embed_name` is the tensor whose
+    stored dtype is the folder's, `skipped` tensors are ignored; copied(name): True for tensors
+    `to_ours` copies (read from a short-lived mapping, so the file's pages go once copied); `kind`
+    names the format in messages."""
+
+    kind: str
+    shapes: dict[str, tuple]
+    to_ours: TensorMap
+    embed_name: str
+    skipped: tuple[str, ...] = ()
+    copied: Callable[[str], bool] | None = None
 
 
 def model_type_of(path: Path) -> str | None:
@@ -182,22 +200,18 @@ def check_fits(est: dict[str, int], dtype: torch.dtype, device: torch.device, pa
 
 
 # -- loading --------------------------------------------------------------------------------------
-def build_model(path: Path, cfg: ModelConfig, shapes: dict[str, tuple], to_ours: TensorMap, *, kind: str,
-                embed_name: str, dtype: torch.dtype | None, device: torch.device, max_bytes: int | None,
-                skipped: tuple[str, ...] = (), copied: Callable[[str], bool] | None = None,
-                ) -> tuple[LoopedLM, torch.dtype, dict[str, int]]:
-    """(model, dtype, memory estimate) of a folder whose tensors have exactly `shapes` (names theirs),
-    mapped to our state dict by `to_ours`; `skipped` tensors are ignored, `kind` names the format
-    in messages. dtype None keeps the stored one (read from `embed_name`). copied(name): True for
-    tensors `to_ours` copies (read from a short-lived mapping, so the file's pages go once copied)."""
+def build_model(path: Path, cfg: ModelConfig, layout: TensorLayout, *, dtype: torch.dtype | None,
+                device: torch.device, max_bytes: int | None) -> tuple[LoopedLM, torch.dtype, dict[str, int]]:
+    """(model, dtype, memory estimate) of a folder whose tensors are exactly the layout's. dtype None
+    keeps the stored one (read from the layout's embed_name)."""
     if not (path / TOKENIZER).is_file():
-        raise CheckpointError(f"{path}: {TOKENIZER} is missing (a {kind} folder ships its tokenizer)")
+        raise CheckpointError(f"{path}: {TOKENIZER} is missing (a {layout.kind} folder ships its tokenizer)")
     files = weight_files(path)
-    dtype = dtype or stored_dtype(files, path, embed_name)
-    est = check_fits(memory_estimate(cfg, shapes, dtype), dtype, device, path, max_bytes)
+    dtype = dtype or stored_dtype(files, path, layout.embed_name)
+    est = check_fits(memory_estimate(cfg, layout.shapes, dtype), dtype, device, path, max_bytes)
     with torch.device("meta"):
         model = LoopedLM(cfg)
-    state = read_weights(path, files, shapes, to_ours, dtype, device, kind, skipped, copied)
+    state = read_weights(path, files, layout, dtype, device)
     check_state_dict(model, state, str(path))
     model.load_state_dict(state, assign=True)
     model.reset_rope(device)
@@ -205,13 +219,12 @@ def build_model(path: Path, cfg: ModelConfig, shapes: dict[str, tuple], to_ours:
     return model, dtype, est
 
 
-def read_weights(path: Path, files: dict[str, list[str]], shapes: dict[str, tuple], to_ours: TensorMap,
-                 dtype: torch.dtype, device: torch.device, kind: str,
-                 skipped: tuple[str, ...] = (), copied: Callable[[str], bool] | None = None,
-                 ) -> dict[str, torch.Tensor]:
+def read_weights(path: Path, files: dict[str, list[str]], layout: TensorLayout, dtype: torch.dtype,
+                 device: torch.device) -> dict[str, torch.Tensor]:
     """Our state dict, read tensor by tensor (views of each file's lazily mapped tensors when no
     conversion or copy is needed; otherwise one tensor at a time from its own mapping), shapes
     checked first."""
+    shapes, kind, skipped, copied = layout.shapes, layout.kind, layout.skipped, layout.copied
     state, seen = {}, set()
     for file, listed in files.items():
         with open_safetensors(path / file) as f:
@@ -236,7 +249,7 @@ def read_weights(path: Path, files: dict[str, list[str]], shapes: dict[str, tupl
                 else:  # converted alone, from its own short-lived mapping, so the source pages go
                     with open_safetensors(path / file) as one:
                         t = one.get_tensor(name).to(device=device, dtype=dtype)
-                state.update(to_ours(name, t))
+                state.update(layout.to_ours(name, t))
                 seen.add(name)
     missing = sorted(set(shapes) - seen)
     if missing:

@@ -170,9 +170,10 @@ def load_huginn(path: str | Path, device: str | torch.device = "cpu", dtype=None
     """
     path, device = Path(path), torch.device(device)
     cfg, recipe, hf = read_config(path)
-    model, dtype, est = hf_folder.build_model(
-        path, cfg, huginn_shapes(cfg), lambda name, t: huginn_tensors(name, t, cfg), kind="Huginn",
-        embed_name=EMBED, dtype=resolve_dtype(dtype), device=device, max_bytes=max_bytes, skipped=_skipped(cfg))
+    layout = hf_folder.TensorLayout("Huginn", huginn_shapes(cfg), lambda name, t: huginn_tensors(name, t, cfg), EMBED,
+                                    skipped=_skipped(cfg))
+    model, dtype, est = hf_folder.build_model(path, cfg, layout, dtype=resolve_dtype(dtype), device=device,
+                                              max_bytes=max_bytes)
     meta = {"format": MODEL_TYPE, "name": hf.get("name") or path.name, "recipe": recipe,
             "dtype": str(dtype).removeprefix("torch."), "device": str(device), "n_params": est["n_params"],
             "memory_estimate": est}

@@ -171,9 +171,9 @@ def load_ouro(path: str | Path, device: str | torch.device = "cpu", dtype=None,
     """
     path, device = Path(path), torch.device(device)
     cfg, recipe, hf = read_config(path)
-    model, dtype, est = hf_folder.build_model(
-        path, cfg, ouro_shapes(cfg), OuroTensors(), kind="Ouro", embed_name=EMBED, dtype=resolve_dtype(dtype),
-        device=device, max_bytes=max_bytes, copied=is_paired)
+    layout = hf_folder.TensorLayout("Ouro", ouro_shapes(cfg), OuroTensors(), EMBED, copied=is_paired)
+    model, dtype, est = hf_folder.build_model(path, cfg, layout, dtype=resolve_dtype(dtype), device=device,
+                                              max_bytes=max_bytes)
     meta = {"format": MODEL_TYPE, "name": _name(hf, path), "recipe": recipe, "exit_steps": recipe["r_bar"],
             "dtype": str(dtype).removeprefix("torch."), "config_dtype": config_dtype(hf), "device": str(device),
             "n_params": est["n_params"], "memory_estimate": est}

@@ -122,7 +122,7 @@ def undocumented(report: dict) -> set[str]:
             stem, brackets = part.removesuffix("[]"), "[]" if part.endswith("[]") else ""
             names = PLACEHOLDERS.get(stem, [stem]) if not stem.startswith("<") or stem in PLACEHOLDERS else None
             parts.append("(?:" + "|".join(re.escape(n) for n in names) + ")" if names else r"[^.\[]+")
-            parts[-1] += re.escape(brackets)
+            parts[-1] += r"(?:\[\])?" if brackets else ""  # a list of numbers is itself the leaf
         patterns.append(re.compile(r"\.".join(parts) + r"(?:[.\[].*)?$"))
     return {path for path in report_paths(report) if not any(p.match(path) for p in patterns)}
 

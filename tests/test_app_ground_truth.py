@@ -47,9 +47,12 @@ def test_ground_truth_page_plots_and_tooltips(hops_env):
     assert not at.error
     figs = [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
     boxes = next(f for f in figs if any(t.get("type") == "box" for t in f["data"]))
-    # A1, latent, A2 per trained label kind (a kind whose labels are one class is refused) and
-    # Huginn's four other criteria
-    assert 6 <= len(boxes["data"]) <= 10
+    # A1, latent, A2 per trained label kind (a kind whose labels are one class is refused), Huginn's
+    # four other criteria, Accel and the certified exit at the checkpoint's measured L (issue 48)
+    assert 8 <= len(boxes["data"]) <= 12
+    from recur_core.exits import catalogue
+    shown = {t["name"].split(" · ")[0] for t in boxes["data"]}
+    assert {catalogue.display("Accel"), catalogue.display("Certified")} <= shown, shown
     lines = next(f for f in figs if f["layout"]["title"]["text"].startswith("Answer accuracy against loops"))
     assert len(lines["data"]) == 4  # hop counts 1..3 trained, 4 unseen
     assert any(m.label.startswith("Spearman") for m in at.metric)

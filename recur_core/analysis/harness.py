@@ -5,6 +5,8 @@ signals and decides which tokens halt; halted tokens are frozen (their state is 
 while the other tokens keep looping and still attend to the frozen states. When every token has
 halted, the final states are read out once (coda + head, with each token attending to the others'
 final states) and scored. No compute is saved; this measures what the policy's outputs would be.
+The loop's order, the consultation, the freezing and the cap are the halting contract the decoders
+share (recur_core.exits.halting: `start_loops`, `HaltSchedule.met`, `Freezing`).
 
 This differs from the fast path (a token scored at its exit loop in the uniform run) in two ways:
 later tokens see frozen rather than still-updated context, and the coda reads the final states of

@@ -42,7 +42,7 @@ import torch
 from recur_core import load_checkpoint
 from recur_core.analysis.ground_truth import load_ground_truth
 from recur_core.analysis.matching import Match
-from recur_core.analysis.probe import load_or_train_probes
+from recur_core.analysis.probe import ProbeSpec, load_or_train_probes
 from recur_core.decoding.decode import generate, generation_drift
 from recur_core.exits import catalogue
 from recur_core.exits.policies import Policy, Uniform
@@ -169,7 +169,7 @@ def calibrate(calibrator: LossCalibrator, work: Workload, args) -> Calibration:
 def kl_probe(work: Workload, seed: int):
     """A2's probe, trained on A1's KL labels (or read from the cache)."""
     t = time.perf_counter()
-    probe = load_or_train_probes(work.ckpt, work.cap, seed, kinds=("kl",))["kl"]
+    probe = load_or_train_probes(work.ckpt, work.cap, seed, ProbeSpec(kinds=("kl",)))["kl"]
     held = probe.metrics.get("heldout", {})
     log(f"  A2 probe on A1's labels (KL >= {probe.label_eps:g} after the loop): held-out AUC "
         f"{held.get('auc', float('nan')):.3f}, accuracy {held.get('accuracy', float('nan')):.3f} "

@@ -50,7 +50,7 @@ import torch
 from recur_core import load_checkpoint
 from recur_core.analysis.ground_truth import load_ground_truth
 from recur_core.analysis.matching import match_threshold
-from recur_core.analysis.probe import load_or_train_probes
+from recur_core.analysis.probe import ProbeSpec, load_or_train_probes
 from recur_core.decoding.serve import Request, serve
 from recur_core.exits import catalogue
 from recur_core.exits.policies import Policy, Uniform
@@ -180,7 +180,7 @@ def calibrate(ckpt, args, cap, r_bar) -> Calibration:
     """Thresholds matched to A0@r_bar's teacher-forced quality; read from / written to --calibration when given."""
     path = Path(args.calibration) if args.calibration else None
     saved = read_calibration(path, ckpt.checkpoint_id, cap) if path is not None and path.exists() else None
-    probe = None if args.no_a2 else load_or_train_probes(ckpt, cap, args.seed, kinds=("kl",))["kl"]
+    probe = None if args.no_a2 else load_or_train_probes(ckpt, cap, args.seed, ProbeSpec(kinds=("kl",)))["kl"]
     if saved is not None:
         log(f"  calibration read from {path}: {saved['metric']} target {saved['target']:.5f} "
             f"({saved['windows']} windows)")

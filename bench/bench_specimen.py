@@ -20,9 +20,10 @@ import time
 import numpy as np
 
 from recur_core import load_checkpoint
-from recur_core.analysis.allocation import allocation
+from recur_core.analysis.allocation import allocation, allocation_families
 from recur_core.analysis.cache import TraceCache
 from recur_core.analysis.curves import fast_sums, smallest_uniform_depth
+from recur_core.analysis.exact import ExactPath
 from recur_core.analysis.ground_truth import answer_hops, load_ground_truth, uniform_answer_accuracy
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
@@ -92,7 +93,7 @@ def main(argv=None) -> dict:
           f"[{rise.ci_low:.1f}, {rise.ci_high:.1f}]")
 
     if not args.fast_only:
-        exact = allocation(tr, boot, r_max, r_bar, exact=(ckpt, windows), cache=TraceCache(), progress=True)
+        exact = allocation(tr, boot, r_bar, allocation_families(r_max), ExactPath(ckpt, windows, TraceCache(), True))
         match = exact["report"]["a1_loops_to_match_a0_rbar"]
         best = smallest_uniform_depth(tr, match["a0_loss"], r_max)
         out["exact_a1"] = {**match, "best_uniform_depth": best,

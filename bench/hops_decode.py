@@ -28,7 +28,7 @@ import torch
 from recur_core import load_checkpoint
 from recur_core.analysis.ground_truth import load_ground_truth, probe_answers
 from recur_core.analysis.matching import Match
-from recur_core.analysis.probe import load_or_train_probes
+from recur_core.analysis.probe import ProbeSpec, load_or_train_probes
 from recur_core.decoding.teacher_forced import teacher_forced
 from recur_core.exits import catalogue
 from recur_core.exits.policies import Uniform
@@ -86,7 +86,7 @@ def match_policies(calibrator: AccuracyCalibrator, ckpt, cap: int, target: float
                for name in ("A1", "latent")}
     if not args.no_a2:
         answers = probe_answers(ckpt.path, SETTINGS.probe_windows)  # labels matched on answers, as the card's
-        for kind, probe in load_or_train_probes(ckpt, cap, args.seed, n_windows=SETTINGS.probe_windows,
+        for kind, probe in load_or_train_probes(ckpt, cap, args.seed, ProbeSpec(n_windows=SETTINGS.probe_windows),
                                                 answers=answers).items():
             matched[f"A2_{kind}"] = calibrator.match(lambda th, probe=probe: catalogue.make("A2", th, r_max=cap, probe=probe),
                                                      catalogue.FAMILIES["A2"].calibration, target, args.bisect)

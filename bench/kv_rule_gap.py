@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from recur_core import load_checkpoint
 from recur_core.analysis.curves import TOKEN_CLASSES, vocab_classes
 from recur_core.analysis.harness import run_exact
-from recur_core.analysis.probe import load_or_train_probes
+from recur_core.analysis.probe import ProbeSpec, load_or_train_probes
 from recur_core.analysis.trace import trace
 from recur_core.decoding.decode import Decoder
 from recur_core.decoding.teacher_forced import teacher_forced
@@ -105,7 +105,7 @@ def main(argv=None):
     r_bar, cap = ckpt.recipe.depth, ckpt.recipe.r_max
     windows = ckpt.windows("eval")
     cal, held = windows[:args.cal], windows[args.cal:args.cal + args.held]
-    probe = load_or_train_probes(ckpt, cap, args.seed, kinds=("kl",))["kl"]
+    probe = load_or_train_probes(ckpt, cap, args.seed, ProbeSpec(kinds=("kl",)))["kl"]
     a2 = lambda tau: catalogue.make("A2", tau, r_max=cap, probe=probe)  # noqa: E731
     out = {}
     sections = {int(x) for x in args.sections.split(",")}

@@ -29,8 +29,9 @@ import torch
 from recur_core import load_checkpoint
 from recur_core.analysis.certify import LIPSCHITZ_WINDOWS, measured_lipschitz, readout_lipschitz, violations
 from recur_core.analysis.dynamics import REGIMES, dynamics, overthinking, overthinking_loops
-from recur_core.analysis.exact import decoded_results, exact_results
+from recur_core.analysis.exact import ExactPath, decoded_results
 from recur_core.analysis.ground_truth import (
+    Labels,
     answer_hops,
     eos_id,
     ground_truth_section,
@@ -109,9 +110,9 @@ def accel(args) -> dict:
     lip = measured_lipschitz(ckpt, SETTINGS.trace_loops(ckpt.recipe), SETTINGS.seed)
     families = {name: catalogue.sweep(name, r_max) for name in ("A1", "Accel")}
     families["Certified"] = [catalogue.make("Certified", lip["lipschitz"], r_max=r_max)]  # at its measured L
-    gt = ground_truth_section(tr, hops, max_train, eos_id(ckpt.tokenizer()), r_max, r_bar,
-                              Bootstrap(tr.n_windows, SETTINGS.n_boot, SETTINGS.seed), exact=(ckpt, windows),
-                              families=families, progress=True)
+    gt = ground_truth_section(tr, Labels(hops, max_train, eos_id(ckpt.tokenizer())), r_max, r_bar,
+                              Bootstrap(tr.n_windows, SETTINGS.n_boot, SETTINGS.seed), families,
+                              ExactPath(ckpt, windows, progress=True))
     out = {"windows": len(windows), "lipschitz": lip, "target_accuracy": gt["target_accuracy"], "best_uniform_depth": gt["best_uniform_depth"],
            "policies": {n: {k: p[k] for k in ("threshold", "answer_accuracy", "mean_loops", "vs_best_uniform_loops_ratio",
                                               "matches_a0_rbar", "evaluated_by")} for n, p in gt["policies"].items()}}
@@ -156,7 +157,7 @@ def gt_cost(args) -> dict:
     out = {"windows": len(windows), "harness_s": {}, "thresholds": {}}
     for name, policies in families.items():
         t0 = time.perf_counter()
-        exact_results(ckpt, windows, policies, loops, SETTINGS.seed, cache=False)
+        ExactPath(ckpt, windows).results(policies, loops, SETTINGS.seed)
         out["harness_s"][name], out["thresholds"][name] = time.perf_counter() - t0, len(policies)
         print(f"{path}: {name:14s} {len(policies):2d} thresholds in the harness: {out['harness_s'][name]:.1f} s", flush=True)
     t0 = time.perf_counter()

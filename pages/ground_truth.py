@@ -35,9 +35,10 @@ if path == "exact" and not exact_ready:
     if job is None:  # minutes to hours on a CPU: started only when asked
         n_policies, n_windows = ground_truth.exact_size(m)
         st.warning(f"**The exact figures are not computed yet, and on a CPU they take long**: tens of minutes on a "
-                   f"small model, hours on a larger one. They run {n_policies} policy thresholds on {n_windows} eval "
-                   "windows in the masking harness, then decode the readout rules (A1, Huginn's KL / entropy / "
-                   "argmax) near their operating points, and the certified exit at the checkpoint's measured L; once started, the bar shows the time left at its own pace "
+                   f"small model, hours on a larger one. They run the state rules' {n_policies} thresholds on {n_windows} "
+                   "eval windows in the masking harness, then decode the readout rules (A1, Huginn's KL / entropy / "
+                   "argmax) near their operating points, and the certified exit at the checkpoint's measured L; "
+                   "once started, the bar shows the time left at its own pace "
                    "and Stop acts within seconds. The result is cached on disk (`python -m recur_core.analyze` "
                    "fills the same cache). The **fast path** is shown below meanwhile.", icon=":material/schedule:")
         st.button("Compute the exact figures", key="gt_start_exact", on_click=ground_truth.start_exact,

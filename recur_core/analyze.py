@@ -1,6 +1,6 @@
 """`python -m recur_core.analyze CKPT`: the paper's measurements on a checkpoint, as report.json.
 
-Steps: train (or load from the cache) the A2 probes on the checkpoint's training-side windows (four
+Steps (recur_core.analysis.study, the pipeline the app shares): train (or load from the cache) the A2 probes on the checkpoint's training-side windows (four
 label kinds; the KL labels' ε tied to A1's matched ε there, on answer accuracy where the windows have
 ground truth), trace the first --windows validation windows once to --max-loops (with the probes'
 chances) for elasticity, convergence, token classes and the fast allocation curves, then run the
@@ -19,9 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from .analysis.allocation import allocation, model_gate, operating_threshold
+from .analysis.allocation import operating_threshold
 from .analysis.cache import TraceCache
-from .analysis.certify import measured_lipschitz
 from .analysis.curves import (
     MOVING_KL,
     convergence,
@@ -31,21 +30,12 @@ from .analysis.curves import (
     token_classes,
     vocab_classes,
 )
-from .analysis.dynamics import REGIMES, dynamics, overthinking, overthinking_loops
-from .analysis.ground_truth import (
-    answer_hops,
-    eos_id,
-    ground_truth_section,
-    load_ground_truth,
-    operating_point_gaps,
-    print_ground_truth,
-    probe_answers,
-)
+from .analysis.dynamics import REGIMES, dynamics
+from .analysis.ground_truth import operating_point_gaps, print_ground_truth
 from .analysis.harness import SweepWork
 from .analysis.parallel import keep_freed_memory
-from .analysis.probe import LABEL_EPS_A1, ProbeSet, load_or_train_probes
-from .analysis.stats import Bootstrap
-from .analysis.trace import trace
+from .analysis.probe import LABEL_EPS_A1
+from .analysis.study import Study, StudySettings
 from .exits import catalogue
 from .exits.policies import ConvergenceExit
 from .model.formats import load_checkpoint
@@ -101,36 +91,26 @@ def main(argv=None) -> dict:
         ckpt.use_text(Path(args.text).read_text(), args.seq_len)
     out = Path(args.out) if args.out else Path("reports") / ckpt.checkpoint_id
     out.mkdir(parents=True, exist_ok=True)
-    cache = False if args.no_cache else TraceCache(args.cache_dir)
-    recipe = ckpt.recipe
-    max_loops = args.max_loops or SETTINGS.trace_loops(recipe)
-    r_max = min(recipe.r_max, max_loops)
-    r_bar = min(recipe.depth, r_max)
-    timing = {}
-
+    study = Study(ckpt, StudySettings(windows=args.windows, max_loops=args.max_loops, seed=args.seed, n_boot=args.n_boot,
+                                      probe_windows=args.probe_windows, probe_tokens=args.probe_tokens,
+                                      label_eps=args.label_eps, a1_first_check=args.a1_first_check,
+                                      batch_size=args.batch_size),
+                  cache=False if args.no_cache else TraceCache(args.cache_dir))
+    r_max, r_bar, timing = study.r_max, study.r_bar, {}
     t0 = time.perf_counter()
-    probes = load_or_train_probes(ckpt, r_max, args.seed, label_eps=args.label_eps, r_bar=r_bar,
-                                  n_windows=args.probe_windows, tokens_per_window=args.probe_tokens,
-                                  answers=probe_answers(args.checkpoint, args.probe_windows), cache=cache,
-                                  progress=True) if r_max >= 2 else ProbeSet({})
+    probes = study.probes(progress=True)
     timing["probes_s"] = time.perf_counter() - t0
-
     t0 = time.perf_counter()
-    windows = ckpt.windows("eval")[:args.windows]
-    tr = trace(ckpt, windows, max_loops, args.seed, probes=list(probes.values()),
-               batch_size=args.batch_size, cache=cache, progress=True)
+    tr = study.trace(progress=True)
     timing["trace_s"] = time.perf_counter() - t0
-
     t0 = time.perf_counter()
-    boot = Bootstrap(tr.n_windows, args.n_boot, args.seed)
-    grids = dict(probes=probes, a1_min_loops=args.a1_first_check, gate=model_gate(ckpt))
-    fast = allocation(tr, boot, r_max, r_bar, **grids)
+    boot = study.boot
+    fast = study.allocation()
     timing["analysis_s"] = time.perf_counter() - t0
     exact, work = None, SweepWork()
     if not args.fast_only:
         t0 = time.perf_counter()
-        exact = allocation(tr, boot, r_max, r_bar, **grids, exact=(ckpt, windows), cache=cache, progress=True,
-                           work=work)
+        exact = study.allocation(study.exact_path(progress=True, work=work))
         timing["exact_s"] = time.perf_counter() - t0
     headline = exact or fast
     a0_rbar_loss = fast["curves"]["A0"].loss[0, r_bar - 1]
@@ -138,11 +118,11 @@ def main(argv=None) -> dict:
     label_eps = next(iter(probes.values())).label_eps if probes else None
     report = {
         "checkpoint": {"path": str(Path(args.checkpoint).resolve()), "checkpoint_id": ckpt.checkpoint_id,
-                       "recipe": recipe.to_meta(), "recipe_defaulted": list(recipe.defaulted),
+                       "recipe": ckpt.recipe.to_meta(), "recipe_defaulted": list(ckpt.recipe.defaulted),
                        "step": ckpt.meta.get("step"), "n_params": ckpt.model.num_params()},
-        "settings": {**SETTINGS.as_dict(), "windows": tr.n_windows, "seq_len": tr.seq_len, "max_loops": max_loops,
-                     "seed": args.seed, "r_max": r_max, "r_bar": r_bar, "n_boot": args.n_boot, "ci_level": boot.level,
-                     "label_eps": label_eps,
+        "settings": {**SETTINGS.as_dict(), "windows": tr.n_windows, "seq_len": tr.seq_len,
+                     "max_loops": study.max_loops, "seed": args.seed, "r_max": r_max, "r_bar": r_bar,
+                     "n_boot": args.n_boot, "ci_level": boot.level, "label_eps": label_eps,
                      "label_eps_rule": next(iter(probes.values())).metrics.get("label_eps_rule") if probes else None,
                      "a1_first_check": args.a1_first_check, "moving_threshold": MOVING_KL, "device": args.device,
                      "path": headline["path"], "torch_threads": _threads()},
@@ -157,24 +137,18 @@ def main(argv=None) -> dict:
             tr, vocab_classes(ckpt.tokenizer(), ckpt.config.vocab_size),
             catalogue.make("A1", class_eps, r_max=r_max), boot)},
     }
-    report["certified_lipschitz"] = measured_lipschitz(ckpt, max_loops, args.seed)
-    gt = load_ground_truth(args.checkpoint)
-    if gt is not None:  # a checkpoint whose answer tokens have known hop counts (training/hops.py)
+    report["certified_lipschitz"] = study.lipschitz
+    if study.labels is not None:  # a checkpoint whose answer tokens have known hop counts
         t0 = time.perf_counter()
-        section = lambda exact: ground_truth_section(  # noqa: E731
-            tr, *gt, eos_id(ckpt.tokenizer()), r_max, r_bar, boot, probes,
-            exact=exact, cache=cache, progress=True, lipschitz=report["certified_lipschitz"]["lipschitz"])
-        fast_gt = section(None)
-        report["ground_truth"] = fast_gt if args.fast_only else section((ckpt, windows))
+        fast_gt = study.ground_truth()
+        report["ground_truth"] = fast_gt if args.fast_only else study.ground_truth(study.exact_path(progress=True))
         if not args.fast_only:
             report["ground_truth_fast"] = {**fast_gt, "fast_minus_exact": operating_point_gaps(fast_gt,
                                                                                               report["ground_truth"])}
         timing["ground_truth_s"] = time.perf_counter() - t0
     if args.overthinking:
         t0 = time.perf_counter()
-        deep = trace(ckpt, windows, overthinking_loops(recipe.r_max), args.seed, batch_size=args.batch_size,
-                     cache=cache, progress=True)
-        report["overthinking"] = overthinking(deep, boot, r_max, None if gt is None else answer_hops(deep, gt[0]))
+        report["overthinking"] = study.overthinking(progress=True)
         timing["overthinking_s"] = time.perf_counter() - t0
     if exact is not None:
         report["fast_minus_exact"] = fast_minus_exact(fast["curves"], exact["curves"], boot)

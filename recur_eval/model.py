@@ -85,8 +85,8 @@ def make_policy(ckpt, policy: str = "a1", threshold: float | None = None, loops:
         raise ValueError(f"loops sets A0's depth; policy {fam.name} takes threshold (and max_loops for its cap)")
     router = None
     if fam.needs_probe:
-        from recur_core.analysis.probe import load_or_train_probes
-        router = load_or_train_probes(ckpt, cap, seed, kinds=(probe,))[probe]
+        from recur_core.analysis.probe import ProbeSpec, load_or_train_probes
+        router = load_or_train_probes(ckpt, cap, seed, ProbeSpec(kinds=(probe,)))[probe]
     return catalogue.make(fam.name, threshold, r_max=cap, min_loops=None if min_loops is None else int(min_loops),
                           probe=router)
 

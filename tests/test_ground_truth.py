@@ -96,14 +96,15 @@ EXACT_EPS, EXACT_LOOPS, EXACT_SEED = (0.0, 1e-3, 0.05, float("inf")), 5, 3
 def exact_gt(hops_ckpt):
     """(ckpt, windows, trace, exact ground_truth section) of 6 programs, 5 loops."""
     from recur_core import load_checkpoint
-    from recur_core.analysis.ground_truth import eos_id, ground_truth_section
+    from recur_core.analysis.exact import ExactPath
+    from recur_core.analysis.ground_truth import Labels, ground_truth_section, operating_point_families
     from recur_core.analysis.stats import Bootstrap
     from recur_core.analysis.trace import trace
     ckpt = load_checkpoint(hops_ckpt)
-    windows, (hops, max_train) = ckpt.windows("eval")[:6].numpy(), load_ground_truth(hops_ckpt)
+    windows = ckpt.windows("eval")[:6].numpy()
     tr = trace(ckpt, windows, EXACT_LOOPS, seed=EXACT_SEED, cache=False)
-    gt = ground_truth_section(tr, hops, max_train, eos_id(ckpt.tokenizer()), EXACT_LOOPS, 3, Bootstrap(6, 20), None,
-                              EXACT_EPS, (), exact=(ckpt, windows))
+    families = operating_point_families(EXACT_LOOPS, None, EXACT_EPS, ())
+    gt = ground_truth_section(tr, Labels.of(ckpt), EXACT_LOOPS, 3, Bootstrap(6, 20), families, ExactPath(ckpt, windows))
     return ckpt, windows, tr, gt
 
 
@@ -116,7 +117,7 @@ def _masks(ckpt, tr, hops_ckpt):
 
 @pytest.mark.slow
 def test_exact_ground_truth_curves_equal_a_naive_run_per_policy(exact_gt, hops_ckpt):
-    """Every threshold of every family's curve: answer accuracy and mean loops equal one full-width
+    """Every threshold of every state rule's curve: answer accuracy and mean loops equal one full-width
     masking-harness run of that policy alone (test_harness.naive_exact)."""
     from test_harness import naive_exact
 
@@ -125,6 +126,8 @@ def test_exact_ground_truth_curves_equal_a_naive_run_per_policy(exact_gt, hops_c
     assert gt["path"] == "exact"
     trained, program = _masks(ckpt, tr, hops_ckpt)
     for name, family in operating_point_families(EXACT_LOOPS, None, EXACT_EPS, ()).items():
+        if family[0].needs_readout:  # a readout rule's curve is what decoding got (the next test)
+            continue
         for policy, point in zip(family, gt["policies"][name]["curve"], strict=True):
             _, depth, _, argmax = naive_exact(ckpt.model, windows, policy.private(), EXACT_LOOPS, seed=EXACT_SEED)
             assert point["threshold"] == policy.threshold
@@ -133,11 +136,15 @@ def test_exact_ground_truth_curves_equal_a_naive_run_per_policy(exact_gt, hops_c
 
 
 def test_exact_operating_points_are_what_decoding_gets(exact_gt, hops_ckpt):
-    """Readout rules' operating points come from teacher-forced decoding ("recompute"); state rules'
-    from the harness, whose exits equal decoding's for them."""
-    from recur_core.analysis.ground_truth import operating_point_families
+    """Readout rules' operating points come from teacher-forced decoding ("recompute"), walking from the
+    fast path's point, and every point of their curves is what decoding gets; state rules' come from
+    the harness, whose exits equal decoding's for them."""
+    from recur_core.analysis.ground_truth import Labels, ground_truth_section, operating_point_families
+    from recur_core.analysis.stats import Bootstrap
     from recur_core.decoding.teacher_forced import teacher_forced
     ckpt, windows, tr, gt = exact_gt
+    gt_fast = ground_truth_section(tr, Labels.of(ckpt), EXACT_LOOPS, 3, Bootstrap(6, 20),
+                                   operating_point_families(EXACT_LOOPS, None, EXACT_EPS, ()))
     trained, program = _masks(ckpt, tr, hops_ckpt)
     decode = lambda policy: teacher_forced(ckpt, windows, policy.private(), "recompute", seed=EXACT_SEED,  # noqa: E731
                                            max_loops=EXACT_LOOPS)
@@ -150,10 +157,17 @@ def test_exact_operating_points_are_what_decoding_gets(exact_gt, hops_ckpt):
         correct = out.argmax.numpy() == tr.targets
         assert pol["answer_accuracy"] == pytest.approx(float(correct[trained].mean())), name
         if not policy.needs_readout:
+            assert len(pol["curve"]) == len(family) and "fast_point" not in pol
             continue
-        decoded = pol["decoding_points"]
-        assert pol["harness_point"]["threshold"] in [p["threshold"] for p in pol["curve"]]
+        decoded = pol["curve"]  # the thresholds the walk decoded, each what decoding gets
+        fast_op = gt_fast["policies"][name]
+        assert pol["fast_point"] == {k: fast_op[k] for k in ("threshold", "mean_loops", "answer_accuracy")}
+        assert pol["fast_point"]["threshold"] in [p["threshold"] for p in decoded]  # the walk's start
         assert any(p["threshold"] == pol["threshold"] for p in decoded)
+        for point in decoded:
+            got = decode(next(p for p in family if p.threshold == point["threshold"]))
+            assert point["mean_loops"] == pytest.approx(float(got.exit_loop.numpy()[program].mean())), name
+            assert point["answer_accuracy"] == pytest.approx(float((got.argmax.numpy() == tr.targets)[trained].mean()))
         if pol["matches_a0_rbar"]:  # no decoded point that meets the target is cheaper
             assert pol["answer_accuracy"] >= gt["target_accuracy"]
             assert all(p["mean_loops"] >= pol["mean_loops"] for p in decoded

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from recur_core.analysis.allocation import exact_plan
+from recur_core.analysis.allocation import allocation, allocation_families, exact_plan
 from recur_core.analysis.curves import fast_curve, fast_minus_exact
+from recur_core.analysis.exact import ExactPath
 from recur_core.analysis.harness import run_exact, uniform_run_result
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
@@ -77,7 +78,7 @@ def test_the_exact_plan_refuses_a_trace_of_other_windows(ckpt, windows, tr):
     families = {"A0": [Uniform(2)], "A1": [ConvergenceExit(1e-3, r_max=R_MAX)]}
     fast = {name: fast_curve(tr, name, policies, boot) for name, policies in families.items()}
     with pytest.raises(ValueError, match="trace's windows"):
-        exact_plan(ckpt, windows[:2], families, fast, 2, tr, boot)
+        exact_plan(ExactPath(ckpt, windows[:2]), families, fast, 2, tr, boot)
 
 
 def test_frozen_tokens_stay_in_the_context(ckpt, windows, tr):
@@ -93,7 +94,7 @@ def test_fast_minus_exact_per_policy(ckpt, windows, tr):
     boot = Bootstrap(4, 50)
     families = {"A0": [Uniform(2), Uniform(R_MAX)], "A1": [ConvergenceExit(1e-3, r_max=R_MAX), ConvergenceExit(0.0, r_max=R_MAX)]}
     fast = {name: fast_curve(tr, name, policies, boot) for name, policies in families.items()}
-    exact = exact_plan(ckpt, windows, families, fast, 2, tr, boot)
+    exact = exact_plan(ExactPath(ckpt, windows), families, fast, 2, tr, boot)
     assert exact["A1"].thresholds == [1e-3, 0.0]  # two-point grids: every point is in the plan
     gap = fast_minus_exact(fast, exact, boot)
     for row in gap["A0"] + gap["A1"][1:]:  # uniform depth (and eps 0 = r_max): both paths agree
@@ -206,10 +207,9 @@ def test_bench_exact_prints_the_floor(tiny_ckpt, tmp_path):
 def test_exact_plan_points_equal_run_exact(ckpt, windows, tr):
     """The exact allocation's points are harness runs at their thresholds, at least 8 per family, and
     loops to match A0 at r_bar is decided between exact points that are grid neighbours."""
-    from recur_core.analysis.allocation import allocation, allocation_families
     from recur_core.analysis.curves import EPS_GRID
     boot = Bootstrap(4, 40)
-    res = allocation(tr, boot, R_MAX, 3, exact=(ckpt, windows))
+    res = allocation(tr, boot, 3, allocation_families(R_MAX), ExactPath(ckpt, windows))
     assert res["path"] == "exact"
     a1 = {p.threshold: p for p in allocation_families(R_MAX)["A1"]}
     points = res["report"]["A1"]

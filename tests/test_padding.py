@@ -12,6 +12,7 @@ from tiny import make_tiny_hops_checkpoint
 from recur_core import load_checkpoint
 from recur_core.analysis import allocation as alloc
 from recur_core.analysis.curves import convergence, elasticity, fast_sums, token_classes
+from recur_core.analysis.exact import ExactPath
 from recur_core.analysis.harness import run_exact
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import padding_token, trace, weighted_positions
@@ -56,7 +57,8 @@ def test_fast_statistics_skip_padding(hops):
 def test_exact_curves_skip_padding(hops):
     ckpt, windows, tr = hops
     boot = Bootstrap(tr.n_windows, 10, 0)
-    res = alloc.allocation(tr, boot, 4, 2, eps_grid=(1e-2,), tau_grid=(), exact=(ckpt, windows))
+    res = alloc.allocation(tr, boot, 2, alloc.allocation_families(4, eps_grid=(1e-2,), tau_grid=()),
+                           ExactPath(ckpt, windows))
     a1 = res["curves"]["A1"]
     naive = run_exact(ckpt, windows, ConvergenceExit(1e-2, r_max=4), 4, 0)
     keep = tr.scored

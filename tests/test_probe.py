@@ -7,6 +7,7 @@ from recur_core.analysis.cache import TraceCache
 from recur_core.analysis.probe import (
     Harvest,
     Probe,
+    ProbeSpec,
     auc,
     fit_logistic,
     harvest,
@@ -84,18 +85,18 @@ def test_harvest_and_cached_probes(tiny_ckpt, tmp_path):
     assert data.trace.kl_prev.shape == (3, ckpt.windows("probe").shape[1] - 1, 4)
 
     store = TraceCache(tmp_path)
-    kwargs = dict(n_windows=4, tokens_per_window=6, cache=store)
-    probes = load_or_train_probes(ckpt, 4, **kwargs)
+    kwargs = dict(cache=store)
+    probes = load_or_train_probes(ckpt, 4, 0, ProbeSpec(n_windows=4, tokens_per_window=6), **kwargs)
     assert set(probes) == {"argmax", "kl", "argmax_any", "kl_any"}
     files = sorted((tmp_path / ckpt.checkpoint_id / "probes").glob("*.safetensors"))
     assert len(files) == 4
-    again = load_or_train_probes(ckpt, 4, **kwargs)
+    again = load_or_train_probes(ckpt, 4, 0, ProbeSpec(n_windows=4, tokens_per_window=6), **kwargs)
     assert again["kl"].probe_id == probes["kl"].probe_id
     torch.testing.assert_close(again["kl"].weight, probes["kl"].weight)
 
     files[0].write_bytes(files[0].read_bytes()[:-10])  # truncate one probe: it is retrained, not returned
     with pytest.warns(UserWarning, match="corrupt probe file"):
-        rebuilt = load_or_train_probes(ckpt, 4, **kwargs)
+        rebuilt = load_or_train_probes(ckpt, 4, 0, ProbeSpec(n_windows=4, tokens_per_window=6), **kwargs)
     assert {p.probe_id for p in rebuilt.values()} == {p.probe_id for p in probes.values()}
 
 
@@ -147,7 +148,7 @@ def test_kl_label_eps_is_tied_to_a1s_matched_eps(ckpt, tmp_path):
     from recur_core.analysis.curves import fast_sums
     from recur_core.analysis.probe import a1_matched_eps
     from recur_core.exits.policies import ConvergenceExit, Uniform
-    probes = load_or_train_probes(ckpt, 4, n_windows=4, tokens_per_window=6, r_bar=2, cache=TraceCache(tmp_path))
+    probes = load_or_train_probes(ckpt, 4, 0, ProbeSpec(r_bar=2, n_windows=4, tokens_per_window=6), cache=TraceCache(tmp_path))
     data = harvest(ckpt, ckpt.windows("probe")[:4], max_loops=4, tokens_per_window=6)
     eps = a1_matched_eps(data.trace, 2, 4)
     target = fast_sums(data.trace, Uniform(2)).mean_loss
@@ -160,7 +161,7 @@ def test_kl_label_eps_is_tied_to_a1s_matched_eps(ckpt, tmp_path):
         else:
             assert probes[kind].label_eps == expected
             assert ("matched" if eps is not None else "fallback") in probes[kind].metrics["label_eps_rule"]
-    fixed = load_or_train_probes(ckpt, 4, n_windows=4, tokens_per_window=6, label_eps=0.05, cache=False)
+    fixed = load_or_train_probes(ckpt, 4, 0, ProbeSpec(label_eps=0.05, n_windows=4, tokens_per_window=6), cache=False)
     assert fixed["kl"].label_eps == 0.05 if "kl" in fixed else "label ε 0.05 nats" in fixed.refused["kl"]
 
 
@@ -173,7 +174,7 @@ def test_single_class_labels_are_refused_with_a_message(ckpt):
         train_probe(data, "kl")
     train_probe(data, "argmax")  # two classes: fitted
     with pytest.warns(UserWarning, match="a probe fit to one class is a constant"):
-        probes = load_or_train_probes(ckpt, 4, n_windows=4, tokens_per_window=6, label_eps=1e9, cache=False)
+        probes = load_or_train_probes(ckpt, 4, 0, ProbeSpec(label_eps=1e9, n_windows=4, tokens_per_window=6), cache=False)
     assert set(probes) == {"argmax", "argmax_any"} and set(probes.refused) == {"kl", "kl_any"}
     assert "all" in probes.refused["kl"] and "negative" in probes.refused["kl"]
 

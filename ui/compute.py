@@ -29,10 +29,10 @@ from recur_core.analysis.cache import TraceCache
 from recur_core.analysis.certify import measured_lipschitz
 from recur_core.analysis.dynamics import answer_flips, overthinking, overthinking_loops
 from recur_core.analysis.dynamics import dynamics as state_dynamics
-from recur_core.analysis.exact import TextDecoding, decoded_text
-from recur_core.analysis.ground_truth import answer_hops, load_ground_truth, probe_answers
-from recur_core.analysis.probe import load_or_train_probes
+from recur_core.analysis.exact import ExactPath, TextDecoding, decoded_text
+from recur_core.analysis.ground_truth import answer_hops, load_ground_truth
 from recur_core.analysis.stats import Bootstrap
+from recur_core.analysis.study import Study
 from recur_core.analysis.trace import is_cached, refuse_if_too_big, trace
 from recur_core.exits import catalogue
 from recur_core.exits.policies import ConvergenceExit, GateExit, LinearRouter, Uniform
@@ -103,15 +103,16 @@ class Progress:
 FIRST_LOOK_WINDOWS = 16  # a page's first look at the eval set, while the full trace runs in the background
 
 
-def _train_probes(ckpt, path: str, progress=None, cache_only: bool = False):
-    """A2's probes as `python -m recur_core.analyze` trains them (KL labels matched on answer
-    accuracy where there is ground truth); {} when r_max < 2 or no probe windows ship."""
-    r_max = ckpt.recipe.r_max
-    if r_max < 2 or not (Path(path) / "probe_windows.safetensors").is_file():
-        return {}
-    return load_or_train_probes(ckpt, r_max, S.seed, n_windows=S.probe_windows, tokens_per_window=S.probe_tokens,
-                                r_bar=min(ckpt.recipe.depth, r_max), answers=probe_answers(path, S.probe_windows),
-                                cache=TraceCache(), progress=progress, cache_only=cache_only)
+def study(path: str, ckpt_id: str, device: str) -> Study:
+    """The checkpoint's Study with the app's settings (SETTINGS, the defaults of `python -m
+    recur_core.analyze`): the same steps and disk-cache keys as the report."""
+    return Study(_ckpt(path, ckpt_id, device), cache=TraceCache())
+
+
+def _train_probes(ckpt, progress=None, cache_only: bool = False):
+    """A2's probes as `python -m recur_core.analyze` trains them (Study.probes); {} when r_max < 2 or no
+    probe windows ship."""
+    return Study(ckpt, cache=TraceCache()).probes(progress, cache_only)
 
 
 @st.cache_resource(max_entries=6, show_spinner=False)
@@ -119,7 +120,7 @@ def probes(path: str, ckpt_id: str, device: str) -> dict:
     """A2's router probes (argmax and KL labels), from recur_core's probe cache or trained now."""
     bar = Progress("Training the A2 router probes (once per checkpoint)", "probe windows")
     try:
-        return _train_probes(_ckpt(path, ckpt_id, device), path, progress=bar)
+        return _train_probes(_ckpt(path, ckpt_id, device), progress=bar)
     finally:
         bar.close()
 
@@ -159,7 +160,7 @@ def eval_trace_ready(path: str, ckpt_id: str, device: str) -> bool:
     if job is not None:
         return job.finished and not (job.error or job.stopped)
     ckpt = _ckpt(path, ckpt_id, device)
-    prb = _train_probes(ckpt, path, cache_only=True)
+    prb = _train_probes(ckpt, cache_only=True)
     return prb is not None and is_cached(ckpt, _eval_windows(ckpt), trace_loops(ckpt), S.seed, topk=S.topk,
                                          probes=list(prb.values()), cache=TraceCache())
 
@@ -169,7 +170,7 @@ def start_eval_trace(path: str, ckpt_id: str, device: str) -> jobs.Job:
     ckpt = _ckpt(path, ckpt_id, device)
 
     def work(job: jobs.Job) -> None:
-        prb = _train_probes(ckpt, path, progress=job.progress("Training the A2 router probes", "probe windows"))
+        prb = _train_probes(ckpt, progress=job.progress("Training the A2 router probes", "probe windows"))
         windows = _eval_windows(ckpt)
         loops = trace_loops(ckpt)
         trace(ckpt, windows, loops, S.seed, topk=S.topk, probes=list(prb.values()), cache=TraceCache(),
@@ -334,7 +335,7 @@ def sweep_fast(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | None
     tr = source_trace(path, ckpt_id, device, ids, first_look=first_look)
     prb = {} if first_look else probes(path, ckpt_id, device)
     boot = Bootstrap(tr.n_windows, S.n_boot, S.seed)
-    res = alloc.allocation(tr, boot, r_max, r_bar, probes=prb, gate=gate(path, ckpt_id, device))
+    res = alloc.allocation(tr, boot, r_bar, alloc.allocation_families(r_max, probes=prb, gate=gate(path, ckpt_id, device)))
     return {"report": res["report"], "curves": res["curves"], "diffs": differences(res["curves"], boot),
             "n_windows": tr.n_windows, "seq_len": tr.seq_len, "probe_metrics": {k: p.metrics for k, p in prb.items()}}
 
@@ -360,15 +361,15 @@ def start_exact_sweep(path: str, ckpt_id: str, device: str, ids: tuple[int, ...]
     ckpt = _ckpt(path, ckpt_id, device)
 
     def work(job: jobs.Job) -> None:
-        prb = _train_probes(ckpt, path)
+        prb = _train_probes(ckpt)
         inputs = _eval_windows(ckpt)[:n_windows] if ids is None else np.asarray(ids, dtype=np.int64)
         tr = trace(ckpt, _eval_windows(ckpt) if ids is None else inputs, trace_loops(ckpt), S.seed, topk=S.topk,
                    probes=list(prb.values()), cache=TraceCache())
         tr = tr.subset(range(min(n_windows, tr.n_windows))) if ids is None else tr
-        alloc.allocation(tr, Bootstrap(tr.n_windows, S.n_boot, S.seed), r_max, r_bar, probes=prb,
-                         exact=(ckpt, inputs), cache=TraceCache(),
-                         progress=job.progress(f"Exact masking harness on {tr.n_windows} window(s), one pass per round",
-                                               "window passes"))
+        bar = job.progress(f"Exact masking harness on {tr.n_windows} window(s), one pass per round", "window passes")
+        alloc.allocation(tr, Bootstrap(tr.n_windows, S.n_boot, S.seed), r_bar,
+                         alloc.allocation_families(r_max, probes=prb, gate=alloc.model_gate(ckpt)),
+                         ExactPath(ckpt, inputs, TraceCache(), bar))
     return jobs.start(exact_key(path, ckpt_id, device, ids, n_windows), work)
 
 
@@ -377,8 +378,8 @@ def exact_cached(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | No
     """Whether the exact plan is already in the disk cache (e.g. written by `python -m recur_core.analyze`)."""
     ckpt, tr, inputs = _exact_inputs(path, ckpt_id, device, ids, n_windows)
     boot = Bootstrap(tr.n_windows, S.n_boot, S.seed)
-    return alloc.allocation_is_cached(tr, ckpt, inputs, boot, r_max, r_bar, probes=probes(path, ckpt_id, device),
-                                      gate=alloc.model_gate(ckpt), cache=TraceCache())
+    families = alloc.allocation_families(r_max, probes=probes(path, ckpt_id, device), gate=alloc.model_gate(ckpt))
+    return alloc.allocation(tr, boot, r_bar, families, ExactPath(ckpt, inputs, TraceCache(), cache_only=True)) is not None
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
@@ -390,12 +391,11 @@ def sweep_exact(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | Non
     ckpt, tr, inputs = _exact_inputs(path, ckpt_id, device, ids, n_windows)
     prb = probes(path, ckpt_id, device)
     boot = Bootstrap(tr.n_windows, S.n_boot, S.seed)
-    fast = alloc.allocation(tr, boot, r_max, r_bar, probes=prb, gate=alloc.model_gate(ckpt))
+    families = alloc.allocation_families(r_max, probes=prb, gate=alloc.model_gate(ckpt))
+    fast = alloc.allocation(tr, boot, r_bar, families)
     bar = Progress(f"Exact masking harness on {tr.n_windows} window(s): the plan's ε / τ points, one pass per round")
     try:
-        exact = alloc.allocation(tr, boot, r_max, r_bar, probes=prb, gate=alloc.model_gate(ckpt),
-                                 exact=(ckpt, inputs), cache=TraceCache(),
-                                 progress=bar)
+        exact = alloc.allocation(tr, boot, r_bar, families, ExactPath(ckpt, inputs, TraceCache(), bar))
     finally:
         bar.close()
     return {"report": exact["report"], "curves": exact["curves"], "diffs": differences(exact["curves"], boot),

@@ -3,8 +3,8 @@
 Only for checkpoints that carry ground truth (recur_core.analysis.ground_truth): multi-hop programs
 or the stories-reasoning mixture's word problems, an answer's depth in hops or composition steps; the
 examples, their labels and the unit are the checkpoint's task's (recur_core.tasks). The
-eval-set numbers are `recur_core.analysis.ground_truth.ground_truth_section` on the same trace and grids as
-`python -m recur_core.analyze`, so the page and report.json agree: exact (the masking harness, as
+eval-set numbers are the checkpoint's `recur_core.analysis.study.Study` ground truth, the same as
+`python -m recur_core.analyze`'s, so the page and report.json agree: exact (the masking harness, as
 real halting) by default, computed in the background into the harness's disk cache the first time,
 and the fast path one click away.
 """
@@ -14,17 +14,8 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from recur_core.analysis.cache import TraceCache
-from recur_core.analysis.ground_truth import (
-    eos_id,
-    ground_truth_section,
-    load_ground_truth,
-    operating_point_families,
-)
-from recur_core.analysis.stats import Bootstrap
-from recur_core.analysis.trace import trace
+from recur_core.analysis.ground_truth import load_ground_truth, operating_point_families
 from recur_core.exits import catalogue
-from recur_core.settings import SETTINGS
 from recur_core.tasks import Example
 
 from . import compute, jobs, state, text
@@ -71,36 +62,22 @@ def example_label(model: Handle, ex: Example, i: int) -> str:
     return f"#{i} · deepest answer {unit_words(ex.deepest, unit(model))} · {ex.text[:40]}…"
 
 
-def _inputs(path: str, ckpt_id: str, device: str):
-    """(trace, hops, max_train_hops, eos, probes, windows) of the canonical eval trace, read through
-    recur_core and its disk cache (no Streamlit: the background job calls it too)."""
-    ckpt = compute._ckpt(path, ckpt_id, device)
-    prb = compute._train_probes(ckpt, path)
-    windows = ckpt.windows("eval")[:SETTINGS.windows]
-    tr = trace(ckpt, windows, compute.trace_loops(ckpt), SETTINGS.seed, topk=SETTINGS.topk, probes=list(prb.values()),
-               cache=TraceCache())
-    hops, max_train = load_ground_truth(path)
-    return ckpt, tr, hops, max_train, eos_id(compute.tokenizer(path, ckpt_id)), prb, windows
-
-
-def _section(path: str, ckpt_id: str, device: str, r_max: int, r_bar: int, exact: bool, progress=None,
-             cache_only: bool = False) -> dict | None:
-    ckpt, tr, hops, max_train, eos, prb, windows = _inputs(path, ckpt_id, device)
-    return ground_truth_section(tr, hops, max_train, eos, r_max, r_bar, Bootstrap(tr.n_windows, SETTINGS.n_boot, SETTINGS.seed),
-                                prb, exact=(ckpt, windows) if exact else None,
-                                cache=TraceCache() if exact else False, progress=progress, cache_only=cache_only,
-                                lipschitz=compute.lipschitz(path, ckpt_id, device, None)["lipschitz"])
+def _section(path: str, ckpt_id: str, device: str, exact: bool, progress=None, cache_only: bool = False) -> dict | None:
+    """The section through the checkpoint's Study and its disk cache (no Streamlit: the background
+    job calls it too)."""
+    study = compute.study(path, ckpt_id, device)
+    return study.ground_truth(study.exact_path(progress, cache_only=cache_only) if exact else None)
 
 
 def section(model: Handle, exact: bool) -> dict:
     """The report's ground_truth section on the canonical eval trace: exact (report.json's
     `ground_truth`) or fast (`ground_truth_fast`)."""
-    return _cached_section(*model.key, model.r_max, model.r_bar, exact)
+    return _cached_section(*model.key, exact)
 
 
 @st.cache_data(max_entries=8, show_spinner="Scoring exits against the hop counts…")
-def _cached_section(path: str, ckpt_id: str, device: str, r_max: int, r_bar: int, exact: bool) -> dict:
-    return _section(path, ckpt_id, device, r_max, r_bar, exact)
+def _cached_section(path: str, ckpt_id: str, device: str, exact: bool) -> dict:
+    return _section(path, ckpt_id, device, exact)
 
 
 _EXACT_READY: set[tuple] = set()
@@ -117,29 +94,29 @@ def exact_ready(model: Handle) -> bool:
     job = jobs.get(key)
     if key in _EXACT_READY or (job is not None and job.finished and not (job.error or job.stopped)):
         return True
-    if _section(*model.key, model.r_max, model.r_bar, True, cache_only=True) is None:
+    if _section(*model.key, True, cache_only=True) is None:
         return False
     _EXACT_READY.add(key)  # on disk now: no need to read it all again on every rerun
     return True
 
 
 def exact_size(model: Handle) -> tuple[int, int]:
-    """(policy thresholds, eval windows) the exact section runs in the masking harness."""
-    ckpt = model.checkpoint()
-    families = operating_point_families(model.r_max, compute._train_probes(ckpt, model.path), SETTINGS.eps_grid,
-                                        SETTINGS.tau_grid, model.lipschitz(None)["lipschitz"])
-    return sum(map(len, families.values())), min(SETTINGS.windows, len(ckpt.windows("eval")))
+    """(policy thresholds, eval windows) the exact section runs in the masking harness: the state
+    rules' (the readout rules are decoded, walking from the fast path's operating points)."""
+    study = compute.study(*model.key)
+    families = operating_point_families(study.r_max, study.probes())
+    in_harness = sum(len(f) for f in families.values() if not f[0].needs_readout)
+    return in_harness, len(study.eval_windows)
 
 
 def start_exact(model: Handle) -> jobs.Job:
-    """The background job that runs every policy's thresholds in the masking harness, then decodes the
-    readout rules near their operating points (all cached on disk). The harness counts passes over
-    the windows (all policies that share lanes make one pass; each policy that remembers earlier loops
-    makes its own), each decoding counts windows decoded."""
+    """The background job that runs the state rules' thresholds in the masking harness, then decodes
+    the readout rules near their operating points (all cached on disk). The harness counts passes over
+    the windows (the state rules share lanes: one pass), each decoding counts windows decoded."""
     def work(job: jobs.Job) -> None:
-        _section(*model.key, model.r_max, model.r_bar, True,
-                 progress=job.progress("Exact: the masking harness (window passes), then each readout rule "
-                                       "decoded near its operating point (windows)"))
+        _section(*model.key, True,
+                 progress=job.progress("Exact: the state rules in the masking harness (window passes), then "
+                                       "each readout rule decoded near its operating point (windows)"))
     return jobs.start(exact_key(model), work)
 
 

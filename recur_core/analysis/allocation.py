@@ -44,8 +44,8 @@ from .curves import (
     matched_depth_table,
     sweep,
 )
-from .exact import exact_results
-from .harness import ExactResult, SweepWork, uniform_run_result
+from .exact import ExactPath
+from .harness import ExactResult, uniform_run_result
 from .matching import cheapest
 from .stats import Bootstrap
 from .trace import weighted_positions
@@ -84,34 +84,27 @@ def allocation_report(curves: dict[str, Curve], boot: Bootstrap, r_bar: int) -> 
     return report
 
 
-def allocation(tr: Trace, boot: Bootstrap, r_max: int, r_bar: int, *, eps_grid=EPS_GRID, tau_grid=TAU_GRID,
-               probes: dict | None = None, a1_min_loops: int = ConvergenceExit.FIRST_CHECK, gate=None, exact=None,
-               cache=False, progress=None, work: SweepWork | None = None) -> dict:
-    """Allocation curves, the matched-depth table and loops to match A0 at r_bar.
+def allocation(tr: Trace, boot: Bootstrap, r_bar: int, families: dict[str, list[Policy]],
+               exact: ExactPath | None = None) -> dict:
+    """Allocation curves of `families` (`allocation_families`), the matched-depth table and loops to
+    match A0 at r_bar.
 
-    Fast path (exact=None): every policy read off the trace; probes: {label kind: Probe} whose
-    chances the trace must hold (trace(..., probes=...)); gate: `model_gate(ckpt)` (the trace then holds
-    the gate's lambdas). Exact path: exact=(ckpt or model, ids) of
-    the traced windows; the plan's points run in the masking harness (`exact_plan`).
-    Returns {"curves": {name: Curve}, "report": JSON-ready dict, "path": "fast" | "exact"}; the exact
-    report also has "exact_points" {family: thresholds run exact}.
+    Fast path (exact=None): every policy read off the trace, which must hold the chances of their
+    probes (trace(..., probes=...)) and, for a gate family, the gate's lambdas. Exact path: `exact`
+    holds the traced windows; the plan's points run in the masking harness (`exact_plan`).
+    Returns {"curves": {name: Curve}, "report": JSON-ready dict, "path": "fast" | "exact"}, or None
+    when exact.cache_only and the plan is not cached; the exact report also has "exact_points"
+    {family: thresholds run exact}.
     """
-    families = allocation_families(min(r_max, tr.max_loops), eps_grid, tau_grid, probes, a1_min_loops, gate)
     fast = {name: fast_curve(tr, name, policies, boot) for name, policies in families.items()}
     if exact is None:
         return {"curves": fast, "report": allocation_report(fast, boot, r_bar), "path": "fast"}
-    curves = exact_plan(*exact, families, fast, r_bar, tr, boot, cache=cache, progress=progress, work=work)
+    curves = exact_plan(exact, families, fast, r_bar, tr, boot)
+    if curves is None:
+        return None
     report = allocation_report(curves, boot, r_bar)
     report["exact_points"] = {name: list(c.thresholds) for name, c in curves.items()}
     return {"curves": curves, "report": report, "path": "exact"}
-
-
-def allocation_is_cached(tr: Trace, ckpt, ids, boot: Bootstrap, r_max: int, r_bar: int, *, probes: dict | None = None,
-                         gate=None, cache=True) -> bool:
-    """Whether allocation(..., exact=(ckpt, ids)) would be served from the cache (no harness run)."""
-    families = allocation_families(min(r_max, tr.max_loops), probes=probes, gate=gate)
-    fast = {name: fast_curve(tr, name, policies, boot) for name, policies in families.items()}
-    return exact_plan(ckpt, ids, families, fast, r_bar, tr, boot, cache=cache, cache_only=True) is not None
 
 
 def operating_threshold(curve: Curve, target_loss: float, default: float) -> float:
@@ -123,13 +116,12 @@ def operating_threshold(curve: Curve, target_loss: float, default: float) -> flo
 
 
 # -- the exact plan -----------------------------------------------------------------------------------
-def exact_plan(ckpt_or_model, ids, families: dict[str, list[Policy]], fast: dict[str, Curve], r_bar: int,
-               tr: Trace, boot: Bootstrap, *, cache=False, progress=None, work: SweepWork | None = None,
-               cache_only: bool = False, rounds: int = MAX_ROUNDS) -> dict[str, Curve] | None:
+def exact_plan(exact: ExactPath, families: dict[str, list[Policy]], fast: dict[str, Curve], r_bar: int,
+               tr: Trace, boot: Bootstrap, rounds: int = MAX_ROUNDS) -> dict[str, Curve] | None:
     """Exact curves on the plan's points (module doc): one batched harness pass per round; tr: the
-    uniform trace of the same windows (ids), whose fast curves `fast` are. cache_only: None if any
-    round is not cached."""
-    weighted = weighted_positions(ckpt_or_model, ids)  # padding is not scored (recur_core.analysis.trace)
+    uniform trace of the same windows (exact.ids), whose fast curves `fast` are. None with
+    exact.cache_only if any round is not cached."""
+    weighted = weighted_positions(exact.model, exact.ids)  # padding is not scored (recur_core.analysis.trace)
     if weighted.shape != tr.ids.shape:
         raise ValueError(f"the trace's windows {tr.ids.shape} are not the exact path's {weighted.shape}")
     done: dict[str, dict[int, ExactResult]] = {name: {} for name in families}
@@ -145,8 +137,7 @@ def exact_plan(ckpt_or_model, ids, families: dict[str, list[Policy]], fast: dict
             if result is not None:
                 done[name][i] = result
         batch = [(name, i) for name, i in batch if i not in done[name]]
-        results = exact_results(ckpt_or_model, ids, [families[n][i] for n, i in batch], tr.max_loops, tr.seed,
-                                cache=cache, progress=progress, work=work, cache_only=cache_only) if batch else []
+        results = exact.results([families[n][i] for n, i in batch], tr.max_loops, tr.seed) if batch else []
         if results is None:
             return None
         for (name, i), result in zip(batch, results, strict=True):

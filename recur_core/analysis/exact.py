@@ -1,7 +1,9 @@
 """The exact path's results, cached under a key of the checkpoint, the windows, the policies, the loop
 budget and the seed; re-running a report or reopening the app replays them from disk.
 
-  exact_results    the masking harness (recur_core.analysis.harness): every token's state loop by loop
+  ExactPath        where and how exact results are computed (model, windows, cache, progress, cache_only,
+                   work counter): what the allocation curves and the ground truth take to go exact.
+  ExactPath.results  the masking harness (recur_core.analysis.harness): every token's state loop by loop
                    in lockstep, many policies in one batched pass.
   decoded_results  teacher-forced decoding under the "recompute" KV rule, one policy at a time: what
                    real decoding gets, computed as the fixed point of parallel passes
@@ -17,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -34,29 +36,46 @@ _FIELDS = ("ce", "exit_depth", "converged", "argmax")
 DECODE_BATCH = 32  # windows decoded in lockstep (on 2 CPU cores 32 programs of hops took 0.55x the time of 128)
 
 
-def exact_results(ckpt_or_model, ids, policies: list[Policy], max_loops: int, seed: int, *, cache=False,
-                  progress=None, work: SweepWork | None = None, cache_only: bool = False) -> list[ExactResult] | None:
-    """run_exact_sweep through the on-disk cache. cache_only: return None instead of running the
-    harness when the results are not cached."""
-    ckpt_id = model_id(ckpt_or_model)
-    store = resolve_cache(cache)
-    ids_np = np.asarray(ids.cpu() if hasattr(ids, "cpu") else ids, dtype=np.int64)
-    key = _exact_key(ckpt_id, ids_np, policies, max_loops, seed)
-    path = None if store is None else store.trace_path(ckpt_id, f"exact-{key[:32]}")
-    if store is not None:
-        hit = store.load(path, key)
-        if hit is not None and hit[0]["ce"].shape[0] == len(policies):
-            a = hit[0]
-            return [ExactResult(a["ce"][p], a["exit_depth"][p], a["converged"][p], a["targets"], a["argmax"][p])
-                    for p in range(len(policies))]
-    if cache_only:
-        return None
-    results = run_exact_sweep(ckpt_or_model, ids_np, policies, max_loops, seed, progress=progress, work=work)
-    if store is not None:
-        arrays = {f: np.stack([getattr(r, f) for r in results]) for f in _FIELDS}
-        store.save(path, key, {**arrays, "targets": results[0].targets},
-                   {"kind": "exact sweep", "policies": [repr(p) for p in policies]})
-    return results
+@dataclass
+class ExactPath:
+    """The exact path of one set of windows: `model` a Checkpoint or LoopedLM, `ids` the traced windows
+    (N, T + 1) or one text (T,); `cache` as trace's; `progress` as trace's; `cache_only`: a result that
+    is not in the disk cache is None instead of computed; `work`: filled with what the harness ran."""
+
+    model: Any
+    ids: Any
+    cache: Any = False
+    progress: Any = None
+    cache_only: bool = False
+    work: SweepWork | None = None
+
+    def results(self, policies: list[Policy], max_loops: int, seed: int) -> list[ExactResult] | None:
+        """Every policy in the masking harness (run_exact_sweep) through the disk cache; None on a miss
+        with cache_only."""
+        ckpt_id = model_id(self.model)
+        store = resolve_cache(self.cache)
+        ids_np = np.asarray(self.ids.cpu() if hasattr(self.ids, "cpu") else self.ids, dtype=np.int64)
+        key = _exact_key(ckpt_id, ids_np, policies, max_loops, seed)
+        path = None if store is None else store.trace_path(ckpt_id, f"exact-{key[:32]}")
+        if store is not None:
+            hit = store.load(path, key)
+            if hit is not None and hit[0]["ce"].shape[0] == len(policies):
+                a = hit[0]
+                return [ExactResult(a["ce"][p], a["exit_depth"][p], a["converged"][p], a["targets"], a["argmax"][p])
+                        for p in range(len(policies))]
+        if self.cache_only:
+            return None
+        results = run_exact_sweep(self.model, ids_np, policies, max_loops, seed, progress=self.progress, work=self.work)
+        if store is not None:
+            arrays = {f: np.stack([getattr(r, f) for r in results]) for f in _FIELDS}
+            store.save(path, key, {**arrays, "targets": results[0].targets},
+                       {"kind": "exact sweep", "policies": [repr(p) for p in policies]})
+        return results
+
+    def decoded(self, policy: Policy, max_loops: int, seed: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """One policy in teacher-forced decoding (decoded_results)."""
+        return decoded_results(self.model, self.ids, policy, max_loops, seed, cache=self.cache, progress=self.progress,
+                               cache_only=self.cache_only)
 
 
 def decoded_results(ckpt_or_model, ids, policy: Policy, max_loops: int, seed: int, *,

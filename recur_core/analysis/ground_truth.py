@@ -6,13 +6,14 @@ hop count of every token (`ground_truth.safetensors`: "hops", N x (T + 1), 0 = n
 The token at window position t + 1 is the *target* of input position t, so a trace position's hop
 count is hops[:, 1:].
 
-Two paths (`Outcome`): exact, the default of report.json, is what real decoding gets. Every threshold
-runs in the masking harness (frozen tokens stay in the context with their exit state; the curves). For
-a state-based rule that equals teacher-forced decoding under the "recompute" KV rule, so its operating
-point is the harness's. A readout rule such as A1 reads its per-loop output with earlier tokens at their
-current loop in the harness, where decoding has them at their exit states, so its operating point is
-found in decoding itself (`_DecodingWalk`, starting from the harness's). Fast reads each token's answer
-off the uniform trace at its exit loop, as if every other token had looped to full depth.
+Two paths (`Outcome`): exact, the default of report.json, is what real decoding gets. A rule that
+reads only the state runs every threshold in the masking harness (frozen tokens stay in the context
+with their exit state; its curve): that equals teacher-forced decoding under the "recompute" KV rule.
+A readout rule such as A1 reads its per-loop output with earlier tokens at their current loop in the
+harness, where decoding has them at their exit states, so the harness is not what it gets: its
+operating point is found in decoding itself (`_DecodingWalk`, exact by the fixed point of parallel
+passes), starting from the fast path's, and its curve is the thresholds decoded. Fast reads each
+token's answer off the uniform trace at its exit loop, as if every other token had looped to full depth.
 
 Terms:
   answer accuracy  share of answer tokens whose argmax is the right value, on the trained hop
@@ -34,7 +35,7 @@ from ..exits import catalogue
 from ..exits.policies import Policy
 from ..exits.trace_type import Trace
 from ..model.checkpoint import read_safetensors
-from .exact import decoded_results, exact_results
+from .exact import ExactPath
 from .harness import ExactResult
 from .matching import cheapest
 from .stats import Bootstrap
@@ -51,6 +52,22 @@ def load_ground_truth(ckpt_path: str | Path) -> tuple[np.ndarray, int] | None:
         return None
     t = read_safetensors(path)
     return t["hops"].numpy(), int(t["max_train_hops"].item())
+
+
+@dataclass(frozen=True)
+class Labels:
+    """A checkpoint's ground truth as the section reads it: hops (N, T + 1) aligned with the eval
+    windows (0 = no ground truth), the largest trained hop count, and the padding token (EOS)."""
+
+    hops: np.ndarray
+    max_train_hops: int
+    pad_id: int
+
+    @classmethod
+    def of(cls, ckpt) -> Labels | None:
+        """A loaded checkpoint's labels, or None when it ships no ground truth."""
+        gt = load_ground_truth(ckpt.path)
+        return None if gt is None else cls(*gt, eos_id(ckpt.tokenizer()))
 
 
 def probe_answers(ckpt_path: str | Path, n_windows: int) -> np.ndarray | None:
@@ -131,12 +148,12 @@ def spearman_ci(depth: np.ndarray, ah: np.ndarray, boot: Bootstrap) -> dict:
     return {"value": value, "ci_low": float(lo), "ci_high": float(hi)}
 
 
-def operating_point_families(r_max: int, probes: dict | None, eps_grid, tau_grid,
+def operating_point_families(r_max: int, probes: dict | None = None, eps_grid=None, tau_grid=None,
                              lipschitz: float | None = None) -> dict[str, list[Policy]]:
     """The policies ground truth finds operating points for (the catalogue's GROUND_TRUTH): A1 over
-    eps_grid, A2 over tau_grid per probe label kind, the others over their catalogue sweeps; with the
-    checkpoint's measured Lipschitz bound, the certified exit at that L alone (it has no knob to
-    tune: one decoding). A0 is the baseline."""
+    eps_grid, A2 over tau_grid per probe label kind (None: their catalogue sweeps), the others over
+    their catalogue sweeps; with the checkpoint's measured Lipschitz bound, the certified exit at that
+    L alone (it has no knob to tune: one decoding). A0 is the baseline."""
     families = catalogue.sweeps(catalogue.GROUND_TRUTH, r_max, grids={"A1": eps_grid, "A2": tau_grid}, probes=probes)
     if lipschitz is not None:
         families["Certified"] = [catalogue.make("Certified", lipschitz, r_max=r_max)]
@@ -166,14 +183,14 @@ class NotCached(LookupError):
     """Raised with cache_only when an exact result is not in the disk cache."""
 
 
-def policy_outcomes(tr: Trace, families: dict[str, list[Policy]], exact=None, cache=False,
-                    progress=None, cache_only: bool = False) -> dict[str, list[Outcome]]:
-    """Every policy's Outcome, fast (exact=None) or exact (exact=(ckpt or model, ids) of the
-    traced windows: every threshold of every family in one batched, cached harness pass)."""
-    if exact is None:
+def policy_outcomes(tr: Trace, families: dict[str, list[Policy]], exact: ExactPath | None = None
+                    ) -> dict[str, list[Outcome]]:
+    """Every policy's Outcome, fast (exact=None) or exact (in the masking harness on exact's windows,
+    the traced ones: every threshold of every family in one batched, cached pass)."""
+    if exact is None or not families:
         return {name: [Outcome.fast(tr, p) for p in family] for name, family in families.items()}
     flat = [p for family in families.values() for p in family]
-    results = exact_results(*exact, flat, tr.max_loops, tr.seed, cache=cache, progress=progress, cache_only=cache_only)
+    results = exact.results(flat, tr.max_loops, tr.seed)
     if results is None:
         raise NotCached("the masking harness's results")
     results = iter(results)
@@ -195,31 +212,25 @@ class _Answers:
         return {**est.to_dict(), "n_answers": int(mask.sum())}
 
 
-def ground_truth_section(tr: Trace, hops: np.ndarray, max_train_hops: int, pad_id: int, r_max: int,
-                         r_bar: int, boot: Bootstrap, probes: dict | None = None, eps_grid=None, tau_grid=None,
-                         tolerance: float = TOLERANCE, exact=None, cache=False, progress=None,
-                         families: dict[str, list[Policy]] | None = None, cache_only: bool = False,
-                         lipschitz: float | None = None) -> dict | None:
-    """The `ground_truth` section of report.json (keys: docs/REPORT_KEYS.md): exact with
-    exact=(ckpt or model, ids) of the traced windows, else fast. The target accuracy and the best
+def ground_truth_section(tr: Trace, labels: Labels, r_max: int, r_bar: int, boot: Bootstrap,
+                         families: dict[str, list[Policy]], exact: ExactPath | None = None,
+                         tolerance: float = TOLERANCE) -> dict | None:
+    """The `ground_truth` section of report.json (keys: docs/REPORT_KEYS.md) for `families`
+    (`operating_point_families`): exact with `exact` (the traced windows), else fast; None when
+    exact.cache_only and an exact result is not in the disk cache. The target accuracy and the best
     uniform depth are taken on the trained hop counts (1 .. max_train_hops); longer chains are
     extrapolation, reported on their own with answer counts and CIs. Uniform depth comes from the
-    trace, which is what the harness computes for it (nothing freezes before the last loop).
-    eps_grid / tau_grid: A1's / A2's thresholds (None: their catalogue sweeps).
-    families: the policies to find operating points for (default operating_point_families, with the
-    certified exit at `lipschitz`, the checkpoint's measured L, when given).
-    cache_only: return None instead of computing an exact result that is not in the disk cache."""
+    trace, which is what the harness computes for it (nothing freezes before the last loop)."""
     try:
-        return _section(tr, hops, max_train_hops, pad_id, r_max, r_bar, boot, probes, eps_grid, tau_grid, tolerance,
-                        exact, cache, progress, families, cache_only, lipschitz)
+        return _section(tr, labels, r_max, r_bar, boot, families, exact, tolerance)
     except NotCached:
         return None
 
 
-def _section(tr, hops, max_train_hops, pad_id, r_max, r_bar, boot, probes, eps_grid, tau_grid, tolerance, exact,
-             cache, progress, families, cache_only, lipschitz) -> dict:
+def _section(tr, labels, r_max, r_bar, boot, families, exact, tolerance) -> dict:
+    hops, max_train_hops = labels.hops, labels.max_train_hops
     ans = _Answers(tr, hops, max_train_hops, boot)
-    ah, program = ans.hops, program_mask(tr, pad_id)
+    ah, program = ans.hops, program_mask(tr, labels.pad_id)
     r_max = min(r_max, tr.max_loops)
     hop_values = [int(h) for h in np.unique(ah[ah > 0])]
     uniform = [Outcome(np.full(ah.shape, r), correct_at(tr, np.full(ah.shape, r))) for r in range(1, r_max + 1)]
@@ -228,28 +239,29 @@ def _section(tr, hops, max_train_hops, pad_id, r_max, r_bar, boot, probes, eps_g
     target = trained_acc[r_bar - 1] - tolerance
     best_uniform = next((r for r in range(1, r_max + 1) if trained_acc[r - 1] >= target), None)
 
-    families = families or operating_point_families(r_max, probes, eps_grid, tau_grid, lipschitz)
+    evaluated_by = {name: _evaluated_by(family, exact) for name, family in families.items()}
+    outcomes = policy_outcomes(tr, {n: f for n, f in families.items() if evaluated_by[n] != "decoding"}, exact)
+    outcomes.update(policy_outcomes(tr, {n: f for n, f in families.items() if evaluated_by[n] == "decoding"}))
     policies, answer_exits = {}, {}
-    for name, outcomes in policy_outcomes(tr, families, exact, cache, progress, cache_only).items():
-        family = families[name]
-        points = [_point(p, o, ans, program) for p, o in zip(family, outcomes, strict=True)]
+    for name, family in families.items():
+        points = [_point(p, o, ans, program) for p, o in zip(family, outcomes[name], strict=True)]
         at = cheapest(range(len(points)), lambda i, points=points: points[i]["answer_accuracy"] >= target,
                       lambda i, points=points: points[i]["mean_loops"])
         matched = at is not None
         at = at if matched else max(range(len(points)), key=lambda i: points[i]["answer_accuracy"])
-        outcome, order = outcomes[at], _evaluated_by(family, exact)
-        extra = {}
-        if order == "decoding":  # the harness's point is where decoding's walk starts
-            walk = _DecodingWalk(exact, family, points, tr, ans, program, target, cache, progress, cache_only)
-            extra = {"harness_point": {k: points[at][k] for k in ("threshold", "mean_loops", "answer_accuracy")}}
+        outcome, extra = outcomes[name][at], {}
+        if evaluated_by[name] == "decoding":  # the fast path's point is where decoding's walk starts
+            walk = _DecodingWalk(exact, family, points, tr, ans, program, target)
+            extra = {"fast_point": {k: points[at][k] for k in ("threshold", "mean_loops", "answer_accuracy")}}
             at, matched, outcome = walk.operating_point(at)
-            extra["decoding_points"] = walk.points()
+            points = walk.points()
         op, depth = _point(family[at], outcome, ans, program), outcome.depth
         answer_exits[name] = depth[ah > 0].tolist()
         policies[name] = {
             **{k: op[k] for k in ("threshold", "answer_accuracy", "answer_accuracy_all_hops", "mean_loops",
                                   "answer_mean_loops")},
-            "threshold_name": family[at].threshold_name, "matches_a0_rbar": matched, "evaluated_by": order,
+            "threshold_name": family[at].threshold_name, "matches_a0_rbar": matched,
+            "evaluated_by": evaluated_by[name],
             "answer_accuracy_ci": ans.accuracy(outcome.correct, ans.trained),
             "accuracy_by_hops": {str(h): v for h, v in accuracy_by_hops(ah, outcome.correct).items()},
             "exit_depth_by_hops": {str(h): _summary(depth[ah == h]) for h in hop_values},
@@ -283,7 +295,7 @@ def _section(tr, hops, max_train_hops, pad_id, r_max, r_bar, boot, probes, eps_g
     }
 
 
-def _evaluated_by(family: list[Policy], exact) -> str:
+def _evaluated_by(family: list[Policy], exact: ExactPath | None) -> str:
     """How a family's operating point is evaluated: "fast" (the uniform trace), "harness" (the masking
     harness, which equals decoding for a rule that reads only the state) or "decoding" (a readout rule)."""
     if exact is None:
@@ -293,23 +305,21 @@ def _evaluated_by(family: list[Policy], exact) -> str:
 
 class _DecodingWalk:
     """A readout rule's operating point in real decoding (exact.decoded_results: teacher-forced,
-    "recompute"). Thresholds are ordered by the harness's mean loops, from most to fewest (the
-    direction in which accuracy falls); from the harness's operating point the walk moves towards
-    cheaper thresholds while decoding still meets the target, or towards dearer ones until it does,
-    in doubling steps, then bisects. Each step decodes every program once (about 20 s for 128 hops
-    programs on 2 CPU cores)."""
+    "recompute", by the fixed point). Thresholds are ordered by the fast path's mean loops, from most
+    to fewest (the direction in which accuracy falls; ties keep the family's order); from the fast
+    path's operating point the walk moves towards cheaper thresholds while decoding still meets the
+    target, or towards dearer ones until it does, in doubling steps, then bisects. Each step decodes
+    every program once."""
 
-    def __init__(self, exact, family: list[Policy], harness_points: list[dict], tr: Trace, ans: _Answers,
-                 program: np.ndarray, target: float, cache, progress=None, cache_only: bool = False):
-        self.exact, self.family, self.tr, self.ans, self.program = exact, family, tr, ans, program
-        self.target, self.cache, self.progress, self.cache_only = target, cache, progress, cache_only
-        self.order = sorted(range(len(family)), key=lambda i: -harness_points[i]["mean_loops"])
+    def __init__(self, exact: ExactPath, family: list[Policy], fast_points: list[dict], tr: Trace, ans: _Answers,
+                 program: np.ndarray, target: float):
+        self.exact, self.family, self.tr, self.ans, self.program, self.target = exact, family, tr, ans, program, target
+        self.order = sorted(range(len(family)), key=lambda i: -fast_points[i]["mean_loops"])
         self.done: dict[int, tuple[Outcome, dict]] = {}
 
     def evaluate(self, i: int) -> tuple[Outcome, dict]:
         if i not in self.done:
-            decoded = decoded_results(*self.exact, self.family[i], self.tr.max_loops, self.tr.seed,
-                                      cache=self.cache, progress=self.progress, cache_only=self.cache_only)
+            decoded = self.exact.decoded(self.family[i], self.tr.max_loops, self.tr.seed)
             if decoded is None:
                 raise NotCached(f"teacher-forced decoding of {self.family[i]!r}")
             exit_loop, argmax = decoded
@@ -408,7 +418,7 @@ def print_ground_truth(gt: dict, p, fast: dict | None = None) -> None:
       f"{gt['best_uniform_depth']}")
     if gt["path"] == "exact":
         p("  exact: state rules from the masking harness (equal to decoding for them); readout rules decoded "
-          "(teacher-forced, recompute KV rule)")
+          "(teacher-forced, recompute KV rule), walking from the fast path's point")
     p("  policy          evaluated by  threshold  answer acc  mean loops  vs A0@r_bar  vs best uniform  "
       "Spearman(exit, hops) [95% CI]" + ("   fast path: loops, acc" if fast else ""))
     for name, pol in gt["policies"].items():

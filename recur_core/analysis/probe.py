@@ -302,32 +302,47 @@ def a1_matched_eps(tr: Trace, r_bar: int, r_max: int, answers: np.ndarray | None
                     lambda eps: (points[eps].exit_depth(tr).mean(), eps))
 
 
-def load_or_train_probes(ckpt: Checkpoint, max_loops: int, seed: int = 0, *, kinds=LABEL_KINDS,
-                         label_eps: float | str = DEFAULT_LABEL_EPS, r_bar: int | None = None, n_windows: int = 32,
-                         tokens_per_window: int = 64, l2: float = 1e-3, heldout_fraction: float = 0.25,
+PROBE_L2 = 1e-3  # the logistic regression's L2 penalty
+HELDOUT_FRACTION = 0.25  # probe windows held out for the probes' metrics
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """What a probe set is trained from: its label kinds; the KL labels' ε, a float or LABEL_EPS_A1
+    ("a1": A1's matched ε on the probe windows at r_bar, default the recipe's r_bar capped at
+    max_loops); the first n_windows probe windows and tokens_per_window sampled positions in each."""
+
+    kinds: tuple[str, ...] = LABEL_KINDS
+    label_eps: float | str = DEFAULT_LABEL_EPS
+    r_bar: int | None = None
+    n_windows: int = 32
+    tokens_per_window: int = 64
+
+
+def load_or_train_probes(ckpt: Checkpoint, max_loops: int, seed: int = 0, spec: ProbeSpec = ProbeSpec(), *,
                          answers: np.ndarray | None = None, cache=True, progress=None,
                          cache_only: bool = False) -> ProbeSet | None:
-    """Probes of each label kind for a checkpoint, from its first n_windows probe windows; loaded
-    from <cache>/<ckpt id>/probes/ when saved with the same settings, else harvested and trained.
+    """Probes of each label kind of `spec` for a checkpoint; loaded from <cache>/<ckpt id>/probes/
+    when saved with the same settings, else harvested and trained.
 
-    label_eps: a float, or LABEL_EPS_A1 ("a1") for A1's matched ε on these windows at r_bar
-    (default: the recipe's r_bar, capped at max_loops), matched on answer accuracy where `answers`
-    ((n_windows, T) bool: the probe windows' answer tokens with ground truth) is given; each probe
+    With label_eps "a1", A1's ε is matched on answer accuracy where `answers` ((n_windows, T) bool:
+    the probe windows' answer tokens with ground truth) is given, else on the loss; each probe
     records the ε it used (`probe.label_eps`, and `metrics["label_eps_rule"]`). Kinds whose labels
     are all of one class are left out, with the reason in the result's `refused` (and a warning).
     cache_only: None instead of training when a kind is not saved (a refused kind is never saved).
     """
+    n_windows, tokens_per_window, label_eps, r_bar = spec.n_windows, spec.tokens_per_window, spec.label_eps, spec.r_bar
     windows = ckpt.windows("probe")[:n_windows]
     if r_bar is None:
         r_bar = round(float(ckpt.meta.get("recipe", {}).get("r_bar", max_loops)))
     r_bar = max(1, min(r_bar, max_loops))
-    settings = {"max_loops": max_loops, "seed": seed, "label_eps": label_eps, "l2": l2, "r_bar": r_bar,
-                "tokens_per_window": tokens_per_window, "heldout_fraction": heldout_fraction,
+    settings = {"max_loops": max_loops, "seed": seed, "label_eps": label_eps, "l2": PROBE_L2, "r_bar": r_bar,
+                "tokens_per_window": tokens_per_window, "heldout_fraction": HELDOUT_FRACTION,
                 "format_version": PROBE_FORMAT_VERSION,
                 "answers": None if answers is None else hashlib.sha256(np.packbits(answers).tobytes()).hexdigest()}
     store = resolve_cache(cache)
     probes, missing = {}, []
-    for kind in kinds:
+    for kind in spec.kinds:
         key = _probe_key(ckpt.checkpoint_id, windows.numpy(), {**settings, "kind": kind})
         path = None if store is None else store.probe_path(ckpt.checkpoint_id, f"{kind}-{key[:16]}")
         probes[kind] = _load_probe(store, path, key)
@@ -350,7 +365,7 @@ def load_or_train_probes(ckpt: Checkpoint, max_loops: int, seed: int = 0, *, kin
             data.label_eps = float(label_eps)
         for kind, path, key in missing:
             try:
-                probes[kind] = train_probe(data, kind, l2=l2, heldout_fraction=heldout_fraction, seed=seed)
+                probes[kind] = train_probe(data, kind, l2=PROBE_L2, heldout_fraction=HELDOUT_FRACTION, seed=seed)
             except SingleClassLabels as err:
                 warnings.warn(str(err), stacklevel=2)
                 refused[kind] = str(err)

@@ -15,11 +15,14 @@ import torch
 from safetensors.torch import save_file
 
 from recur_core.analysis.curves import json_safe
+from recur_core.analysis.exact import ExactPath
 from recur_core.analysis.ground_truth import (
     GROUND_TRUTH,
+    Labels,
     eos_id,
     ground_truth_section,
     load_ground_truth,
+    operating_point_families,
     operating_point_gaps,
     trained_answers,
 )
@@ -53,10 +56,10 @@ def measure(ckpt_dir: Path, n_boot: int = SETTINGS.n_boot, max_train: int | None
     tr = trace(ckpt, windows, max(CARD_LOOPS, r_max), seed=seed, probes=list(probes.values()), cache=False,
                progress=True)
     boot = Bootstrap(tr.n_windows, n_boot, seed)
+    labels, loops = Labels(hops, max_train, eos_id(ckpt.tokenizer())), max(CARD_LOOPS, r_max)
     section = lambda exact: ground_truth_section(  # noqa: E731
-        tr, hops, max_train, eos_id(ckpt.tokenizer()), max(CARD_LOOPS, r_max), r_bar, boot, probes,
-        exact=exact, progress=True)
-    exact, fast = section((ckpt, windows)), section(None)
+        tr, labels, loops, r_bar, boot, operating_point_families(loops, probes), exact)
+    exact, fast = section(ExactPath(ckpt, windows, progress=True)), section(None)
     tok = ckpt.tokenizer()
     texts = [tok.decode([i for i in w.tolist() if i != tok.token_to_id("<|endoftext|>")]) for w in ckpt.windows("eval")]
     exact["chance_accuracy"] = float(np.mean([c for t in texts for c in elimination_chance(t)]))

@@ -44,7 +44,7 @@ if path == "exact" and not exact_ready:
         st.button("Compute the exact figures", key="gt_start_exact", on_click=ground_truth.start_exact,
                   args=(m,))
     else:
-        jobs.watch(job, "The exact figures are computed once per checkpoint, then cached on disk: every policy's "
+        jobs.watch(job, "The exact figures are computed once per checkpoint, then cached on disk: the state rules' "
                         "thresholds in the masking harness, then the readout rules (A1, Huginn's KL / entropy / "
                         "argmax) decoded near their operating points. Meanwhile the **fast path** is shown below.")
 gt = ground_truth.section(m, True) if path == "exact" and exact_ready else fast

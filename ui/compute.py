@@ -135,16 +135,14 @@ def _eval_windows(ckpt):
 
 @st.cache_resource(max_entries=4, show_spinner=False)
 def eval_trace(path: str, ckpt_id: str, device: str) -> Trace:
-    """The canonical trace: the first 128 eval windows to max(32, r_max) loops with A2's chances
-    (the same key as `python -m recur_core.analyze`, so either one fills the disk cache)."""
-    ckpt = _ckpt(path, ckpt_id, device)
-    prb = probes(path, ckpt_id, device)
-    windows = _eval_windows(ckpt)
-    bar = Progress(f"Tracing {len(windows)} eval windows × {trace_loops(ckpt)} loops (cached on disk after this)",
-                   "window-loops")
+    """The canonical trace (Study.trace): the first 128 eval windows to max(32, r_max) loops with A2's
+    chances (the same key as `python -m recur_core.analyze`, so either one fills the disk cache)."""
+    probes(path, ckpt_id, device)  # trained here with their own bar, then read from the disk cache
+    the_study = study(path, ckpt_id, device)
+    bar = Progress(f"Tracing {len(the_study.eval_windows)} eval windows × {the_study.max_loops} loops (cached on "
+                   "disk after this)", "window-loops")
     try:
-        return trace(ckpt, windows, trace_loops(ckpt), S.seed, topk=S.topk, probes=list(prb.values()),
-                     cache=TraceCache(), progress=bar)
+        return the_study.trace(bar)
     finally:
         bar.close()
 
@@ -159,22 +157,17 @@ def eval_trace_ready(path: str, ckpt_id: str, device: str) -> bool:
     job = jobs.get(eval_trace_key(path, ckpt_id, device))
     if job is not None:
         return job.finished and not (job.error or job.stopped)
-    ckpt = _ckpt(path, ckpt_id, device)
-    prb = _train_probes(ckpt, cache_only=True)
-    return prb is not None and is_cached(ckpt, _eval_windows(ckpt), trace_loops(ckpt), S.seed, topk=S.topk,
-                                         probes=list(prb.values()), cache=TraceCache())
+    return study(path, ckpt_id, device).is_traced()
 
 
 def start_eval_trace(path: str, ckpt_id: str, device: str) -> jobs.Job:
     """The background job that trains the probes and traces the eval windows into the disk cache."""
-    ckpt = _ckpt(path, ckpt_id, device)
+    the_study = study(path, ckpt_id, device)
 
     def work(job: jobs.Job) -> None:
-        prb = _train_probes(ckpt, progress=job.progress("Training the A2 router probes", "probe windows"))
-        windows = _eval_windows(ckpt)
-        loops = trace_loops(ckpt)
-        trace(ckpt, windows, loops, S.seed, topk=S.topk, probes=list(prb.values()), cache=TraceCache(),
-              progress=job.progress(f"Tracing {len(windows)} eval windows × {loops} loops", "window-loops"))
+        the_study.probes(job.progress("Training the A2 router probes", "probe windows"))
+        the_study.trace(job.progress(f"Tracing {len(the_study.eval_windows)} eval windows × {the_study.max_loops} "
+                                     "loops", "window-loops"))
     return jobs.start(eval_trace_key(path, ckpt_id, device), work)
 
 
@@ -379,7 +372,7 @@ def exact_cached(path: str, ckpt_id: str, device: str, ids: tuple[int, ...] | No
     ckpt, tr, inputs = _exact_inputs(path, ckpt_id, device, ids, n_windows)
     boot = Bootstrap(tr.n_windows, S.n_boot, S.seed)
     families = alloc.allocation_families(r_max, probes=probes(path, ckpt_id, device), gate=alloc.model_gate(ckpt))
-    return alloc.allocation(tr, boot, r_bar, families, ExactPath(ckpt, inputs, TraceCache(), cache_only=True)) is not None
+    return alloc.exact_is_cached(tr, boot, r_bar, families, ExactPath(ckpt, inputs, TraceCache()))
 
 
 @st.cache_data(max_entries=8, show_spinner=False)

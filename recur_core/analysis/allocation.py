@@ -107,6 +107,14 @@ def allocation(tr: Trace, boot: Bootstrap, r_bar: int, families: dict[str, list[
     return {"curves": curves, "report": report, "path": "exact"}
 
 
+def exact_is_cached(tr: Trace, boot: Bootstrap, r_bar: int, families: dict[str, list[Policy]], exact: ExactPath) -> bool:
+    """Whether allocation(tr, boot, r_bar, families, exact) would be served from the disk cache
+    (no harness run): the plan's rounds, replayed with cache_only."""
+    fast = {name: fast_curve(tr, name, policies, boot) for name, policies in families.items()}
+    exact = ExactPath(exact.model, exact.ids, exact.cache, cache_only=True)
+    return exact_plan(exact, families, fast, r_bar, tr, boot) is not None
+
+
 def operating_threshold(curve: Curve, target_loss: float, default: float) -> float:
     """The cheapest swept threshold whose (point-estimate) loss is at most target_loss (ties: the
     smaller threshold); default if none is."""

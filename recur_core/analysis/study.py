@@ -80,20 +80,21 @@ class Study:
                                                 progress=progress, cache_only=cache_only)
         return self._probes
 
-    def trace(self, progress=None, cache_only: bool = False) -> Trace | None:
+    def trace(self, progress=None) -> Trace:
         """The eval windows traced to max_loops with A2's chances (and a gate's lambdas)."""
         if self._trace is None:
-            probes = self.probes(cache_only=cache_only)
-            if probes is None:
-                return None
             s = self.settings
-            if cache_only and not is_cached(self.ckpt, self.eval_windows, self.max_loops, s.seed, topk=s.topk,
-                                            probes=list(probes.values()), cache=self.cache):
-                return None
             self._trace = trace(self.ckpt, self.eval_windows, self.max_loops, s.seed, topk=s.topk,
-                                probes=list(probes.values()), batch_size=s.batch_size, cache=self.cache,
+                                probes=list(self.probes().values()), batch_size=s.batch_size, cache=self.cache,
                                 progress=progress)
         return self._trace
+
+    def is_traced(self) -> bool:
+        """Whether the probes and the eval trace are in the disk cache (nothing is loaded)."""
+        probes = self.probes(cache_only=True)
+        s = self.settings
+        return probes is not None and is_cached(self.ckpt, self.eval_windows, self.max_loops, s.seed, topk=s.topk,
+                                                probes=list(probes.values()), cache=self.cache)
 
     @cached_property
     def boot(self) -> Bootstrap:

@@ -47,7 +47,7 @@ def test_analyze_adds_the_ground_truth_section(hops_ckpt, tmp_path):
     assert gt["policies"]["Accel"]["evaluated_by"] == "harness"  # a state rule: one harness pass per threshold
     certified = gt["policies"]["Certified"]  # at the measured L alone, decoded once (a readout rule)
     assert certified["threshold"] == report["certified_lipschitz"]["lipschitz"] and len(certified["curve"]) == 1
-    assert certified["evaluated_by"] == "decoding" and len(certified["decoding_points"]) == 1
+    assert certified["evaluated_by"] == "decoding" and "fast_point" in certified
     fast = report["ground_truth_fast"]
     assert set(fast["policies"]) == set(gt["policies"]) == set(fast["fast_minus_exact"])
     for name, gap in fast["fast_minus_exact"].items():

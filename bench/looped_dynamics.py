@@ -29,7 +29,7 @@ import torch
 from recur_core import load_checkpoint
 from recur_core.analysis.certify import LIPSCHITZ_WINDOWS, measured_lipschitz, readout_lipschitz, violations
 from recur_core.analysis.dynamics import REGIMES, dynamics, overthinking, overthinking_loops
-from recur_core.analysis.exact import ExactPath, decoded_results
+from recur_core.analysis.exact import ExactPath
 from recur_core.analysis.ground_truth import (
     Labels,
     answer_hops,
@@ -165,7 +165,7 @@ def gt_cost(args) -> dict:
     out["lipschitz"], out["lipschitz_s"] = lip["lipschitz"], time.perf_counter() - t0
     for name, threshold in (("Certified", lip["lipschitz"]), ("A1", None)):
         t0 = time.perf_counter()
-        decoded_results(ckpt, windows, catalogue.make(name, threshold, r_max=r_max), loops, SETTINGS.seed, cache=False)
+        ExactPath(ckpt, windows).decoded(catalogue.make(name, threshold, r_max=r_max), loops, SETTINGS.seed)
         out[f"{name}_decoding_s"] = time.perf_counter() - t0
         print(f"  one decoding of {len(windows)} programs, {name} at {threshold or 'its default'}: "
               f"{out[f'{name}_decoding_s']:.1f} s", flush=True)

@@ -319,7 +319,7 @@ def test_curve_page_policies_and_slider(app_env):
     assert names == {"A0 uniform depth", "A1 convergence exit (KL < ε)", "A2 router (argmax labels)",
                      "A2 router (KL labels)", "A2 router (argmax, any later loop)",
                      "A2 router (KL, any later loop)", "latent rule (Huginn)",
-                     "Accel (second-order step size)"}  # one curve per policy
+                     "Accel (second-order step size)", "Certified exit (sufficient condition)"}  # one curve per policy
     assert fig["layout"]["yaxis"]["title"]["text"] == "loss [nats/token]"
     assert any(t.get("fill") == "toself" for t in fig["data"])  # bootstrap bands
     before = highlighted(fig)
@@ -387,8 +387,8 @@ def test_curve_page_exact_mode_on_eval_windows(app_env):
     settle(at)  # the exact sweep runs in the background; the page reruns with it
     fig = curve_figure(at)
     assert "4 window(s), exact" in fig["layout"]["title"]["text"]
-    # A0 is the zero line; A1, four A2 routers, the latent rule and Accel (issue 48)
-    assert len({t["name"] for t in fig["data"] if t.get("mode") == "lines+markers"}) == 7
+    # A0 is the zero line; A1, four A2 routers, the latent rule, Accel and the certified exit (issue 48)
+    assert len({t["name"] for t in fig["data"] if t.get("mode") == "lines+markers"}) == 8
     assert len(at.dataframe) >= 2  # matched depth (exact) + fast - exact per policy
 
 

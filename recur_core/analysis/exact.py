@@ -5,7 +5,7 @@ budget and the seed; re-running a report or reopening the app replays them from 
                    work counter): what the allocation curves and the ground truth take to go exact.
   ExactPath.results  the masking harness (recur_core.analysis.harness): every token's state loop by loop
                    in lockstep, many policies in one batched pass.
-  decoded_results  teacher-forced decoding under the "recompute" KV rule, one policy at a time: what
+  ExactPath.decoded  teacher-forced decoding under the "recompute" KV rule, one policy at a time: what
                    real decoding gets, computed as the fixed point of parallel passes
                    (recur_core.decoding.fixed_point), which equals token-by-token decoding. For a rule that reads only the state
                    it equals the harness; for a readout rule (A1, Huginn's KL / entropy / argmax) it
@@ -72,43 +72,37 @@ class ExactPath:
                        {"kind": "exact sweep", "policies": [repr(p) for p in policies]})
         return results
 
-    def decoded(self, policy: Policy, max_loops: int, seed: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """One policy in teacher-forced decoding (decoded_results)."""
-        return decoded_results(self.model, self.ids, policy, max_loops, seed, cache=self.cache, progress=self.progress,
-                               cache_only=self.cache_only)
+    def decoded(self, policy: Policy, max_loops: int, seed: int, guess: np.ndarray | None = None
+                ) -> tuple[np.ndarray, np.ndarray] | None:
+        """(exit_loop (N, T), argmax (N, T)) of `policy` in teacher-forced decoding of the windows
+        (N, T + 1) under the "recompute" KV rule (exact, by the fixed point), window n with the
+        trace's noise row n, through the disk cache; None on a miss with cache_only. guess: exits
+        (N, T) to seed the fixed point with (the fast path's): fewer passes, the same result."""
+        ckpt_id = model_id(self.model)
+        store = resolve_cache(self.cache)
+        ids_np = np.asarray(self.ids.cpu() if hasattr(self.ids, "cpu") else self.ids, dtype=np.int64)
+        key = _exact_key(ckpt_id, ids_np, [policy], max_loops, seed, order="decoding")
+        path = None if store is None else store.trace_path(ckpt_id, f"decoded-{key[:32]}")
+        shape = (ids_np.shape[0], ids_np.shape[1] - 1)
+        hit = None if store is None else store.load(path, key, {f: shape for f in ("exit_loop", "argmax", "targets")})
+        if hit is not None:
+            return hit[0]["exit_loop"], hit[0]["argmax"]
+        if self.cache_only:
+            return None
+        update, close = progress_bar(self.progress, shape[0], f"decoding {policy!r} (windows)")
+        seen = [0]
 
-
-def decoded_results(ckpt_or_model, ids, policy: Policy, max_loops: int, seed: int, *,
-                    cache=False, progress=None, cache_only: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
-    """(exit_loop (N, T), argmax (N, T)) of `policy` in teacher-forced decoding of windows (N, T + 1)
-    under the "recompute" KV rule (exact, by the fixed point), window n with the trace's noise row n.
-    progress: as trace's (True: a bar; a callable(done, total); None). cache_only: return None
-    instead of decoding when the result is not cached."""
-    ckpt_id = model_id(ckpt_or_model)
-    store = resolve_cache(cache)
-    ids_np = np.asarray(ids.cpu() if hasattr(ids, "cpu") else ids, dtype=np.int64)
-    key = _exact_key(ckpt_id, ids_np, [policy], max_loops, seed, order="decoding")
-    path = None if store is None else store.trace_path(ckpt_id, f"decoded-{key[:32]}")
-    shape = (ids_np.shape[0], ids_np.shape[1] - 1)
-    hit = None if store is None else store.load(path, key, {f: shape for f in ("exit_loop", "argmax", "targets")})
-    if hit is not None:
-        return hit[0]["exit_loop"], hit[0]["argmax"]
-    if cache_only:
-        return None
-    update, close = progress_bar(progress, shape[0], f"decoding {policy!r} (windows)")
-    seen = [0]
-
-    def advance(done: int, _total: int) -> None:
-        update(done - seen[0])
-        seen[0] = done
-    out = teacher_forced(ckpt_or_model, ids_np, policy, "recompute", seed=seed, max_loops=max_loops,
-                         batch_size=DECODE_BATCH, mode="fixed_point", progress=advance)
-    close()
-    exit_loop, argmax = out.exit_loop.numpy().astype(np.int64), out.argmax.numpy()
-    if store is not None:
-        store.save(path, key, {"exit_loop": exit_loop, "argmax": argmax, "targets": split_inputs(ids_np)[1].numpy()},
-                   {"kind": "teacher-forced decoding (recompute)", "policies": [repr(policy)]})
-    return exit_loop, argmax
+        def advance(done: int, _total: int) -> None:
+            update(done - seen[0])
+            seen[0] = done
+        out = teacher_forced(self.model, ids_np, policy, "recompute", seed=seed, max_loops=max_loops,
+                             batch_size=DECODE_BATCH, mode="fixed_point", progress=advance, guess=guess)
+        close()
+        exit_loop, argmax = out.exit_loop.numpy().astype(np.int64), out.argmax.numpy()
+        if store is not None:
+            store.save(path, key, {"exit_loop": exit_loop, "argmax": argmax, "targets": split_inputs(ids_np)[1].numpy()},
+                       {"kind": "teacher-forced decoding (recompute)", "policies": [repr(policy)]})
+        return exit_loop, argmax
 
 
 @dataclass

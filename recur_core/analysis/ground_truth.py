@@ -251,7 +251,7 @@ def _section(tr, labels, r_max, r_bar, boot, families, exact, tolerance) -> dict
         at = at if matched else max(range(len(points)), key=lambda i: points[i]["answer_accuracy"])
         outcome, extra = outcomes[name][at], {}
         if evaluated_by[name] == "decoding":  # the fast path's point is where decoding's walk starts
-            walk = _DecodingWalk(exact, family, points, tr, ans, program, target)
+            walk = _DecodingWalk(exact, family, outcomes[name], points, (tr, ans, program), target)
             extra = {"fast_point": {k: points[at][k] for k in ("threshold", "mean_loops", "answer_accuracy")}}
             at, matched, outcome = walk.operating_point(at)
             points = walk.points()
@@ -304,22 +304,25 @@ def _evaluated_by(family: list[Policy], exact: ExactPath | None) -> str:
 
 
 class _DecodingWalk:
-    """A readout rule's operating point in real decoding (exact.decoded_results: teacher-forced,
-    "recompute", by the fixed point). Thresholds are ordered by the fast path's mean loops, from most
+    """A readout rule's operating point in real decoding (ExactPath.decoded: teacher-forced,
+    "recompute", by the fixed point, seeded with the fast path's exits). Thresholds are ordered by the fast path's mean loops, from most
     to fewest (the direction in which accuracy falls; ties keep the family's order); from the fast
     path's operating point the walk moves towards cheaper thresholds while decoding still meets the
     target, or towards dearer ones until it does, in doubling steps, then bisects. Each step decodes
     every program once."""
 
-    def __init__(self, exact: ExactPath, family: list[Policy], fast_points: list[dict], tr: Trace, ans: _Answers,
-                 program: np.ndarray, target: float):
-        self.exact, self.family, self.tr, self.ans, self.program, self.target = exact, family, tr, ans, program, target
+    def __init__(self, exact: ExactPath, family: list[Policy], fast: list[Outcome], fast_points: list[dict],
+                 scored: tuple[Trace, _Answers, np.ndarray], target: float):
+        """fast / fast_points: the family's fast outcomes and points; scored: (the trace, its answers,
+        the program mask)."""
+        self.exact, self.family, self.fast, self.target = exact, family, fast, target
+        self.tr, self.ans, self.program = scored
         self.order = sorted(range(len(family)), key=lambda i: -fast_points[i]["mean_loops"])
         self.done: dict[int, tuple[Outcome, dict]] = {}
 
     def evaluate(self, i: int) -> tuple[Outcome, dict]:
         if i not in self.done:
-            decoded = self.exact.decoded(self.family[i], self.tr.max_loops, self.tr.seed)
+            decoded = self.exact.decoded(self.family[i], self.tr.max_loops, self.tr.seed, guess=self.fast[i].depth)
             if decoded is None:
                 raise NotCached(f"teacher-forced decoding of {self.family[i]!r}")
             exit_loop, argmax = decoded

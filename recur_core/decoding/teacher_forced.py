@@ -52,7 +52,8 @@ class TeacherForced:
 def teacher_forced(ckpt_or_model, windows, policy: Policy, kv_rule: str | None = None, *, seed: int = 0,
                    max_loops: int | None = None, batch_size: int = 16, mode: str = "decode",
                    keep_logits: bool = False, first_window: int = 0,
-                   check_every: int = 1, noise_rows=None, progress=None, position_progress=None) -> TeacherForced:
+                   check_every: int = 1, noise_rows=None, progress=None, position_progress=None,
+                   guess=None) -> TeacherForced:
     """Decode windows (N, T + 1) with the true next tokens and score every position.
 
     mode "decode": token by token, exactly what `generate` computes for each window (rows in
@@ -67,7 +68,9 @@ def teacher_forced(ckpt_or_model, windows, policy: Policy, kv_rule: str | None =
     the batch it was run in). progress: None or a callable(windows done, N), called after each batch;
     position_progress: None or a callable(positions done, T), called after each position of a batch
     in mode "decode" (a long text's decoding reports token by token), after each pass in mode
-    "fixed_point" (positions settled, averaged over the batch's windows).
+    "fixed_point" (positions settled, averaged over the batch's windows). guess: exits (N, T) that seed
+    mode "fixed_point"'s first pass (e.g. the fast path's); the result does not depend on it, only the
+    number of passes.
     Returns per-token ce (nats), exit loops and argmax (N, T), and the kept logits when keep_logits.
     """
     if mode not in TEACHER_FORCED_MODES:
@@ -94,7 +97,8 @@ def teacher_forced(ckpt_or_model, windows, policy: Policy, kv_rule: str | None =
             on_pass = None if position_progress is None else (
                 lambda settled, total: position_progress(settled * T // total, T))
             dec = fixed_point(model, ids[:, :-1], HaltSchedule(policy, cap, check_every), noise=noise,
-                              kv_rule=kv_rule, on_pass=on_pass)
+                              kv_rule=kv_rule, on_pass=on_pass,
+                              guess=None if guess is None else torch.as_tensor(guess[start:rows.stop]).to(device))
             logits, ex = dec.logits, dec.exits
             passes.append(dec.passes)
         else:

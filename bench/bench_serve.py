@@ -364,11 +364,10 @@ def served_names(cal: Calibration, kinds: list[str]) -> list[str]:
     return [cal.a0_name, cal.uniform_name] + [n for n in cal.policy_names if cal.configs[n].kind in kinds]
 
 
-def pool_trials(ckpt, prompts, cal: Calibration, names: list[str], first: int, slots: int, args, cap,
+def pool_trials(ckpt, prompts, cal: Calibration, order: list[str], slots: int, args, cap,
                 cost) -> dict[str, list[dict]]:
-    """{name: measure() of each repetition} at one pool size, the configurations run in turn from names[first]."""
-    trials = {name: [] for name in names}
-    order = names[first:] + names[:first]
+    """{name: measure() of each repetition} at one pool size, the configurations run in turn in `order`."""
+    trials = {name: [] for name in order}
     for rep in range(args.repeats):
         for name in order:
             trials[name].append(measure(ckpt, prompts, cal.configs[name].policy, slots, args, cap, cost))
@@ -415,7 +414,9 @@ def run_pools(ckpt, prompts, cal: Calibration, args, cap, cost) -> dict:
         serve_run(ckpt, prompts[:2], cal.configs[name].policy, 2, args, cap, new_tokens=4)
     pools, runs_by_pool = {}, {}
     for k, slots in enumerate(args.pools):
-        trials = pool_trials(ckpt, prompts, cal, names, k % len(names), slots, args, cap, cost)
+        first = k % len(names)  # each pool size starts the round at another configuration
+        trials = pool_trials(ckpt, prompts, cal, names[first:] + names[:first], slots, args, cap, cost)
+        trials = {name: trials[name] for name in names}
         runs_by_pool[slots] = {name: median_wall_run(t) for name, t in trials.items()}
         pools[slots] = pool_table(cal, trials, runs_by_pool[slots])
     for name in names:

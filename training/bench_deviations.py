@@ -6,7 +6,7 @@
   3. A1's first check at loop 1 or 2: loops A1 needs to reach A0's loss at r_bar (fast path);
   4. S1's unique parameter count (2/4/2 blocks at SmolLM2-135M widths) against 30 blocks.
 
-    python -m bench.bench_deviations [--ckpt checkpoints/demo] [--draws 40000]
+    python -m training.bench_deviations [--ckpt checkpoints/demo] [--draws 40000]
 Last line: one JSON object with every figure.
 """
 from __future__ import annotations

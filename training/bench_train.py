@@ -5,7 +5,7 @@ the same threads. Model FLOPs count every matmul of a step with the sampled dept
 core loops (adapter + blocks), coda and head forward, plus 2x forward for the backward of the parts
 that get gradients (prelude, the last k loops, coda, head), and causal attention scores/values.
 
-    python -m bench.bench_train [--preset demo] [--steps 30] [--device cpu] [--threads N] [--set KEY=VALUE ...]
+    python -m training.bench_train [--preset demo] [--steps 30] [--device cpu] [--threads N] [--set KEY=VALUE ...]
 Last line: a JSON object with tokens_per_s and fraction_of_peak.
 """
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The study of a checkpoint, written once: A2's probes → the eval trace → its bootstrap → the allocation
 curves (fast, then the exact plan) → the ground truth (on checkpoints that ship it) → overthinking.
 
-`python -m recur_core.analyze`, the app, the cards and `bench.bench_specimen` are thin callers: each
-makes a `Study` of a loaded checkpoint with its `StudySettings` (the defaults are SETTINGS, what the
-app asks for) and reads the steps it needs. Every step reads and fills recur_core's disk cache under
+`python -m recur_core.analyze` and the app (its canonical trace, probes and Ground truth page) are thin
+callers: each makes a `Study` of a loaded checkpoint with its `StudySettings` (the defaults are
+SETTINGS, what the app asks for) and reads the steps it needs. (The hops card and `bench.bench_specimen`
+keep settings of their own: the card's 32-loop cap, a trace without probes.) Every step reads and fills recur_core's disk cache under
 a key derived from its own inputs (windows, loops, seed, probes, policies), so callers with equal
 settings share every result, and a caller with other settings (`analyze --max-loops 8`) gets its own.
 """

@@ -134,7 +134,8 @@ def naive_exact(model, windows, policy, max_loops, seed):
         new = model.core_step(state, e, freeze=frozen)
         h_prev, stats = loop_readout(model, new, h_prev, None)
         signals = LoopSignals(new, relative_change(new, state), stats.kl_prev, stats.kl_prev_reverse, stats.entropy,
-                              stats.argmax, cosine_change(new, state))
+                              stats.argmax, cosine_change(new, state), state_step=(new.float() - state.float()).norm(dim=-1),
+                              state_norm=new.float().norm(dim=-1))
         met = policy.rule_met(loop, signals) & ~frozen
         halt = met | ~frozen if loop == cap else met
         depth[halt], conv, frozen, state = loop, conv | met, frozen | halt, new

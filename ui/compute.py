@@ -32,7 +32,7 @@ from recur_core.analysis.dynamics import dynamics as state_dynamics
 from recur_core.analysis.exact import ExactPath, TextDecoding, decoded_text
 from recur_core.analysis.ground_truth import answer_hops, load_ground_truth
 from recur_core.analysis.stats import Bootstrap
-from recur_core.analysis.study import Study
+from recur_core.analysis.study import Study, StudySettings
 from recur_core.analysis.trace import is_cached, refuse_if_too_big, trace
 from recur_core.exits import catalogue
 from recur_core.exits.policies import ConvergenceExit, GateExit, LinearRouter, Uniform
@@ -106,13 +106,19 @@ FIRST_LOOK_WINDOWS = 16  # a page's first look at the eval set, while the full t
 def study(path: str, ckpt_id: str, device: str) -> Study:
     """The checkpoint's Study with the app's settings (SETTINGS, the defaults of `python -m
     recur_core.analyze`): the same steps and disk-cache keys as the report."""
-    return Study(_ckpt(path, ckpt_id, device), cache=TraceCache())
+    return Study(_ckpt(path, ckpt_id, device), _study_settings(), cache=TraceCache())
+
+
+def _study_settings() -> StudySettings:
+    """The app's settings (S) as a Study's: what `python -m recur_core.analyze` runs by default."""
+    return StudySettings(windows=S.windows, seed=S.seed, n_boot=S.n_boot, topk=S.topk, probe_windows=S.probe_windows,
+                         probe_tokens=S.probe_tokens)
 
 
 def _train_probes(ckpt, progress=None, cache_only: bool = False):
     """A2's probes as `python -m recur_core.analyze` trains them (Study.probes); {} when r_max < 2 or no
     probe windows ship."""
-    return Study(ckpt, cache=TraceCache()).probes(progress, cache_only)
+    return Study(ckpt, _study_settings(), cache=TraceCache()).probes(progress, cache_only)
 
 
 @st.cache_resource(max_entries=6, show_spinner=False)

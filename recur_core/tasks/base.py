@@ -10,6 +10,7 @@ answer's depth in hops), word problems in story form (`WordProblems`, in composi
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -87,6 +88,19 @@ class Task(ABC):
 
     def _no_ground_truth(self) -> ValueError:
         return ValueError(f"the {self.kind} task has no ground truth: its answers have no known depth")
+
+
+def parse_settings(cls, settings: str, what: str) -> dict:
+    """The fields of dataclass `cls` from "key=value,..." (each value cast to its field's type: float,
+    int or str); a ValueError naming `what` and the valid keys for any other item."""
+    types = {f.name: f.type for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for item in filter(None, settings.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or key not in types:
+            raise ValueError(f"{what} setting {item!r}: expected key=value with key in {', '.join(types)}")
+        kwargs[key] = {"float": float, "int": int, "str": str}[types[key]](value)
+    return kwargs
 
 
 def text_pieces(text: str, offsets) -> list[str]:

@@ -28,7 +28,6 @@ Settings come from the dataset string: `hops` or `hops:max_hops=6,chains=4,...` 
 """
 from __future__ import annotations
 
-import dataclasses
 import random
 from dataclasses import dataclass
 from typing import ClassVar
@@ -38,7 +37,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from recur_core.settings import seed_for
 
-from .base import EOS, EOS_PIECE, Example, Task, Tokens, interleaved_chains
+from .base import EOS, EOS_PIECE, Example, Task, Tokens, interleaved_chains, parse_settings
 from .prose import Prose
 
 VARIABLES = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -86,13 +85,7 @@ class HopsTask(Task):
         if not is_hops(dataset):
             raise ValueError(f"not a hops dataset: {dataset!r}")
         _, _, spec = dataset.partition(":")
-        types = {f.name: f.type for f in dataclasses.fields(cls)}
-        kwargs = {}
-        for item in filter(None, spec.split(",")):
-            key, sep, value = item.partition("=")
-            if not sep or key not in types:
-                raise ValueError(f"hops setting {item!r}: expected key=value with key in {', '.join(types)}")
-            kwargs[key] = float(value) if types[key] == "float" else int(value)
+        kwargs = parse_settings(cls, spec, "hops")
         task = cls(**kwargs)
         train_need = task.chains * task.max_hops + task.decoys  # every queried chain at H hops
         eval_need = task.max_hops + task.extra_eval_hops + task.chains - 1 + task.decoys  # one at H + 4

@@ -9,7 +9,6 @@ stream (training/word_problems.py) never reaches.
 """
 from __future__ import annotations
 
-import dataclasses
 import random
 from dataclasses import dataclass
 from typing import Callable, ClassVar
@@ -19,7 +18,7 @@ from tokenizers import Tokenizer
 
 from recur_core.settings import seed_for
 
-from .base import EOS, EOS_PIECE, Example, Tokens, text_pieces
+from .base import EOS, EOS_PIECE, Example, Tokens, parse_settings, text_pieces
 from .prose import Prose
 from .stories import KINDS, MAKERS, NAMES, Problem, token_steps
 
@@ -56,13 +55,7 @@ class WordProblems(Prose):
         name, _, settings = spec.partition(":")
         if name != "word_problems":
             raise ValueError(f"not a word-problem mixture: {spec!r} (expected word_problems[:key=value,...])")
-        types = {f.name: f.type for f in dataclasses.fields(cls)}
-        kwargs = {}
-        for item in filter(None, settings.split(",")):
-            key, sep, value = item.partition("=")
-            if not sep or key not in types:
-                raise ValueError(f"word_problems setting {item!r}: expected key=value with key in {', '.join(types)}")
-            kwargs[key] = {"float": float, "int": int, "str": str}[types[key]](value)
+        kwargs = parse_settings(cls, settings, "word_problems")
         task = cls(**kwargs)
         unknown = set(task.kind_list) - set(KINDS)
         if unknown or not task.kind_list:

@@ -345,3 +345,32 @@ def test_guess_chance_counts_the_places_or_toys_told_before_each_answer():
             n_candidates = 3 if kind == "swap" else len(set(re.findall(r"at the (\w+)\.", p.text.split("Where")[0])))
             assert chance == [1 / n_candidates] * len(p.answer_steps), p.text
     assert all(c != c for c in guess_chance(TASK.problem(rng, 2, "ages")))  # nan: no class to guess in
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_recall_counts_facts_read_down_to_a_direct_recall(kind):
+    """With recall every answer is labelled one more than its composition steps, and 1 step (no
+    change, link or swap) asks a fact the story states."""
+    task = WordProblems.parse(f"word_problems:recall=true,kinds={kind}")
+    rng = random.Random(9)
+    for i in range(200):
+        steps = 1 + i % 6
+        p = task.problem(rng, steps, running=i % 3 == 0)
+        labelled = [s for s in p.steps if s]
+        assert labelled == [s + 1 for _, s in SOLVERS[kind](p.text)], p.text
+        if i % 3:
+            assert labelled[0] == steps, p.text
+    recall = task.problem(random.Random(1), 1, running=False)
+    first = next(pos for pos, s in enumerate(recall.steps) if s)
+    assert recall.steps[first] == 1
+    word = recall.text[first:].split()[0].strip(".")
+    assert recall.text.count(word) >= 2  # the answer was told before it is asked
+
+
+def test_bool_settings_parse_and_refuse():
+    assert WordProblems.parse("word_problems:recall=1").recall is True
+    assert WordProblems.parse("word_problems:recall=False").recall is False
+    with pytest.raises(ValueError, match="recall"):
+        WordProblems.parse("word_problems:recall=maybe")
+    with pytest.raises(ValueError, match="max_steps"):
+        WordProblems.parse("word_problems:max_steps=six")

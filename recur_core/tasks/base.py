@@ -92,15 +92,26 @@ class Task(ABC):
 
 def parse_settings(cls, settings: str, what: str) -> dict:
     """The fields of dataclass `cls` from "key=value,..." (each value cast to its field's type: float,
-    int or str); a ValueError naming `what` and the valid keys for any other item."""
+    int, str, or bool written true/false/1/0); a ValueError naming `what` and the valid keys for any
+    other item."""
     types = {f.name: f.type for f in dataclasses.fields(cls)}
     kwargs = {}
     for item in filter(None, settings.split(",")):
         key, sep, value = item.partition("=")
         if not sep or key not in types:
             raise ValueError(f"{what} setting {item!r}: expected key=value with key in {', '.join(types)}")
-        kwargs[key] = {"float": float, "int": int, "str": str}[types[key]](value)
+        try:
+            kwargs[key] = {"float": float, "int": int, "str": str, "bool": _boolean}[types[key]](value)
+        except ValueError as e:
+            raise ValueError(f"{what} setting {item!r}: {e}") from None
     return kwargs
+
+
+def _boolean(value: str) -> bool:
+    words = {"true": True, "1": True, "false": False, "0": False}
+    if value.lower() not in words:
+        raise ValueError(f"expected true or false, got {value!r}")
+    return words[value.lower()]
 
 
 def text_pieces(text: str, offsets) -> list[str]:

@@ -15,7 +15,9 @@ Four kinds of short story, each ending in a question and its answer sentence:
 
 The word that answers the question (`seven`, `farm`, `kite`, `five`) is an **answer**, labelled with
 its **steps**: the number of facts that must be chained to get it (changes applied to a count, links
-followed to a place, swaps of a toy, age differences added). Its loss can be predicted only by
+followed to a place, swaps of a toy, age differences added). With `recall` a maker counts the facts
+read instead (one more: the stated count, place, toy or age the chain starts from), and 0 steps is a
+direct recall ("Ben was at the farm. ... Where was Ben? Ben was at the farm.", 1 fact). Its loss can be predicted only by
 composing them, so a looped model should need more loops for it than for a function word. The label
 sits on the answer word's first character, so `token_steps` can put it on the token that starts the
 answer under any tokenizer (the ground truth of checkpoint analyses: recur_core.analysis.ground_truth,
@@ -68,9 +70,12 @@ class Problem:
 
 
 class _Writer:
-    """Builds a problem's text sentence by sentence, remembering where each answer word starts."""
+    """Builds a problem's text sentence by sentence, remembering where each answer word starts.
+    `recall`: label an answer with the facts it reads (its steps + 1), so that a direct recall of a
+    stated fact (0 steps) is labelled 1."""
 
-    def __init__(self):
+    def __init__(self, recall: bool = False):
+        self.recall = recall
         self.parts: list[str] = []
         self.length = 0
         self.answers: list[tuple[int, int]] = []  # (character position, steps)
@@ -80,7 +85,7 @@ class _Writer:
         self.length += len(text)
 
     def answer(self, word: str, steps: int) -> None:
-        self.answers.append((self.length, steps))
+        self.answers.append((self.length, steps + self.recall))
         self.add(word)
 
     def problem(self, kind: str) -> Problem:
@@ -100,14 +105,14 @@ def _then(rng: random.Random, i: int) -> str:
     return "Then " if i and rng.random() < 0.4 else ""
 
 
-def count_problem(rng: random.Random, steps: int, running: bool) -> Problem:
+def count_problem(rng: random.Random, steps: int, running: bool, recall: bool = False) -> Problem:
     """A count changed `steps` times (taken away or added to), asked at the end. Running: after every
     change but the last the story says the new count ("Now Sam had five apples.", 1 step: one change
     to a stated count), so the final answer is 1 step from the last stated count."""
     noun, take_verbs, add_verbs = rng.choice(THINGS)
     owner, *others = rng.sample(NAMES, 4)
     total = rng.randint(3, 12)
-    w = _Writer()
+    w = _Writer(recall)
     w.add(f"{_opening(rng)}{owner} had {NUMBER_WORDS[total]} {noun}. ")
     for i in range(steps):
         if total > 0 and (total >= MAX_COUNT - 1 or rng.random() < 0.5):
@@ -126,24 +131,24 @@ def count_problem(rng: random.Random, steps: int, running: bool) -> Problem:
             w.answer(NUMBER_WORDS[total], 1)
             w.add(f" {noun}. ")
     w.add(f"How many {noun} did {owner} have at the end? {owner} had ")
-    w.answer(NUMBER_WORDS[total], 1 if running else steps)
+    w.answer(NUMBER_WORDS[total], min(1, steps) if running else steps)
     w.add(f" {noun}.")
     return w.problem("count")
 
 
-def where_problem(rng: random.Random, steps: int, running: bool) -> Problem:
+def where_problem(rng: random.Random, steps: int, running: bool, recall: bool = False) -> Problem:
     """Chains of "X was with Y" from a child at a place; the first chain's last child is `steps`
     links from the place, the others' at most that many. Two or three chains, interleaved, each in
     order; the last child of another chain is asked too. Running: every link but the asked children's says where that puts the child
     ("Tom was with Ben, so Tom was at the farm.", 1 step), so each answer is 1 step from a stated place."""
     n_chains = rng.randint(2, 3)
-    lengths = [steps + 1] + [rng.randint(2, min(steps + 1, 5)) for _ in range(n_chains - 1)]
+    lengths = [steps + 1] + [rng.randint(2, min(max(steps, 1) + 1, 5)) for _ in range(n_chains - 1)]
     while sum(lengths) > len(NAMES):
         lengths[lengths.index(max(lengths[1:]), 1)] -= 1
     names = rng.sample(NAMES, sum(lengths))
     places = rng.sample(PLACES, n_chains)
     chains, links = interleaved_chains(rng, names, lengths)
-    w = _Writer()
+    w = _Writer(recall)
     w.add(_opening(rng))
     for c, i in links:
         if i == 0:
@@ -157,19 +162,19 @@ def where_problem(rng: random.Random, steps: int, running: bool) -> Problem:
     for c in (0, rng.randrange(1, n_chains)):
         asked = chains[c][-1]
         w.add(f"Where was {asked}? {asked} was at the ")
-        w.answer(places[c], 1 if running else len(chains[c]) - 1)
+        w.answer(places[c], min(1, len(chains[c]) - 1) if running else len(chains[c]) - 1)
         w.add(". ")
     return w.problem("where")
 
 
-def inside_problem(rng: random.Random, steps: int, running: bool) -> Problem:
+def inside_problem(rng: random.Random, steps: int, running: bool, recall: bool = False) -> Problem:
     """Where a toy is through containers: chains "the X was in the Y" from a container at a place,
     each ending in a toy; the first chain's toy is `steps` links from the place, the others' at most
     that many. Two or three chains, interleaved, each told from its place outwards; the toys of the first and of one other chain
     are asked. Running: every container but the outermost is said to be where that puts it ("The
     box was in the bag, so the box was at the park.", 1 step)."""
     n_chains = rng.randint(2, 3)
-    lengths = [steps + 1] + [rng.randint(2, min(steps + 1, 5)) for _ in range(n_chains - 1)]
+    lengths = [steps + 1] + [rng.randint(2, min(max(steps, 1) + 1, 5)) for _ in range(n_chains - 1)]
     while sum(lengths) - n_chains > len(CONTAINERS):
         lengths[lengths.index(max(lengths[1:]), 1)] -= 1
     containers = iter(rng.sample(CONTAINERS, sum(lengths) - n_chains))
@@ -177,7 +182,7 @@ def inside_problem(rng: random.Random, steps: int, running: bool) -> Problem:
     items = [item for c, n in enumerate(lengths) for item in [*(next(containers) for _ in range(n - 1)), toys[c]]]
     places = rng.sample(PLACES, n_chains)
     chains, links = interleaved_chains(rng, items, lengths)
-    w = _Writer()
+    w = _Writer(recall)
     opening = _opening(rng)
     w.add(opening)
     for n, (c, i) in enumerate(links):
@@ -194,19 +199,19 @@ def inside_problem(rng: random.Random, steps: int, running: bool) -> Problem:
     for c in (0, rng.randrange(1, n_chains)):
         toy = chains[c][-1]
         w.add(f"Where was the {toy}? The {toy} was at the ")
-        w.answer(places[c], 1 if running else len(chains[c]) - 1)
+        w.answer(places[c], min(1, len(chains[c]) - 1) if running else len(chains[c]) - 1)
         w.add(". ")
     return w.problem("inside")
 
 
-def swap_problem(rng: random.Random, steps: int, running: bool) -> Problem:
+def swap_problem(rng: random.Random, steps: int, running: bool, recall: bool = False) -> Problem:
     """Three children with one toy each swap `steps` times; asked what two of them have. Running:
     after every swap but the last the story says what the two have now (1 step each), and the
     children asked are the last swap's, 1 step from what was said."""
     kids = rng.sample(NAMES, 3)
     toys = rng.sample(TOYS, 3)
     has = dict(zip(kids, toys, strict=True))
-    w = _Writer()
+    w = _Writer(recall)
     w.add(f"{_opening(rng)}{kids[0]} had a {toys[0]}, {kids[1]} had a {toys[1]} and {kids[2]} had a {toys[2]}. ")
     for i in range(steps):
         a, b = rng.sample(kids, 2)
@@ -218,20 +223,20 @@ def swap_problem(rng: random.Random, steps: int, running: bool) -> Problem:
             w.add(f" and {b} had the ")
             w.answer(has[b], 1)
             w.add(". ")
-    asked = [a, b] if running else rng.sample(kids, 2)
+    asked = [a, b] if running and steps else rng.sample(kids, 2)
     for kid in asked:
         w.add(f"What did {kid} have? {kid} had the ")
-        w.answer(has[kid], 1 if running else steps)
+        w.answer(has[kid], min(1, steps) if running else steps)
         w.add(". ")
     return w.problem("swap")
 
 
-def ages_problem(rng: random.Random, steps: int, running: bool) -> Problem:
+def ages_problem(rng: random.Random, steps: int, running: bool, recall: bool = False) -> Problem:
     """A chain of "X was k years older / younger than Y" from one stated age; asked the last one.
     Running: every link but the last says the age it gives ("..., so Mia was six.", 1 step)."""
     people = rng.sample(NAMES, steps + 1)
     age = rng.randint(3, 12)
-    w = _Writer()
+    w = _Writer(recall)
     w.add(f"{_opening(rng)}{people[0]} was {NUMBER_WORDS[age]} years old. ")
     for i, (prev, person) in enumerate(zip(people[:-1], people[1:], strict=True)):
         older = age <= 2 or (age < MAX_COUNT - 1 and rng.random() < 0.5)
@@ -245,12 +250,12 @@ def ages_problem(rng: random.Random, steps: int, running: bool) -> Problem:
         w.add(". ")
     asked = people[-1]
     w.add(f"How old was {asked}? {asked} was ")
-    w.answer(NUMBER_WORDS[age], 1 if running else steps)
+    w.answer(NUMBER_WORDS[age], min(1, steps) if running else steps)
     w.add(" years old.")
     return w.problem("ages")
 
 
-MAKERS: dict[str, Callable[[random.Random, int, bool], Problem]] = {
+MAKERS: dict[str, Callable[[random.Random, int, bool, bool], Problem]] = {
     "count": count_problem, "where": where_problem, "swap": swap_problem, "ages": ages_problem,
     "inside": inside_problem}
 

@@ -40,6 +40,9 @@ class WordProblems(Prose):
     extra_eval_steps: int = 2  # held-out problems go to max_steps + this (extrapolation)
     kinds: str = "count+where+swap+ages"
     running_share: float = 0.5  # the share of problems told "running": each intermediate value stated
+    # count facts read (a direct recall of a stated fact is 1 step, each change, link or swap adds one)
+    # rather than composition steps (the first link is 1 step): gives a curriculum its base case
+    recall: bool = False
     # loss weights per target token (1, 1, 1: the plain mean); hops weights answers 1 and the rest 0.1
     answer_weight: float = 1.0  # answer words
     other_weight: float = 1.0  # the problems' other tokens
@@ -81,7 +84,7 @@ class WordProblems(Prose):
                 running: bool | None = None) -> Problem:
         kind = kind or rng.choice(self.kind_list)
         running = rng.random() < self.running_share if running is None else running
-        return MAKERS[kind](rng, steps, running)
+        return MAKERS[kind](rng, steps - self.recall, running, self.recall)
 
     def labelled(self, tok: Tokenizer, example: Example) -> Tokens:
         """EOS + a word problem's tokens, as the mixture was trained (EOS before every problem), and

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from recur_core.exits.halting import Freezing, HaltSchedule
-from recur_core.exits.policies import ConvergenceExit, LatentDiff, Uniform
+from recur_core.exits.policies import ArgmaxStable, ConvergenceExit, LatentDiff, Uniform
 from recur_core.exits.signals import LoopSignals
 
 
@@ -53,3 +53,18 @@ def test_readout_schedule_reads_out_before_its_first_check():
     assert HaltSchedule(Uniform(4), max_loops=8).first_readout is None
     with pytest.raises(ValueError, match="check_every"):
         HaltSchedule(Uniform(4), max_loops=8, check_every=0)
+
+
+def test_a_remembering_rule_checked_every_loop_is_asked_from_loop_1():
+    """Its memory covers the loops before min_loops (as its fast face reads them), in every caller."""
+    sched = HaltSchedule(ArgmaxStable(2, min_loops=3), max_loops=8)
+    assert [sched.asks(i) for i in range(1, 5)] == [True] * 4 and sched.first_readout == 0
+    assert [sched.is_check(i) for i in range(1, 5)] == [False, False, True, True]
+    argmax = torch.tensor([[7]])
+    said = [sched.met(i, LoopSignals(state=torch.zeros(1, 1, 2), state_change=torch.ones(1, 1), argmax=argmax))
+            for i in range(1, 4)]
+    assert [bool(x) for x in said] == [False, False, True]  # the argmax held since loop 1: a run of 2 at loop 3
+    plain = HaltSchedule(LatentDiff(0.5, min_loops=3), max_loops=8)
+    assert [plain.asks(i) for i in range(1, 5)] == [False, False, True, True]
+    sparse = HaltSchedule(ArgmaxStable(2, min_loops=3), max_loops=8, check_every=2)  # a new run at every check
+    assert [i for i in range(1, 9) if sparse.asks(i)] == [3, 5, 7] and sparse.first_readout == 1

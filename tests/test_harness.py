@@ -227,3 +227,18 @@ def test_exact_plan_points_equal_run_exact(ckpt, windows, tr):
     if len(reached) and reached[0] > 0:  # the bracket of the match is two grid neighbours
         pair = [EPS_GRID.index(curve.thresholds[order[reached[0] - k]]) for k in (0, 1)]
         assert abs(pair[0] - pair[1]) == 1
+
+
+def test_a_remembering_rule_past_min_loops_halts_as_in_decoding(ckpt):
+    """Accel (it compares each loop's step with the previous one) first consulted at loop 3: its
+    memory starts at loop 1 in the harness and in token-by-token decoding alike, so a token may halt
+    at loop 3 itself, and the exits are those of real decoding ("recompute")."""
+    from recur_core.decoding.teacher_forced import teacher_forced
+    from recur_core.exits.policies import Accel
+    windows = ckpt.windows("eval")[:2, :16]
+    steps = trace(ckpt, windows, 8, seed=5, cache=False).state_step
+    policy = Accel(float(np.median(np.abs(steps[..., 2] - steps[..., 1]))), min_loops=3)
+    exact = run_exact(ckpt, windows, policy, 8, seed=5)
+    decoded = teacher_forced(ckpt, windows, policy, "recompute", seed=5, max_loops=8, mode="decode")
+    np.testing.assert_array_equal(decoded.exit_loop.numpy(), exact.exit_depth)
+    assert (exact.exit_depth == 3).any() and (exact.exit_depth > 3).any()

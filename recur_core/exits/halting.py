@@ -8,9 +8,11 @@ harness (recur_core.analysis.harness), the lockstep decoder and the fixed point 
   1. the core step: new = core_step(old), frozen tokens keeping their state;
   2. the signals of the loop: the state signals of (new, old), the readout signals where the
      schedule reads out (`HaltSchedule.wants_readout`);
-  3. the consultation: the policy at the schedule's checks only (at min_loops, FIRST_CHECK for A1,
-     then every check_every loops): `HaltSchedule.consult` for the decoders, which skip the cap's
-     loop, `HaltSchedule.met` (the rule alone, the cap's loop included) for the exact harness;
+  3. the consultation: the policy where the schedule asks it (`HaltSchedule.asks`: at its checks,
+     min_loops (FIRST_CHECK for A1) and then every check_every loops; a rule that remembers earlier
+     loops, checked every loop, at every loop from 1, so its memory starts at loop 1 in every caller,
+     as on its fast face): `HaltSchedule.consult` for the decoders, which skip the cap's loop,
+     `HaltSchedule.met` (the rule alone, the cap's loop included) for the exact harness;
   4. the freezing (`Freezing.update`): a live token whose rule is met halts after this loop; at the
      cap = min(policy.r_max, loops available) every live token halts; a halted token's exit depth
      is this loop, and it counts as converged only where its rule was met.
@@ -52,27 +54,35 @@ class HaltSchedule:
         self.policy, self.every = policy.private(), check_every
         self.cap = policy.cap(max_loops)
         self.min_loops = policy.min_loops
+        # a rule that remembers earlier loops, checked every loop, is asked from loop 1: its memory
+        # covers the loops before min_loops, as its fast face (`Policy.exits`) reads them
+        self.first_ask = 1 if policy.remembers_loops and check_every == 1 else self.min_loops
         self.needs_readout = policy.needs_readout
-        self.first_readout = max(0, self.min_loops - check_every) if self.needs_readout else None
+        self.first_readout = max(0, self.first_ask - check_every) if self.needs_readout else None
         # one `halt_at` call can decide tokens at different loops: the policy takes a tensor of
         # loops, is consulted every loop and needs no readout
         self.per_token_loops = policy.per_token_loops and check_every == 1 and not self.needs_readout
 
     def is_check(self, loop: int) -> bool:
+        """Whether a token may halt by its rule after `loop` (from min_loops, every check_every loops)."""
         return loop >= self.min_loops and (loop - self.min_loops) % self.every == 0
+
+    def asks(self, loop: int) -> bool:
+        """Whether the policy is asked after `loop`: at its checks, and a remembering rule checked
+        every loop at every loop from 1 (its answer before min_loops is False, its memory kept)."""
+        return loop >= self.first_ask and (loop - self.first_ask) % self.every == 0
 
     def at_cap(self, loop: int) -> bool:
         return loop >= self.cap
 
     def wants_readout(self, loop: int) -> bool:
-        return self.first_readout is not None and (loop == self.first_readout or self.is_check(loop))
+        return self.first_readout is not None and (loop == self.first_readout or self.asks(loop))
 
     def met(self, loop: int, signals: LoopSignals) -> Tensor:
-        """Where the policy's own rule holds after `loop` (bool, signals.shape); nowhere between
-        checks. Checked every loop, the policy is asked every loop: it answers False before min_loops
-        itself, and a rule that remembers earlier loops records those loops too (the exact harness
-        has always run it so)."""
-        if self.every > 1 and not self.is_check(loop):
+        """Where the policy's own rule holds after `loop` (bool, signals.shape): the one halt decision
+        of every caller. False where the policy is not asked (`asks`) and, from the policy itself,
+        before min_loops."""
+        if not self.asks(loop):
             return torch.zeros(signals.shape, dtype=torch.bool, device=signals.state_change.device)
         return self.policy.rule_met(loop, signals)
 
@@ -82,7 +92,7 @@ class HaltSchedule:
         and states: `state_signals(new, old)` when the caller has them already (they are computed only
         at a check); False elsewhere. A decoder does not consult the policy at the cap, where every
         token halts anyway (so no token counts as converged there; the exact harness asks `met`)."""
-        if self.at_cap(loop) or not self.is_check(loop):
+        if self.at_cap(loop) or not self.asks(loop):
             return torch.zeros(new.shape[:2], dtype=torch.bool, device=new.device)
         states = state_signals(new, old) if states is None else states
         return self.policy.halt(loop, LoopSignals(state=new, **states, **(readout or {})))

@@ -169,3 +169,41 @@ def test_a_rule_that_remembers_loops_refuses_a_loop_per_token():
     signals = LoopSignals(state=torch.zeros(1, 2, 3), state_change=torch.zeros(1, 2), entropy=torch.zeros(1, 2))
     with pytest.raises(TypeError, match="remembers earlier loops"):
         EntropyDiff().halt(torch.tensor([[1, 2]]), signals)
+
+
+def _readout_policies():
+    from recur_core.analysis.certify import _PastTheExit
+    from recur_core.exits.policies import ArgmaxStable, CertifiedExit, ConvergenceExit, EntropyDiff, ReverseKLExit
+    return [ConvergenceExit(0.05), ReverseKLExit(0.05), EntropyDiff(0.05), ArgmaxStable(1), CertifiedExit(1.0),
+            _PastTheExit(CertifiedExit(1.0), last=0)]
+
+
+@pytest.mark.parametrize("policy", _readout_policies(), ids=lambda p: type(p).__name__)
+def test_a_readout_policy_decides_the_same_on_its_declared_fields_alone(policy):
+    """A decoder computes only a policy's `readout_fields`: with those alone (the others None) the
+    halt decisions over several loops equal those with every readout field."""
+    from recur_core.exits.signals import READOUT_FIELDS, readout_signals, state_signals
+    assert policy.needs_readout and policy.readout_fields <= READOUT_FIELDS
+    g = torch.Generator().manual_seed(3)
+    states = [torch.randn(2, 5, 8, generator=g) * 0.5 ** i for i in range(4)]
+    logps = [torch.log_softmax(torch.randn(2, 5, 11, generator=g) * 0.6 ** i, -1) for i in range(4)]
+    full, alone = policy.private(), policy.private()
+    for loop in range(1, 4):
+        states_ = state_signals(states[loop], states[loop - 1])
+        every = readout_signals(logps[loop], logps[loop - 1])
+        mine = readout_signals(logps[loop], logps[loop - 1], policy.readout_fields)
+        assert set(mine) == set(policy.readout_fields)
+        for name, value in mine.items():
+            torch.testing.assert_close(value, every[name], rtol=0, atol=0)
+        a = full.halt(loop, LoopSignals(state=states[loop], **states_, **every))
+        b = alone.halt(loop, LoopSignals(state=states[loop], **states_, **mine))
+        assert torch.equal(a, b)
+
+
+def test_readout_fields_name_known_signals_and_set_needs_readout():
+    from recur_core.exits.policies import Policy
+    with pytest.raises(TypeError, match="no readout signal"):
+        type("Bad", (Policy,), {"readout_fields": frozenset({"kl_next"})})
+    margin_reader = type("MarginReader", (Policy,), {"readout_fields": frozenset({"margin"})})
+    assert margin_reader.needs_readout and margin_reader.needs_margin
+    assert not Policy.needs_readout

@@ -86,10 +86,12 @@ class _PastTheExit(Policy):
     the cap) while its loops are recorded: the certified exit's decision there, its state, argmax,
     margin and step size."""
 
+    readout_fields = frozenset({"margin", "argmax"})
+    remembers_loops = True
+
     def __init__(self, certified: CertifiedExit, last: int):
         super().__init__(min_loops=1, r_max=None)
         self.certified, self.last = certified.private(), last
-        self.needs_readout, self.needs_margin, self.remembers_loops = True, True, True
         self.position, self.record = -1, []
 
     def private(self) -> Policy:

@@ -12,6 +12,7 @@ lockstep; recur_core.decoding.serve batches many sequences whose tokens sit at d
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -104,7 +105,7 @@ class Decoder:
         self.positions = torch.arange(cfg.max_seq_len, device=weight.device)
         self.noise = noise.to(device=weight.device, dtype=weight.dtype)  # (B, max_seq_len, d)
         self.readouts = 0
-        self.exit_context = False  # prefill's per-loop readouts: see _loop_readout
+        self.exit_context = False  # prefill's per-loop readouts: see _loop_hidden
 
     def _at(self, pos):
         """The positions tensor of pos (an int or a LongTensor)."""
@@ -127,30 +128,46 @@ class Decoder:
         kv = [SlabKV(k, v, pos) for k, v in self.cache.coda_slabs()]
         return self.model.readout(state, self._at(pos), kv)
 
-    def _first_logp(self, state: Tensor, pos) -> Tensor:
-        """log p_0 (float32) of the initial state, before loop 1 (`HaltSchedule.first_readout`)."""
-        return torch.log_softmax(self._loop_readout(state, pos).float(), dim=-1)
+    def _first_logp(self, state: Tensor, pos: int) -> Tensor:
+        """log p_0 (float32) of a decoded token's initial state, before loop 1 (`HaltSchedule.first_readout`)."""
+        return torch.log_softmax(self._readout(state, pos).float(), dim=-1)
 
-    def _loop_logp(self, state: Tensor, pos: Tensor, halted: Tensor, logp_prev: Tensor | None) -> Tensor:
-        """A prefill's per-loop log-probabilities (B, P, V), float32. With `exit_context` only the
-        columns where some row still loops are read out (nothing is written, and a halted token's
-        signals are not consulted): the others keep the previous readout's values."""
-        if not self.exit_context or logp_prev is None:
-            return torch.log_softmax(self._loop_readout(state, pos).float(), dim=-1)
-        cols = (~halted).any(0).nonzero()[:, 0]
-        logp = logp_prev.clone()
-        logp[:, cols] = torch.log_softmax(self._loop_readout(state[:, cols], pos[cols]).float(), dim=-1)
-        return logp
+    def _loop_signals(self, state: Tensor, pos: Tensor, live: Tensor, logp_prev: Tensor | None):
+        """A prefill's per-loop readout: (the readout signals the policy reads, (B, P) each, or None
+        before the first readout; log p (B, P, V) float32 for the next loop). Only the live tokens'
+        distributions and signals are computed (a halted token's are never consulted): their rows of
+        logp_prev are overwritten in place, the other tokens' signals are NaN (argmax -1)."""
+        logp = self._live_logp(state, pos, live)
+        if logp_prev is None:
+            logp_prev = logp.new_full((*live.shape, logp.shape[-1]), math.nan)
+            logp_prev[live] = logp
+            return None, logp_prev
+        signals = {}
+        for name, value in readout_signals(logp, logp_prev[live], self.schedule.readout_fields).items():
+            signals[name] = value.new_full(live.shape, -1 if name == "argmax" else math.nan)
+            signals[name][live] = value
+        logp_prev[live] = logp
+        return signals, logp_prev
 
-    def _loop_readout(self, state: Tensor, pos: Tensor) -> Tensor:
-        """A prefill's per-loop readout: `_readout`, or with `exit_context` set, the coda reading the
-        earlier positions' entries as the cache holds them (their exit states' of the previous
-        fixed-point pass) without writing any (kv.ExitContextKV)."""
-        if not self.exit_context:
-            return self._readout(state, pos)
+    def _live_logp(self, state: Tensor, pos: Tensor, live: Tensor) -> Tensor:
+        """log p (n, V) float32 of the n live tokens (row-major order). With `exit_context` the coda
+        reads only the columns where some row still loops (it writes nothing); without, it runs every
+        position, writing each one's coda entry for the later positions to read."""
+        if self.exit_context:
+            cols = live.any(0).nonzero()[:, 0]
+            hidden = self._loop_hidden(state[:, cols], pos[cols])[live[:, cols]]
+        else:
+            hidden = self._loop_hidden(state, pos)[live]
+        return torch.log_softmax(self.model.head(hidden).float(), dim=-1)
+
+    def _loop_hidden(self, state: Tensor, pos: Tensor) -> Tensor:
+        """A prefill's per-loop coda hidden (B, P, d): the coda writing these positions' entries, or
+        with `exit_context` set, reading the earlier positions' entries as the cache holds them
+        (their exit states' of the previous fixed-point pass) without writing any (kv.ExitContextKV)."""
         self.readouts += 1
-        kv = [ExitContextKV(k, v, pos) for k, v in self.cache.coda_slabs()]
-        return self.model.readout(state, pos, kv)
+        slabs = self.cache.coda_slabs()
+        kv = [ExitContextKV(k, v, pos) if self.exit_context else SlabKV(k, v, pos) for k, v in slabs]
+        return self.model.coda(state, pos, kv)
 
     # -- one position (Tq = 1, B rows in lockstep) ---------------------------------------------------
     def step(self, ids: Tensor, pos: int) -> tuple[Tensor, Tensor]:
@@ -175,7 +192,7 @@ class Decoder:
                 logits = self._readout(new, pos)
                 logp = torch.log_softmax(logits.float(), dim=-1)
                 if logp_prev is not None:
-                    signals = readout_signals(logp, logp_prev)
+                    signals = readout_signals(logp, logp_prev, sched.readout_fields)
                 logp_prev = logp
             if freezing is None:  # batch 1: this token is done when it halts
                 stop, state = sched.halt(loop, new, state, signals), new
@@ -215,9 +232,9 @@ class Decoder:
         cache.inject[:, pos] = inject
         state = run = self.model.start_state(self.noise[:, pos], inject)  # run: see KVRule.loops_on
         logp_prev = None
-        if sched.wants_readout(0):
-            logp_prev = self._first_logp(state, pos)
         freezing = Freezing.start((B, P), state.device)
+        if sched.wants_readout(0):
+            _, logp_prev = self._loop_signals(state, pos, freezing.live, None)
         for loop in range(1, self.cap + 1):
             cancel.check()
             keep = self.rule.prefill_keep(cache, loop, freezing.frozen)
@@ -226,10 +243,7 @@ class Decoder:
             run = out if self.rule.loops_on else new
             signals = None
             if sched.wants_readout(loop):
-                logp = self._loop_logp(new, pos, freezing.frozen, logp_prev)
-                if logp_prev is not None:
-                    signals = readout_signals(logp, logp_prev)
-                logp_prev = logp
+                signals, logp_prev = self._loop_signals(new, pos, freezing.live, logp_prev)
             freezing.update(loop, sched.consult(loop, new, state, signals), sched.at_cap(loop))
             state = new
             if bool(freezing.frozen.all()):

@@ -448,7 +448,9 @@ class Pool:
         logp = torch.log_softmax(torch.cat([s.logits for s in seqs]).float(), dim=-1).split([s.n_rows for s in seqs])
         known = [i for i, s in enumerate(seqs) if s.logp_prev is not None]
         if known:
-            signals = readout_signals(torch.cat([logp[i] for i in known]), torch.cat([seqs[i].logp_prev for i in known]))
+            fields = frozenset().union(*(seqs[i].schedule.readout_fields for i in known))  # what their policies read
+            signals = readout_signals(torch.cat([logp[i] for i in known]), torch.cat([seqs[i].logp_prev for i in known]),
+                                      fields)
             parts = {k: v.split([seqs[i].n_rows for i in known]) for k, v in signals.items()}
             for j, i in enumerate(known):
                 seqs[i].signals = {k: v[j] for k, v in parts.items()}

@@ -57,7 +57,7 @@ class HaltSchedule:
         # a rule that remembers earlier loops, checked every loop, is asked from loop 1: its memory
         # covers the loops before min_loops, as its fast face (`Policy.exits`) reads them
         self.first_ask = 1 if policy.remembers_loops and check_every == 1 else self.min_loops
-        self.needs_readout = policy.needs_readout
+        self.needs_readout, self.readout_fields = policy.needs_readout, policy.readout_fields
         self.first_readout = max(0, self.first_ask - check_every) if self.needs_readout else None
         # one `halt_at` call can decide tokens at different loops: the policy takes a tensor of
         # loops, is consulted every loop and needs no readout

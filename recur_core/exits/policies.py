@@ -48,9 +48,9 @@ EntropyDiff, Accel, ArgmaxStable, CertifiedExit and GateExit compare with earlie
 its previous call (reset at loop 1), so it must be consulted at every loop (check_every 1); a call
 that skips loops starts a new run.
 
-`needs_readout` says whether the rule needs the readout (kl_prev and the other readout signals),
-i.e. the coda and LM head at every loop: A1 and Huginn's readout criteria do (A2's probe reads the
-core state directly).
+`readout_fields` names the readout signals the rule reads (A1: kl_prev); `needs_readout` (some field)
+says whether it needs the coda and LM head at every loop: A1 and Huginn's readout criteria do (A2's
+probe reads the core state directly). A decoder computes only the fields its policy names.
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch
 
-from .signals import LoopSignals
+from .signals import READOUT_FIELDS, LoopSignals
 
 if TYPE_CHECKING:
     from .trace_type import Trace
@@ -87,11 +87,19 @@ class RouterProbe(Protocol):
 class Policy:
     """Base class: subclasses define `_rule_online` and `_rule_trace`; min_loops / r_max live here."""
 
-    needs_readout: bool = False
+    readout_fields: frozenset[str] = frozenset()  # the LoopSignals readout fields the rule reads
+    needs_readout: bool = False  # some readout field: set from readout_fields (__init_subclass__)
     needs_margin: bool = False  # the rule reads the top-1 - top-2 margin (the readout's top-2)
     remembers_loops: bool = False  # the rule keeps memory of earlier loops per batch row (see _Remembering)
     per_token_loops: bool = False  # the online rule takes a tensor of loops, one per token (see halt)
     threshold_name: str = ""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        unknown = cls.readout_fields - READOUT_FIELDS
+        if unknown:
+            raise TypeError(f"{cls.__name__}.readout_fields names no readout signal: {sorted(unknown)}")
+        cls.needs_readout, cls.needs_margin = bool(cls.readout_fields), "margin" in cls.readout_fields
 
     def __init__(self, min_loops: int = 1, r_max: int | None = None):
         if min_loops < 1:
@@ -199,7 +207,7 @@ class ConvergenceExit(Policy):
     """
 
     FIRST_CHECK = 2
-    needs_readout = True
+    readout_fields = frozenset({"kl_prev"})
     per_token_loops = True
     threshold_name = "eps"
 
@@ -282,7 +290,7 @@ def _needs(signals: LoopSignals, name: str, policy: Policy) -> torch.Tensor:
 class ReverseKLExit(Policy):
     """Huginn's KL exit: freeze a token once KL(p_{i-1} || p_i) < eps (the reverse of A1's direction)."""
 
-    needs_readout = True
+    readout_fields = frozenset({"kl_prev_reverse"})
     per_token_loops = True
     threshold_name = "eps"
 
@@ -366,7 +374,7 @@ class EntropyDiff(_FirstDifference):
     """Huginn's entropy-diff exit: freeze a token once |H(p_i) - H(p_{i-1})| < delta (nats); the
     rule never holds at loop 1 (there is no previous entropy)."""
 
-    needs_readout = True
+    readout_fields = frozenset({"entropy"})
     threshold_name = "delta"
     signal = "entropy"
 
@@ -393,7 +401,7 @@ class ArgmaxStable(_Remembering):
     """Huginn's argmax-stability exit: freeze a token once its argmax has stayed the same for n
     consecutive loops (the run is 0 at loop 1, so the earliest exit is loop n + 1)."""
 
-    needs_readout = True
+    readout_fields = frozenset({"argmax"})
     threshold_name = "n"
     signal = "argmax"
 
@@ -431,8 +439,7 @@ class CertifiedExit(_Remembering):
     The guarantee holds as far as its assumptions do (the contraction keeps its rate, L bounds the
     readout along the rest of the path); never halts at loop 1 (there is no δ_0)."""
 
-    needs_readout = True
-    needs_margin = True
+    readout_fields = frozenset({"margin"})
     threshold_name = "lipschitz"
     signal = "state_step"
 

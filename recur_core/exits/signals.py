@@ -118,12 +118,26 @@ def top2_margin(topk_probs):
     return log(topk_probs[..., 0]) - log(topk_probs[..., 1])
 
 
-def readout_signals(logp: Tensor, logp_prev: Tensor) -> dict[str, Tensor]:
-    """The LoopSignals fields of a readout from log-probabilities of this and the previous readout
-    (decoding has the logits already): kl_prev = KL(p || p_prev) and kl_prev_reverse = KL(p_prev || p)
-    in nats per token, clamped at 0 (float rounding); entropy (nats), argmax and the top-2 margin of p."""
-    p = logp.exp()
-    top = logp.topk(2, dim=-1).values
-    return {"kl_prev": (p * (logp - logp_prev)).sum(-1).clamp_min(0.0),
-            "kl_prev_reverse": (logp_prev.exp() * (logp_prev - logp)).sum(-1).clamp_min(0.0),
-            "entropy": -(p * logp).sum(-1), "argmax": logp.argmax(-1), "margin": top[..., 0] - top[..., 1]}
+READOUT_FIELDS = frozenset({"kl_prev", "kl_prev_reverse", "entropy", "argmax", "margin"})
+
+
+def readout_signals(logp: Tensor, logp_prev: Tensor, fields: frozenset[str] = READOUT_FIELDS) -> dict[str, Tensor]:
+    """The LoopSignals readout `fields` (a policy's `readout_fields`; each one more pass over the
+    vocabulary) from log-probabilities of this and the previous readout (decoding has the logits
+    already): kl_prev = KL(p || p_prev) and kl_prev_reverse = KL(p_prev || p) in nats per token, clamped
+    at 0 (float rounding); entropy (nats), argmax and the top-2 margin of p."""
+    out = {}
+    if "kl_prev" in fields or "entropy" in fields:
+        p = logp.exp()
+    if "kl_prev" in fields:
+        out["kl_prev"] = (p * (logp - logp_prev)).sum(-1).clamp_min(0.0)
+    if "kl_prev_reverse" in fields:
+        out["kl_prev_reverse"] = (logp_prev.exp() * (logp_prev - logp)).sum(-1).clamp_min(0.0)
+    if "entropy" in fields:
+        out["entropy"] = -(p * logp).sum(-1)
+    if "argmax" in fields:
+        out["argmax"] = logp.argmax(-1)
+    if "margin" in fields:
+        top = logp.topk(2, dim=-1).values
+        out["margin"] = top[..., 0] - top[..., 1]
+    return out

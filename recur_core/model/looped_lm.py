@@ -407,7 +407,11 @@ class LoopedLM(nn.Module):
 
     def readout(self, state: torch.Tensor, positions: torch.Tensor | None = None, kv=None) -> torch.Tensor:
         """State -> logits (B, T, V)."""
-        return linear(self.coda(state, positions, kv), self.head_weight)
+        return self.head(self.coda(state, positions, kv))
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head: the coda's hidden (..., d) -> logits (..., V)."""
+        return linear(hidden, self.head_weight)
 
     # -- composition --------------------------------------------------------------------
     def forward(self, ids: torch.Tensor, loops: int, generator: torch.Generator | None = None,

@@ -74,3 +74,24 @@ def test_a_rerun_describes_no_unchanged_folder(folders, monkeypatch):
     run(at)
     assert sorted(described) == [folders[0], folders[1], folders[1]]  # the changed folder, once more
     assert checkpoints.describe(folders[1]).meta["step"] == 4321
+
+
+def test_the_study_is_kept_per_checkpoint_and_cache_folder(folders, tmp_path, monkeypatch):
+    """compute.study returns one Study per (checkpoint, cache folder) across reruns, so the certified
+    exit's L is measured once, not on every rerun of the Ground truth page's readiness check."""
+    from recur_core.analysis import study as study_module
+    from ui import compute
+    from ui.handle import Handle
+    measured = Counter()
+
+    def counting(ckpt, max_loops, seed):
+        measured[ckpt.path] += 1
+        return {"lipschitz": 1.0}
+    monkeypatch.setattr(study_module, "measured_lipschitz", counting)
+    key = Handle.open(str(folders[0]), "cpu").key
+    first = compute.study(*key)
+    assert compute.study(*key) is first
+    assert first.lipschitz == compute.study(*key).lipschitz == {"lipschitz": 1.0}
+    assert sum(measured.values()) == 1
+    monkeypatch.setenv("RECUR_CACHE_DIR", str(tmp_path / "elsewhere"))
+    assert compute.study(*key) is not first and str(compute.study(*key).cache.root) == str(tmp_path / "elsewhere")

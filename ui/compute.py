@@ -105,8 +105,15 @@ FIRST_LOOK_WINDOWS = 16  # a page's first look at the eval set, while the full t
 
 def study(path: str, ckpt_id: str, device: str) -> Study:
     """The checkpoint's Study with the app's settings (SETTINGS, the defaults of `python -m
-    recur_core.analyze`): the same steps and disk-cache keys as the report."""
-    return Study(_ckpt(path, ckpt_id, device), _study_settings(), cache=TraceCache())
+    recur_core.analyze`): the same steps and disk-cache keys as the report. One per checkpoint and
+    cache folder, kept across reruns, so what it measures once (the certified exit's L, the
+    bootstrap) is not measured again on every rerun."""
+    return _study(path, ckpt_id, device, str(TraceCache().root))
+
+
+@st.cache_resource(max_entries=6, show_spinner=False)
+def _study(path: str, ckpt_id: str, device: str, cache_dir: str) -> Study:
+    return Study(_ckpt(path, ckpt_id, device), _study_settings(), cache=TraceCache(cache_dir))
 
 
 def _study_settings() -> StudySettings:

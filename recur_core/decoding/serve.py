@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..exits.halting import HaltSchedule
+from ..exits.halting import Freezing, HaltSchedule
 from ..exits.policies import Policy, Uniform
 from ..exits.signals import readout_signals, state_signals
 from ..model.checkpoint import resolve_model
@@ -120,12 +120,13 @@ class Completion:
 
 class _Sequence:
     """A request in a slot: its decoder (slot cache view, schedule, KV rule), sampler and the rows it
-    puts in the core step. While prefilling (`halted` is not None) the rows are positions of its
-    prompt's current chunk, pos .. pos + len(halted) - 1 (the whole prompt unless the request sets
-    prefill_chunk), looping together. With `sheds_halted` (a KV rule that keeps a halted token's
-    exit entry, "latest", and a policy that neither remembers earlier loops nor reads out) only the
-    ones still looping (`live`: their indices in the chunk; a halted one's entries are copied
-    forward, its state waits in the cache's exit_state), else all of them, the halted ones frozen;
+    puts in the core step. While prefilling (`freezing` is not None: the chunk's halted positions
+    and exit loops, recur_core.exits.halting.Freezing) the rows are positions of its prompt's current
+    chunk, pos .. pos + chunk - 1 (the whole prompt unless the request sets prefill_chunk), looping
+    together. With `sheds_halted` (a KV rule that keeps a halted token's exit entry, "latest", and a
+    policy that neither remembers earlier loops nor reads out) only the ones still looping (`live`:
+    their indices in the chunk; a halted one's entries are copied forward, its state waits in the
+    cache's exit_state), else all of them, the halted ones frozen;
     then one row, the token in flight at position pos. `loop` loops run so far (0: not yet looped).
     state / inject: (rows, 1, d); run: the prompt rows' running states under a rule whose halted
     tokens loop on (KVRule.loops_on; the halted rows' `state` is their exit state), else None."""
@@ -144,7 +145,7 @@ class _Sequence:
         self.pos = 0
         self.loop = 0
         self.readouts_before = 0
-        self.halted = self.exits = self.live = self.row_loops = self.row_readouts = None
+        self.freezing = self.live = self.row_loops = self.row_readouts = None
         self.positions = self.state = self.inject = self.logp_prev = self.logits = self.signals = None
         self.run = None
 
@@ -154,7 +155,7 @@ class _Sequence:
 
     @property
     def prefilling(self) -> bool:
-        return self.halted is not None
+        return self.freezing is not None
 
     @property
     def n_rows(self) -> int:
@@ -316,7 +317,7 @@ class Pool:
                 if s.run is not None:  # halted prompt positions loop on, their exit states kept
                     s.run = s.state
                 if not s.sheds_halted:  # halted prompt positions ride along, frozen
-                    s.state = torch.where(s.halted[:, None, None], old[at:at + s.n_rows], s.state)
+                    s.state = torch.where(s.freezing.frozen[:, None, None], old[at:at + s.n_rows], s.state)
             at += s.n_rows
         if any(s.prefilling for s in seqs):
             new = torch.cat([s.state for s in seqs])
@@ -349,9 +350,9 @@ class Pool:
         s.inject = cache.inject[0, start:end, None]
         s.state = s.dec.model.start_state(s.dec.noise[0, start:end, None], s.inject)
         s.run = s.state if s.dec.rule.loops_on else None
-        s.halted = torch.zeros(end - start, dtype=torch.bool, device=cache.inject.device)
+        s.freezing = Freezing.start(end - start, cache.inject.device)
         s.live = torch.arange(end - start)
-        s.exits, s.row_loops, s.row_readouts = (torch.zeros(end - start, dtype=torch.long) for _ in range(3))
+        s.row_loops, s.row_readouts = (torch.zeros(end - start, dtype=torch.long) for _ in range(2))
 
     @staticmethod
     def _rows(seqs) -> tuple[np.ndarray, np.ndarray]:
@@ -409,11 +410,11 @@ class Pool:
         self.mixed_steps += int(len({s.loop for s in seqs}) > 1)
         keep, at = None, 0  # "latest": a halted prompt position's entry of this loop is its previous loop's
         for s in seqs:
-            if s.prefilling and s.sheds_halted and s.loop > 0 and bool(s.halted.any()):
-                self.cache.copy_core_entries(s.slot, s.loop, s.pos + torch.nonzero(s.halted.cpu())[:, 0])
+            if s.prefilling and s.sheds_halted and s.loop > 0 and bool(s.freezing.frozen.any()):
+                self.cache.copy_core_entries(s.slot, s.loop, s.pos + torch.nonzero(s.freezing.frozen.cpu())[:, 0])
             elif s.prefilling and s.dec.rule.keeps_exit_entry:  # it rides along: copied inside the call
                 keep = torch.zeros(len(slots), dtype=torch.bool, device=self.device) if keep is None else keep
-                keep[at:at + s.n_rows] = s.halted
+                keep[at:at + s.n_rows] = s.freezing.frozen
             at += s.n_rows
         layers = [self.cache.core_flat(l) for l in range(self.model.cfg.n_core)]
         kv = self._views(layers, slots * self.max_loops + loops, pos, keep)  # slab of (slot, loop + 1)
@@ -501,19 +502,23 @@ class Pool:
         return halts
 
     def _prefill_halts(self, s: _Sequence, stop: Tensor) -> bool:
-        """Freeze the prompt tokens whose rows halt at this loop (stop: bool (rows,)); True when every
-        one has halted, and then the rows are the whole chunk at its exit states (for its readout)."""
-        stop = stop.cpu() & ~s.halted.cpu()[s.live]
-        s.exits[s.live[stop]] = s.loop
-        s.halted[s.live[stop].to(s.halted.device)] = True
-        done = bool(s.halted.all())
+        """Freeze the prompt tokens whose rows halt at this loop (stop: bool (rows,), the cap's
+        decision included) through the chunk's Freezing; True when every one has halted, and then
+        the rows are the whole chunk at its exit states (for its readout)."""
+        freezing = s.freezing
+        met = torch.zeros_like(freezing.frozen)
+        at_cap = s.schedule.at_cap(s.loop)
+        if not at_cap:  # at the cap the freezing halts every live token itself (none counts as converged)
+            met[s.live.to(met.device)] = stop.to(met.device)
+        stop = freezing.update(s.loop, met, at_cap).cpu()[s.live]  # the rows halted now
+        done = bool(freezing.frozen.all())
         if not s.sheds_halted or not bool(stop.any()):
             return done
         cache = s.dec.cache  # the halted rows leave the core step: their exit states wait in the cache
         cache.exit_state[0, s.pos + s.live[stop]] = s.state[stop.to(s.state.device), 0]
         if done:
-            end = s.pos + len(s.halted)
-            s.positions, s.live = list(range(s.pos, end)), torch.arange(len(s.halted))
+            end = s.pos + len(freezing.frozen)
+            s.positions, s.live = list(range(s.pos, end)), torch.arange(len(freezing.frozen))
             s.state = cache.exit_state[0, s.pos:end, None].clone()
             return True
         going = ~stop
@@ -530,19 +535,20 @@ class Pool:
         cache.exit_state[:, start:end] = s.state[:, 0]
         cache.run_state[:, start:end] = (s.state if s.run is None else s.run)[:, 0]
         s.run = None
-        cache.exit_loop[:, start:end] = s.exits
-        s.dec.rule.finish(cache, start, s.exits[None], s.loop)
-        s.out.prompt_exit_loops += s.exits.tolist()
+        exits = s.freezing.exit_depth.cpu()
+        cache.exit_loop[:, start:end] = exits
+        s.dec.rule.finish(cache, start, exits[None], s.loop)
+        s.out.prompt_exit_loops += exits.tolist()
         s.out.prompt_row_loops += s.row_loops.tolist()
         s.out.prompt_row_readouts += s.row_readouts.tolist()
         P = len(s.out.prompt_ids)
         if end < P:
             self._start_chunk(s, end)
             return []
-        if s.emit(s.logits[-1, 0], int(s.exits[-1]), self.steps):
+        if s.emit(s.logits[-1, 0], int(exits[-1]), self.steps):
             del self.active[s.slot]
             return [s.finish()]
-        s.halted = s.exits = s.live = s.row_loops = s.row_readouts = None
+        s.freezing = s.live = s.row_loops = s.row_readouts = None
         s.pos, s.loop = P, 0
         s.positions = [P]
         return []

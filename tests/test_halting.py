@@ -68,3 +68,54 @@ def test_a_remembering_rule_checked_every_loop_is_asked_from_loop_1():
     assert [plain.asks(i) for i in range(1, 5)] == [False, False, True, True]
     sparse = HaltSchedule(ArgmaxStable(2, min_loops=3), max_loops=8, check_every=2)  # a new run at every check
     assert [i for i in range(1, 9) if sparse.asks(i)] == [3, 5, 7] and sparse.first_readout == 1
+
+
+class FirstKL(ConvergenceExit):
+    """A1 at eps 0 (it never halts), first consulted at loop 1, recording loop 1's KLs (both directions)."""
+
+    readout_fields = frozenset({"kl_prev", "kl_prev_reverse"})
+
+    def __init__(self):
+        super().__init__(0.0, min_loops=1)
+        self.seen = []
+
+    def _rule_online(self, loop, signals):
+        if loop == 1:
+            self.seen.append((signals.kl_prev.clone(), signals.kl_prev_reverse.clone()))
+        return super()._rule_online(loop, signals)
+
+
+def test_p0_and_the_first_kl_are_one_readout_in_tracer_harness_and_decoder(ckpt, monkeypatch):
+    """p_0 is read in one place (`read_start`) by the tracer, the harness, the decoders' parallel
+    prefill and the pool's prompt: the same hidden, and loop 1's kl_prev (both directions) alike in all."""
+    import recur_core.decoding.decode as decode_module
+    import recur_core.decoding.serve as serve_module
+    import recur_core.exits.halting as halting
+    from recur_core.analysis.harness import run_exact
+    from recur_core.analysis.trace import trace
+    from recur_core.decoding.teacher_forced import teacher_forced
+
+    starts, read_start = [], halting.read_start
+
+    def spy(*args, **kwargs):
+        starts.append(read_start(*args, **kwargs))
+        return starts[-1]
+    monkeypatch.setattr(halting, "read_start", spy)
+    monkeypatch.setattr(decode_module, "read_start", spy)
+    monkeypatch.setattr(serve_module, "read_start", spy)
+    windows = ckpt.windows("eval")[:2, :12]
+    traced = trace(ckpt, windows, 3, seed=4, cache=False)
+    harness, decoder, pool = FirstKL(), FirstKL(), FirstKL()
+    run_exact(ckpt, windows, harness, 3, seed=4)
+    teacher_forced(ckpt, windows, decoder, "recompute", seed=4, max_loops=3, mode="prefill", batch_size=2)
+    serve_module.serve(ckpt, [serve_module.Request(windows[0, :-1].tolist(), 1, pool, seed=4)], max_loops=3)
+    assert len(starts) == 4 and [h.shape for h in starts] == [(2, 11, ckpt.config.d_model)] * 3 + [(11, 1, ckpt.config.d_model)]
+    assert torch.equal(starts[0], starts[1])  # tracer, harness: the same call on the same states
+    torch.testing.assert_close(starts[2], starts[0], rtol=0, atol=1e-6)  # the decoder, through its cache views
+    torch.testing.assert_close(starts[3][:, 0], starts[0][0], rtol=0, atol=1e-6)  # the pool: window 0's noise
+    for at, kl in enumerate(("kl_prev", "kl_prev_reverse")):
+        first = torch.from_numpy(getattr(traced, kl)[..., 0])
+        assert torch.equal(harness.seen[0][at], first)
+        torch.testing.assert_close(decoder.seen[0][at], first, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(pool.seen[0][at][:, 0], first[0], rtol=1e-5, atol=1e-6)
+        assert (first > 0).all()

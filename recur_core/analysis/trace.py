@@ -105,13 +105,13 @@ def trace_batch(model: LoopedLM, inputs: torch.Tensor, targets: torch.Tensor, no
     """
     max_loops, topk, probes = recording.max_loops, recording.topk, recording.probes
     targets = targets.to(inputs.device)
-    e, state, _ = start_loops(model, inputs, noise, read_out=False)  # p_0 is read out with loop 1's group
+    e, state, h_prev = start_loops(model, inputs, noise, read_out=True)  # h_prev: p_0's hidden
     gated = model.exit_gate is not None
     names = (*LOOP_FIELDS, *TOPK_FIELDS, *((GATE_FIELD,) if gated else ()))
     per_loop: dict[str, list[torch.Tensor]] = {name: [] for name in names}
     chances: dict[str, list[torch.Tensor]] = {p.probe_id: [] for p in probes}
     group = readout_group(inputs.numel())
-    pending, h_prev = [state], None  # states awaiting their readout; p_0 is read out with loop 1's group
+    pending = []  # states awaiting their readout
     for loop in range(1, max_loops + 1):
         cancel.check()
         new = model.core_step(state, e)
@@ -124,7 +124,7 @@ def trace_batch(model: LoopedLM, inputs: torch.Tensor, targets: torch.Tensor, no
         if on_state is not None:
             on_state(loop, new)
         pending.append(new)
-        if len(pending) - (h_prev is None) == group or loop == max_loops:
+        if len(pending) == group or loop == max_loops:
             h_prev, stats = loops_readout(model, pending, h_prev, targets, topk)
             _append_readout(per_loop, stats)
             pending = []

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from .. import cancel
-from ..exits.halting import Freezing, HaltSchedule
+from ..exits.halting import Freezing, HaltSchedule, read_start
 from ..exits.policies import Policy, Uniform
 from ..exits.signals import readout_signals
 from ..model.checkpoint import Checkpoint, resolve_model
@@ -128,9 +128,13 @@ class Decoder:
         kv = [SlabKV(k, v, pos) for k, v in self.cache.coda_slabs()]
         return self.model.readout(state, self._at(pos), kv)
 
-    def _first_logp(self, state: Tensor, pos: int) -> Tensor:
-        """log p_0 (float32) of a decoded token's initial state, before loop 1 (`HaltSchedule.first_readout`)."""
-        return torch.log_softmax(self._readout(state, pos).float(), dim=-1)
+    def _first_logp(self, state: Tensor, pos) -> Tensor:
+        """log p_0 (float32) of the initial states at pos (an int, or a prefill's positions, every
+        token live), before loop 1 (`HaltSchedule.first_readout`): `read_start` through the cache
+        views of a per-loop readout (`_loop_views`)."""
+        self.readouts += 1
+        hidden = read_start(self.model, state, self._at(pos), self._loop_views(pos))
+        return torch.log_softmax(self.model.head(hidden).float(), dim=-1)
 
     def _loop_signals(self, state: Tensor, pos: Tensor, live: Tensor, logp_prev: Tensor | None):
         """A prefill's per-loop readout: (the readout signals the policy reads, (B, P) each, or None
@@ -161,13 +165,16 @@ class Decoder:
         return torch.log_softmax(self.model.head(hidden).float(), dim=-1)
 
     def _loop_hidden(self, state: Tensor, pos: Tensor) -> Tensor:
-        """A prefill's per-loop coda hidden (B, P, d): the coda writing these positions' entries, or
-        with `exit_context` set, reading the earlier positions' entries as the cache holds them
-        (their exit states' of the previous fixed-point pass) without writing any (kv.ExitContextKV)."""
+        """A prefill's per-loop coda hidden (B, P, d), through `_loop_views`."""
         self.readouts += 1
-        slabs = self.cache.coda_slabs()
-        kv = [ExitContextKV(k, v, pos) if self.exit_context else SlabKV(k, v, pos) for k, v in slabs]
-        return self.model.coda(state, pos, kv)
+        return self.model.coda(state, pos, self._loop_views(pos))
+
+    def _loop_views(self, pos) -> list:
+        """The coda's cache views of a per-loop readout: writing these positions' entries, or with
+        `exit_context` set, reading the earlier positions' entries as the cache holds them (their exit
+        states' of the previous fixed-point pass) without writing any (kv.ExitContextKV)."""
+        view = ExitContextKV if self.exit_context else SlabKV
+        return [view(k, v, pos) for k, v in self.cache.coda_slabs()]
 
     # -- one position (Tq = 1, B rows in lockstep) ---------------------------------------------------
     def step(self, ids: Tensor, pos: int) -> tuple[Tensor, Tensor]:
@@ -234,7 +241,7 @@ class Decoder:
         logp_prev = None
         freezing = Freezing.start((B, P), state.device)
         if sched.wants_readout(0):
-            _, logp_prev = self._loop_signals(state, pos, freezing.live, None)
+            logp_prev = self._first_logp(state, pos)
         for loop in range(1, self.cap + 1):
             cancel.check()
             keep = self.rule.prefill_keep(cache, loop, freezing.frozen)

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..exits.halting import Freezing, HaltSchedule
+from ..exits.halting import Freezing, HaltSchedule, read_start
 from ..exits.policies import Policy, Uniform
 from ..exits.signals import readout_signals, state_signals
 from ..model.checkpoint import resolve_model
@@ -272,7 +272,7 @@ class Pool:
             self._prelude(entering, admitted)
         first = [s for s in seqs if s.loop == 0 and s.schedule.wants_readout(0)]  # A1: the noise state's readout
         if first:
-            self._read(first, kl=first)  # kept as the previous readout of the first check
+            self._read(first, kl=first, start=True)  # kept as the previous readout of the first check
             for s in first:
                 s.logits = None
         old, new = self._loop(seqs)
@@ -422,15 +422,17 @@ class Pool:
         with self._model_call("core", len(state)):
             return self.model.core_step(state, None, positions=kv[0].pos[:, None], kv=kv, inject=inject)
 
-    def _read(self, seqs, kl=()) -> None:
-        """Coda + head for these rows (each writes its coda entry); sets s.logits (rows, 1, V) and,
-        for the sequences in kl, s.signals = readout_signals(p_now, p_prev) where a previous
-        readout exists (its log-probabilities are kept for the next check)."""
+    def _read(self, seqs, kl=(), start: bool = False) -> None:
+        """Coda + head for these rows (each writes its coda entry; start: their initial states, p_0
+        by `read_start`); sets s.logits (rows, 1, V) and, for the sequences in kl, s.signals =
+        readout_signals(p_now, p_prev) where a previous readout exists (its log-probabilities are
+        kept for the next check)."""
         slots, pos = self._rows(seqs)
         kv = self._views(self.cache.coda_slabs(), slots, pos)
-        state = torch.cat([s.state for s in seqs])
+        state, positions = torch.cat([s.state for s in seqs]), torch.from_numpy(pos).to(self.device)[:, None]
         with self._model_call("readout", len(state)):
-            logits = self.model.readout(state, torch.from_numpy(pos).to(self.device)[:, None], kv)
+            hidden = read_start(self.model, state, positions, kv) if start else self.model.coda(state, positions, kv)
+            logits = self.model.head(hidden)
         at = 0
         for s in seqs:
             s.dec.readouts += 1

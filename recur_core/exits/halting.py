@@ -1,10 +1,20 @@
-"""The halting contract, written once for every run that halts tokens loop by loop: the exact
-harness (recur_core.analysis.harness), the lockstep decoder and the fixed point built on it
-(recur_core.decoding.decode, .fixed_point) and the pool (recur_core.decoding.serve). How they batch
-(lanes, lockstep rows, a pool's mixed loops) stays theirs; the order of a loop is this one:
+"""The halting contract, written once for every run that halts tokens loop by loop. Who takes which part:
+
+  * the exact harness (recur_core.analysis.harness): `start_loops`, `HaltSchedule.met` and a
+    `Freezing` per lane (numpy) or per batch of a remembering rule (torch);
+  * the lockstep Decoder (recur_core.decoding.decode), hence the fixed point and teacher-forced
+    decoding built on it: `read_start` for p_0, the schedule's readouts and `consult`, and a
+    `Freezing` for its prefill and for B > 1 rows of its step (a batch-1 step stops at `halt`);
+  * the pool (recur_core.decoding.serve): `read_start`, the schedule (`halt`, or `halt_at` for
+    tokens at different loops in one call) and a `Freezing` per prompt chunk (a decoded token is
+    one row: it leaves at its halt);
+  * the tracer (recur_core.analysis.trace) halts nothing: it reads p_0 here (`start_loops`).
+
+How they batch (lanes, lockstep rows, a pool's mixed loops) stays theirs; the order of a loop is this one:
 
   0. before loop 1 the state is `model.start_state(noise, e)`; a readout policy reads out p_0 there
-     (or, with check_every > 1, at the loop before its first check: `HaltSchedule.first_readout`);
+     (`read_start`; or, with check_every > 1, at the loop before its first check:
+     `HaltSchedule.first_readout`);
   1. the core step: new = core_step(old), frozen tokens keeping their state;
   2. the signals of the loop: the state signals of (new, old), the readout signals where the
      schedule reads out (`HaltSchedule.wants_readout`);
@@ -16,6 +26,13 @@ harness (recur_core.analysis.harness), the lockstep decoder and the fixed point 
   4. the freezing (`Freezing.update`): a live token whose rule is met halts after this loop; at the
      cap = min(policy.r_max, loops available) every live token halts; a halted token's exit depth
      is this loop, and it counts as converged only where its rule was met.
+
+Not through it: training's per-token depths (`LoopedLM.forward(..., token_loops)`). recur_core.model
+may not import recur_core.exits (tests/test_layering.py), and that path has nothing to consult: each
+token's depth is drawn before the run, and its gradients flow through its own last k loops, which no
+run here keeps. It freezes as step 4 does (a token past its depth keeps its state, and later tokens
+read its keys at that exit state); tests/test_per_token_depth.py checks it against the exact harness
+halting each token at the same depth.
 """
 from __future__ import annotations
 
@@ -32,10 +49,18 @@ from .signals import LoopSignals, state_signals
 
 def start_loops(model: LoopedLM, inputs: torch.Tensor, noise: torch.Tensor, read_out: bool):
     """(e, s_0, h_0) of windows before loop 1: the prelude's e, the initial state (the noise, or e on
-    a model without one: Ouro) and, when read_out, the coda hidden of s_0 whose readout is p_0."""
+    a model without one: Ouro) and, when read_out, p_0's hidden (`read_start`)."""
     e = model.prelude(inputs)
     state = model.start_state(noise.to(inputs.device), e)
-    return e, state, model.coda(state) if read_out else None
+    return e, state, read_start(model, state) if read_out else None
+
+
+def read_start(model: LoopedLM, state: Tensor, positions: Tensor | None = None, kv=None) -> Tensor:
+    """p_0's hidden, the one readout of the initial state s_0 (step 0 of the module doc) that every
+    caller takes (the tracer and the harness through `start_loops`, the decoders' step and prefill,
+    the pool): the coda and final norm of s_0, whose LM-head readout p_0 is what loop 1's kl_prev
+    compares p_1 with. Decoding passes its cache views (kv at positions)."""
+    return model.coda(state, positions, kv)
 
 
 class HaltSchedule:

@@ -6,9 +6,12 @@ import torch.nn.functional as F
 from tiny import make_tiny_hops_checkpoint
 
 from recur_core import LoopedLM, load_checkpoint
+from recur_core.analysis.harness import run_exact
+from recur_core.exits.policies import Policy
 from recur_core.model.checkpoint import CheckpointError, read_safetensors
 from recur_core.model.config import ModelConfig
 from recur_core.model.recipe import Recipe
+from recur_core.settings import seed_for
 from training.depth_sampler import sample_token_depths
 
 CFG = ModelConfig(vocab_size=37, d_model=32, n_heads=2, n_kv_heads=1, ffn_dim=48, n_prelude=1, n_core=2,
@@ -91,6 +94,35 @@ def test_frozen_token_is_what_the_exact_harness_computes():
             state = model.core_step(state, e, freeze=depths < i)
         want = model.readout(state)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+class FixedDepths(Policy):
+    """Halts token t of one window after loop depth[t]: a fixed per-token depth as an exit policy."""
+
+    threshold_name = "min_loops"
+
+    def __init__(self, depth: torch.Tensor):
+        super().__init__()
+        self.depth = depth
+
+    def _rule_online(self, loop, signals):
+        return (self.depth[:signals.shape[-1]] <= loop).expand(signals.shape)  # a lane may be cut short
+
+
+def test_forward_with_token_loops_is_the_exact_harness_at_those_depths():
+    """The oracle of training's own freezing (LoopedLM.forward, which may not import the halting
+    contract): the exact harness halting each token at its depth gives the same exits, losses and
+    predictions, window by window from the same noise."""
+    model, ids = model_and_ids(seed=4, batch=2, length=20)
+    depths = torch.randint(1, 6, (2, 19), generator=torch.Generator().manual_seed(9))
+    for window, depth in zip(ids, depths, strict=True):
+        exact = run_exact(model, window[None], FixedDepths(depth), 5, seed=11)
+        with torch.no_grad():
+            logits = model(window[None, :-1], 5, torch.Generator().manual_seed(seed_for(11, 0)), token_loops=depth[None])
+        assert exact.exit_depth.tolist() == [depth.tolist()] and exact.converged.all()
+        ce = F.cross_entropy(logits[0].float(), window[1:], reduction="none")
+        torch.testing.assert_close(torch.from_numpy(exact.ce[0]), ce, rtol=1e-5, atol=1e-5)
+        assert exact.argmax[0].tolist() == logits[0].argmax(-1).tolist()
 
 
 def test_gradients_reach_only_each_tokens_own_last_k_loops():

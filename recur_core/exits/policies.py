@@ -45,7 +45,8 @@ A model trained with a learned exit gate (Ouro, recur_core.model.ouro):
                            GateExit.of_checkpoint(ckpt, q): a checkpoint's gate, capped at its
                            trained steps, q in (0, 1) (what decoding with Ouro takes).
 EntropyDiff, Accel, ArgmaxStable, CertifiedExit and GateExit compare with earlier loops: their online face remembers the values of
-its previous call (reset at loop 1), so it must be consulted at every loop (check_every 1); a call
+its previous call (reset at loop 1), so it must be consulted at every loop (check_every 1; every
+halting run then asks it from loop 1, before its min_loops too: `HaltSchedule.asks`); a call
 that skips loops starts a new run.
 
 `readout_fields` names the readout signals the rule reads (A1: kl_prev); `needs_readout` (some field)

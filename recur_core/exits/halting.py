@@ -12,9 +12,10 @@
 
 How they batch (lanes, lockstep rows, a pool's mixed loops) stays theirs; the order of a loop is this one:
 
-  0. before loop 1 the state is `model.start_state(noise, e)`; a readout policy reads out p_0 there
-     (`read_start`; or, with check_every > 1, at the loop before its first check:
-     `HaltSchedule.first_readout`);
+  0. before loop 1 the state is `model.start_state(noise, e)`, and p_0 is its readout (`read_start`):
+     the tracer reads it out always, the harness for a readout policy, a decoder where the
+     schedule's first readout (`HaltSchedule.first_readout`: check_every loops before the first
+     time it asks) is loop 0;
   1. the core step: new = core_step(old), frozen tokens keeping their state;
   2. the signals of the loop: the state signals of (new, old), the readout signals where the
      schedule reads out (`HaltSchedule.wants_readout`);

@@ -16,7 +16,7 @@ and loop i = 1..max_loops, the statistics of p_i = softmax(head(coda(s_i))):
   exit_lambda   for a model with a learned exit gate (Ouro), the gate's exit probability
                 sigmoid(w . s_i + b) after loop i (GateExit's fast face reads it); absent otherwise.
 
-Loop 1 convention: s_0 is the initial noise state and p_0 = head(coda(s_0)), the readout of that
+Loop 1 convention: s_0 is the initial noise state and p_0 = head(coda(s_0)) (`exits.halting.read_start`), the readout of that
 noise. Loop 1's kl_prev, kl_prev_reverse, state_change and cosine_change are measured against them, so every entry is finite and a
 policy may halt at loop 1 (A1 with eps = inf does).
 

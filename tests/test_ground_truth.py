@@ -322,6 +322,23 @@ def test_decoding_walk_finds_the_cheapest_threshold_that_meets_the_target(last_m
         assert len(walk.done) <= 2 + 2 * int(np.ceil(np.log2(n)))
 
 
+def test_decoding_walk_seeds_each_decoding_with_the_nearest_decoded_exits():
+    """The first threshold decoded starts from its fast exits; each later one from the exact exits of
+    the decoded threshold nearest to it in the walk's order."""
+    from recur_core.analysis.ground_truth import Outcome, _DecodingWalk
+    n = 6
+
+    class Fake(_DecodingWalk):
+        def __init__(self):
+            self.order, self.done = [5, 4, 3, 2, 1, 0], {}
+            self.fast = [Outcome(np.full(1, 100 + i), np.zeros(1, bool)) for i in range(n)]
+    walk = Fake()
+    assert walk.guess(3)[0] == 103
+    for i in (4, 0):
+        walk.done[i] = Outcome(np.full(1, i), np.zeros(1, bool)), {}
+    assert walk.guess(3)[0] == 4 and walk.guess(5)[0] == 4 and walk.guess(1)[0] == 0
+
+
 def test_decoding_bench_scores_the_trained_hop_counts(hops_ckpt):
     """bench.bench_decode on hops matches policies on the answers the ground truth judges: the trained
     hop counts (the extrapolation answers are left out of the target and the best uniform depth)."""

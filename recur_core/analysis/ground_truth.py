@@ -305,7 +305,8 @@ def _evaluated_by(family: list[Policy], exact: ExactPath | None) -> str:
 
 class _DecodingWalk:
     """A readout rule's operating point in real decoding (ExactPath.decoded: teacher-forced,
-    "recompute", by the fixed point, seeded with the fast path's exits). Thresholds are ordered by the fast path's mean loops, from most
+    "recompute", by the fixed point, seeded with the nearest decoded threshold's exits, at first the
+    fast path's). Thresholds are ordered by the fast path's mean loops, from most
     to fewest (the direction in which accuracy falls; ties keep the family's order); from the fast
     path's operating point the walk moves towards cheaper thresholds while decoding still meets the
     target, or towards dearer ones until it does, in doubling steps, then bisects. Each step decodes
@@ -322,13 +323,22 @@ class _DecodingWalk:
 
     def evaluate(self, i: int) -> tuple[Outcome, dict]:
         if i not in self.done:
-            decoded = self.exact.decoded(self.family[i], self.tr.max_loops, self.tr.seed, guess=self.fast[i].depth)
+            decoded = self.exact.decoded(self.family[i], self.tr.max_loops, self.tr.seed, guess=self.guess(i))
             if decoded is None:
                 raise NotCached(f"teacher-forced decoding of {self.family[i]!r}")
             exit_loop, argmax = decoded
             outcome = Outcome(exit_loop, argmax == self.tr.targets)
             self.done[i] = outcome, _point(self.family[i], outcome, self.ans, self.program)
         return self.done[i]
+
+    def guess(self, i: int) -> np.ndarray:
+        """The exits that seed threshold i's fixed point: those of the nearest threshold decoded so far
+        (closer to i's exact exits than its fast ones: fewer passes), else i's fast exits."""
+        if not self.done:
+            return self.fast[i].depth
+        at = self.order.index(i)
+        nearest = min(self.done, key=lambda j: abs(self.order.index(j) - at))
+        return self.done[nearest][0].depth
 
     def meets(self, i: int) -> bool:
         return self.evaluate(i)[1]["answer_accuracy"] >= self.target

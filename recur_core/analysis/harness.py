@@ -42,7 +42,7 @@ from .. import cancel
 from ..exits.halting import Freezing, HaltSchedule, start_loops
 from ..exits.policies import Policy
 from ..exits.readout import readout_stats
-from ..exits.signals import LoopSignals, loop_readout, readout_fields
+from ..exits.signals import LoopSignals, readout_fields
 from ..exits.trace_type import NO_TARGET, Trace
 from ..model.checkpoint import Checkpoint, resolve_model
 from ..model.looped_lm import LoopedLM, take_rows
@@ -255,14 +255,7 @@ class _Sweep:
         h_rows = None
         if readout:  # KL(p_i || p_{i-1}) of the unfrozen tokens only (coda's last block and the head)
             h_prev = torch.stack([ln.h_prev[:width] for ln in chunk])
-            h_rows = self.model.coda(new, rows=rows, valid=valid)  # (B, M, d), padding rows unfinished
-            # the head and the KL only for the valid rows, not the padding
-            stats = readout_stats(h_rows[valid], self.model.head_weight, None, take_rows(h_prev, rows)[valid])
-            lane = torch.arange(len(chunk), device=self.device)[:, None].expand_as(rows)[valid]
-            at_rows = lambda x, fill: torch.full(frozen.shape, fill, dtype=x.dtype,
-                                                 device=self.device).index_put_((lane, rows[valid]), x)
-            for name, value in readout_fields(stats).items():  # NaN never halts; -1 is no token
-                setattr(signals, name, at_rows(value, -1 if name == "argmax" else float("nan")))
+            h_rows = _live_readout(self.model, new, h_prev, rows, valid, signals)
             self.work.readout_lane_loops += len(chunk)
             self.work.readout_token_loops += len(chunk) * width
             self.work.readout_live_token_loops += int(valid.sum())
@@ -319,20 +312,26 @@ class _Sweep:
 
 @torch.inference_mode()
 def _exact_batch(model: LoopedLM, inputs, targets, noise, policy: Policy, cap: int):
-    """One policy on a fixed full-width batch of windows (for policies that remember earlier loops)."""
+    """One policy on a fixed full-width batch of windows (for policies that remember earlier loops):
+    as the lanes, the last core block and the readout run only for the tokens still looping, and the
+    previous loop's readout hidden is kept only for a rule that reads a KL."""
     device = next(model.parameters()).device
     inputs, targets = inputs.to(device), targets.to(device)
     schedule = HaltSchedule(policy, cap)
-    e, state, h_prev = start_loops(model, inputs, noise, schedule.needs_readout)
+    reads_kl = bool(policy.readout_fields & {"kl_prev", "kl_prev_reverse"})
+    e, state, h_prev = start_loops(model, inputs, noise, reads_kl)
     freezing = Freezing.start(inputs.shape, device)
     for loop in range(1, cap + 1):
         cancel.check()
-        new = model.core_step(state, e, freeze=freezing.frozen)
-        readout = {}
+        rows, valid = (x.to(device) for x in _live_rows(freezing.frozen.cpu().numpy()))
+        new = model.core_step(state, e, freeze=freezing.frozen, rows=rows, valid=valid)
+        signals = LoopSignals.of_states(new, state)
         if schedule.needs_readout:
-            h_prev, stats = loop_readout(model, new, h_prev, None, topk=2 if policy.needs_margin else 0)
-            readout = readout_fields(stats)
-        freezing.update(loop, schedule.met(loop, LoopSignals.of_states(new, state, **readout)), schedule.at_cap(loop))
+            h_rows = _live_readout(model, new, h_prev, rows, valid, signals, topk=2 if policy.needs_margin else 0)
+            if reads_kl:  # the readout hidden of the tokens still looping (others are never asked again)
+                lane = torch.arange(len(rows), device=device)[:, None].expand_as(rows)[valid]
+                h_prev = h_prev.index_put((lane, rows[valid]), h_rows[valid])
+        freezing.update(loop, schedule.met(loop, signals), schedule.at_cap(loop))
         state = new
         if freezing.frozen.all():
             break
@@ -340,12 +339,28 @@ def _exact_batch(model: LoopedLM, inputs, targets, noise, policy: Policy, cap: i
     return stats.ce.cpu(), freezing.exit_depth.cpu(), freezing.converged.cpu(), stats.argmax.cpu()
 
 
+def _live_readout(model: LoopedLM, new, h_prev, rows, valid, signals: LoopSignals, topk: int = 0):
+    """Set the readout fields of `signals` (B, T) for the tokens at rows / valid (`_live_rows`) of states
+    new (B, T, d): NaN elsewhere (never halts; argmax -1: no token), KLs against h_prev (B, T, d)
+    when given. Only the coda's last block and the head run for them. Returns their hidden (B, M, d)."""
+    h_rows = model.coda(new, rows=rows, valid=valid)  # (B, M, d), padding rows unfinished
+    prev = None if h_prev is None else take_rows(h_prev, rows)[valid]
+    stats = readout_stats(h_rows[valid], model.head_weight, None, prev, topk=topk)  # not the padding
+    lane = torch.arange(len(rows), device=new.device)[:, None].expand_as(rows)[valid]
+    for name, value in readout_fields(stats).items():
+        fill = -1 if name == "argmax" else float("nan")
+        setattr(signals, name, torch.full(new.shape[:2], fill, dtype=value.dtype,
+                                          device=new.device).index_put_((lane, rows[valid]), value))
+    return h_rows
+
+
 def _live_rows(frozen: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """(rows (B, M), valid (B, M)): each lane's unfrozen positions, padded to the chunk's largest
-    count by repeating its last one; valid is False on the padding (whose outputs are never used)."""
+    count by repeating its last one (position 0 for a lane with none); valid is False on the padding
+    (whose outputs are never used)."""
     live = [np.flatnonzero(~f) for f in frozen]
-    M = max(len(x) for x in live)
-    rows = np.stack([np.concatenate([x, np.full(M - len(x), x[-1])]) for x in live])
+    M = max(1, max(len(x) for x in live))
+    rows = np.stack([np.concatenate([x, np.full(M - len(x), x[-1] if len(x) else 0)]) for x in live])
     valid = np.arange(M)[None, :] < np.array([len(x) for x in live])[:, None]
     return torch.from_numpy(rows), torch.from_numpy(valid)
 

@@ -103,10 +103,12 @@ def _clamped(stats: ReadoutStats) -> ReadoutStats:
 
 
 def readout_fields(stats: ReadoutStats) -> dict[str, Tensor]:
-    """The LoopSignals fields of a readout computed by readout_stats (with h_prev), KLs clamped at 0; the
-    margin where the stats hold a top-2."""
-    fields = {"kl_prev": stats.kl_prev.clamp_min(0.0), "kl_prev_reverse": stats.kl_prev_reverse.clamp_min(0.0),
-              "entropy": stats.entropy, "argmax": stats.argmax}
+    """The LoopSignals fields of a readout computed by readout_stats: the KLs (clamped at 0) where it had an
+    h_prev, the margin where the stats hold a top-2."""
+    fields = {"entropy": stats.entropy, "argmax": stats.argmax}
+    if stats.kl_prev is not None:
+        fields["kl_prev"] = stats.kl_prev.clamp_min(0.0)
+        fields["kl_prev_reverse"] = stats.kl_prev_reverse.clamp_min(0.0)
     if stats.topk_probs is not None and stats.topk_probs.shape[-1] >= 2:
         fields["margin"] = top2_margin(stats.topk_probs)
     return fields

@@ -42,7 +42,7 @@ from .. import cancel
 from ..exits.halting import Freezing, HaltSchedule, start_loops
 from ..exits.policies import Policy
 from ..exits.readout import readout_stats
-from ..exits.signals import LoopSignals, readout_fields
+from ..exits.signals import KL_FIELDS, LoopSignals, readout_fields
 from ..exits.trace_type import NO_TARGET, Trace
 from ..model.checkpoint import Checkpoint, resolve_model
 from ..model.looped_lm import LoopedLM, take_rows
@@ -318,7 +318,7 @@ def _exact_batch(model: LoopedLM, inputs, targets, noise, policy: Policy, cap: i
     device = next(model.parameters()).device
     inputs, targets = inputs.to(device), targets.to(device)
     schedule = HaltSchedule(policy, cap)
-    reads_kl = bool(policy.readout_fields & {"kl_prev", "kl_prev_reverse"})
+    reads_kl = bool(policy.readout_fields & KL_FIELDS)
     e, state, h_prev = start_loops(model, inputs, noise, reads_kl)
     freezing = Freezing.start(inputs.shape, device)
     for loop in range(1, cap + 1):
@@ -329,8 +329,7 @@ def _exact_batch(model: LoopedLM, inputs, targets, noise, policy: Policy, cap: i
         if schedule.needs_readout:
             h_rows = _live_readout(model, new, h_prev, rows, valid, signals, topk=2 if policy.needs_margin else 0)
             if reads_kl:  # the readout hidden of the tokens still looping (others are never asked again)
-                lane = torch.arange(len(rows), device=device)[:, None].expand_as(rows)[valid]
-                h_prev = h_prev.index_put((lane, rows[valid]), h_rows[valid])
+                h_prev = h_prev.index_put(_live_index(rows, valid), h_rows[valid])
         freezing.update(loop, schedule.met(loop, signals), schedule.at_cap(loop))
         state = new
         if freezing.frozen.all():
@@ -346,12 +345,16 @@ def _live_readout(model: LoopedLM, new, h_prev, rows, valid, signals: LoopSignal
     h_rows = model.coda(new, rows=rows, valid=valid)  # (B, M, d), padding rows unfinished
     prev = None if h_prev is None else take_rows(h_prev, rows)[valid]
     stats = readout_stats(h_rows[valid], model.head_weight, None, prev, topk=topk)  # not the padding
-    lane = torch.arange(len(rows), device=new.device)[:, None].expand_as(rows)[valid]
     for name, value in readout_fields(stats).items():
         fill = -1 if name == "argmax" else float("nan")
         setattr(signals, name, torch.full(new.shape[:2], fill, dtype=value.dtype,
-                                          device=new.device).index_put_((lane, rows[valid]), value))
+                                          device=new.device).index_put_(_live_index(rows, valid), value))
     return h_rows
+
+
+def _live_index(rows, valid) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lane, position) of every valid entry of rows / valid (`_live_rows`), to scatter into (B, T)."""
+    return torch.arange(len(rows), device=rows.device)[:, None].expand_as(rows)[valid], rows[valid]
 
 
 def _live_rows(frozen: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:

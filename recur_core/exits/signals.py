@@ -120,7 +120,8 @@ def top2_margin(topk_probs):
     return log(topk_probs[..., 0]) - log(topk_probs[..., 1])
 
 
-READOUT_FIELDS = frozenset({"kl_prev", "kl_prev_reverse", "entropy", "argmax", "margin"})
+KL_FIELDS = frozenset({"kl_prev", "kl_prev_reverse"})  # the readout fields that need the previous readout
+READOUT_FIELDS = KL_FIELDS | {"entropy", "argmax", "margin"}
 
 
 def readout_signals(logp: Tensor, logp_prev: Tensor, fields: frozenset[str] = READOUT_FIELDS) -> dict[str, Tensor]:

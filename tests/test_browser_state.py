@@ -199,15 +199,22 @@ def test_hops_starts_from_a_program_and_its_elasticity_falls_with_depth(hops_col
         return d && (d.data || []).some(t => (t.name || '').startsWith('hops') && !(t.name || '').includes('first look'));
     }""", timeout=RUN_TIMEOUT_MS)
     wait_idle(page)
-    view_loss = page.locator("[data-testid='stButtonGroup'] button", has_text="Loss")
-    if view_loss.count():  # the shipped hops checkpoints share eval windows: the page opens on their paired difference
-        view_loss.first.click()
-        wait_idle(page)
-    loss = page.evaluate("""() => {
+    # The shipped hops checkpoints share eval windows: once every one's full trace is done (the view
+    # control is enabled only then) the page opens on their paired difference; switch to absolute loss.
+    view_loss = page.locator("[data-testid='stButtonGroup'] button:not([disabled])", has_text="Loss")
+    view_loss.first.wait_for(timeout=RUN_TIMEOUT_MS)
+    view_loss.first.click()
+    wait_idle(page)
+    hops_line = """() => {
         const d = document.querySelector('.js-plotly-plot');
-        const t = d._fullData.find(t => (t.name || '').startsWith('hops (') && (t.name || '').endsWith(')') && t.mode && t.mode.includes('lines'));  // hops's own line: not its CI band, not its r-bar marker, not hops-per-token
-        return Array.from(t.y);  // decoded (the figure JSON may carry base64 arrays)
-    }""")
+        const name = t => t.name || '';
+        // hops's own line: not its CI band, not its r-bar marker, not hops-per-token, not a difference's zero line
+        const t = (d && d._fullData || []).find(t => name(t).startsWith('hops (') && name(t).endsWith(')')
+            && !name(t).endsWith('(zero)') && t.mode && t.mode.includes('lines'));
+        return t ? Array.from(t.y) : null;  // decoded (the figure JSON may carry base64 arrays)
+    }"""
+    page.wait_for_function(hops_line, timeout=RUN_TIMEOUT_MS)
+    loss = page.evaluate(hops_line)
     assert not any(n.startswith("demo") for n in first_chart_trace_names(page))  # same task and tokenizer only
     r_bar = 8
     assert loss[0] > loss[r_bar - 1] + 0.1  # padding excluded: depth helps (it used to rise, 8.3 to 8.9)

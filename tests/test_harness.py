@@ -132,10 +132,11 @@ def naive_exact(model, windows, policy, max_loops, seed):
     depth, conv = torch.full(inputs.shape, cap), torch.zeros_like(frozen)
     for loop in range(1, cap + 1):
         new = model.core_step(state, e, freeze=frozen)
-        h_prev, stats = loop_readout(model, new, h_prev, None)
+        h_prev, stats = loop_readout(model, new, h_prev, None, topk=2)
         signals = LoopSignals(new, relative_change(new, state), stats.kl_prev, stats.kl_prev_reverse, stats.entropy,
                               stats.argmax, cosine_change(new, state), state_step=(new.float() - state.float()).norm(dim=-1),
-                              state_norm=new.float().norm(dim=-1))
+                              state_norm=new.float().norm(dim=-1),
+                              margin=stats.topk_probs[..., 0].log() - stats.topk_probs[..., 1].log())
         met = policy.rule_met(loop, signals) & ~frozen
         halt = met | ~frozen if loop == cap else met
         depth[halt], conv, frozen, state = loop, conv | met, frozen | halt, new
@@ -143,19 +144,35 @@ def naive_exact(model, windows, policy, max_loops, seed):
     return final.ce.numpy(), depth.numpy(), conv.numpy(), final.argmax.numpy()
 
 
-def test_sweep_equals_one_run_per_policy(ckpt, windows):
+def test_sweep_equals_one_run_per_policy(ckpt, windows, tr):
     from recur_core.analysis.harness import SweepWork, run_exact_sweep
-    from recur_core.exits.policies import ArgmaxStable, CosineExit, EntropyDiff, LinearRouter, ReverseKLExit
+    from recur_core.exits.policies import (
+        Accel,
+        ArgmaxStable,
+        CertifiedExit,
+        CosineExit,
+        EntropyDiff,
+        GateExit,
+        LinearRouter,
+        ReverseKLExit,
+    )
     probe = RandomProbe(ckpt.config.d_model)
+    taus = np.quantile(np.abs(np.diff(tr.state_step, axis=-1)), [0.4, 0.6, 0.8])  # Accel halting some tokens
+    gate = lambda state: torch.sigmoid(state.float() @ probe.weight / 4 - 1)  # noqa: E731 (a stand-in exit gate)
     policies = ([Uniform(r) for r in (1, 3, R_MAX)]
                 + [ConvergenceExit(eps, r_max=R_MAX) for eps in (0.0, 1e-4, 1e-2, 0.1, math.inf)]
                 + [ConvergenceExit(1e-2, min_loops=1, r_max=R_MAX), LatentDiff(0.05, r_max=4)]
                 + [LinearRouter(probe, tau, r_max=R_MAX) for tau in (0.0, 0.3, 0.6, 1.0)]
                 + [ReverseKLExit(1e-2, r_max=R_MAX), CosineExit(1e-3, r_max=R_MAX)]  # Huginn's criteria
-                + [ArgmaxStable(2, r_max=R_MAX), EntropyDiff(1e-2, r_max=R_MAX)])  # these remember loops: run alone
+                # these remember loops: each lane keeps their memory, so thresholds share lanes with the rest
+                + [ArgmaxStable(n, r_max=R_MAX) for n in (1, 2)] + [EntropyDiff(1e-2, r_max=R_MAX)]
+                + [Accel(tau, r_max=R_MAX) for tau in taus] + [Accel(taus[1], min_loops=3, r_max=R_MAX)]
+                + [CertifiedExit(lip, r_max=R_MAX) for lip in (0.1, 3.0)] + [GateExit(q, gate, r_max=R_MAX) for q in (0.5, 0.9)])
     work = SweepWork()
     results = run_exact_sweep(ckpt, windows, policies, R_MAX, seed=2, batch_size=3, window_group=3, work=work)
     for policy, got in zip(policies, results, strict=True):
+        if policy.remembers_loops:  # each halts some tokens early and not all at one loop: lanes split on them
+            assert len(np.unique(got.exit_depth)) > 1 and (got.exit_depth < R_MAX).any(), repr(policy)
         ce, depth, conv, argmax = naive_exact(ckpt.model, windows, policy, R_MAX, seed=2)
         np.testing.assert_array_equal(got.exit_depth, depth, err_msg=repr(policy))
         np.testing.assert_array_equal(got.converged, conv, err_msg=repr(policy))

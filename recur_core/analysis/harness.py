@@ -22,10 +22,14 @@ thresholds are a batch dimension, and the work a lane saves is exact, not approx
   * a lane stops as soon as every token in it is frozen (the state can no longer change);
   * tokens after a lane's last unfrozen position are left out of its forward pass: attention is
     causal, so they cannot influence any token that still loops, and their state is frozen;
-  * the last core block, and for A1's per-loop KL the last coda block and the LM head, run only for
+  * a policy that remembers earlier loops (Accel, the certified exit, Huginn's entropy and argmax
+    criteria, a learned gate) keeps its memory per lane (`Policy.memory` / `recall`), handed on when
+    a lane splits, so its thresholds share lanes as the others' do;
+  * the last core block, and for a readout rule's signals the last coda block and the LM head, run only for
     the unfrozen tokens (a frozen token's own output is discarded; its keys and values are not);
     lanes of a batch have different numbers of them, and the MLPs, the head and the KL skip the
-    padding (only the attention of those blocks runs padded).
+    padding (only the attention of those blocks runs padded); the previous readout is kept only in
+    lanes with a rule that reads a KL, and the top-2 is taken only in lanes with a margin rule.
 Lanes of all windows are batched together (`batch_size` lanes per forward pass).
 
 Inputs and noise follow recur_core.analysis.trace: windows (N, T + 1) or one text (T,), and window n's noise
@@ -48,8 +52,6 @@ from ..model.checkpoint import Checkpoint, resolve_model
 from ..model.looped_lm import LoopedLM, take_rows
 from .parallel import map_batches
 from .trace import progress_bar, split_inputs
-
-ALONE_GROUP = 64  # windows per batch of a policy that remembers earlier loops (runs outside the lanes)
 
 
 @dataclass
@@ -125,45 +127,28 @@ def run_exact_sweep(ckpt_or_model: Checkpoint | LoopedLM, ids, policies: list[Po
     work = work if work is not None else SweepWork()
     work.naive_window_loops += N * sum(caps)
     outcome = _outcome_arrays(len(policies), N, T)  # (ce, exit_depth, converged, argmax)
-    # a policy that remembers earlier loops (e.g. argmax stability) keeps its memory per batch row:
-    # it runs alone, on fixed full-width batches of up to ALONE_GROUP windows; every other policy
-    # shares the lanes of groups of window_group windows
-    alone = [p for p, pol in enumerate(policies) if pol.remembers_loops]
-    shared = [p for p in range(len(policies)) if p not in alone]
-    update, close = progress_bar(progress, N * (bool(shared) + len(alone)),
-                                 f"exact harness ({len(policies)} policies; window-runs)")
+    update, close = progress_bar(progress, N, f"exact harness ({len(policies)} policies; windows)")
 
-    def run_lanes(rows: range) -> tuple[list[int], tuple[np.ndarray, ...], SweepWork]:
-        """The shared policies on the window group `rows`."""
-        part = _outcome_arrays(len(shared), len(rows), T)
+    def run_lanes(rows: range) -> tuple[tuple[np.ndarray, ...], SweepWork]:
+        """Every policy on the window group `rows`."""
+        part = _outcome_arrays(len(policies), len(rows), T)
         part_work = SweepWork()
         sweep = _Sweep(model, inputs[rows.start:rows.stop], targets[rows.start:rows.stop],
-                       model.seeded_state(rows, seed, T), [policies[p] for p in shared],
-                       [caps[p] for p in shared], batch_size, part_work)
+                       model.seeded_state(rows, seed, T), policies, caps, batch_size, part_work)
         for i, w, *finals in sweep.run():
             for array, value in zip(part, finals, strict=True):
                 array[i, w] = value
-        return shared, part, part_work
+        return part, part_work
 
-    def run_alone(p: int, rows: range) -> tuple[list[int], tuple[np.ndarray, ...], SweepWork]:
-        """One remembering policy on the window group `rows` (its own memory: groups run in parallel)."""
-        out = _exact_batch(model, inputs[rows.start:rows.stop], targets[rows.start:rows.stop],
-                           model.seeded_state(rows, seed, T), policies[p], caps[p])
-        return [p], tuple(value.numpy()[None] for value in out), SweepWork(lane_loops=len(rows) * caps[p])
-
-    def gather(item, result) -> None:
-        rows = item[-1]
-        at, part, part_work = result
+    def gather(rows: range, result) -> None:
+        part, part_work = result
         for array, value in zip(outcome, part, strict=True):
-            array[at, rows.start:rows.stop] = value
+            array[:, rows.start:rows.stop] = value
         work.add(part_work)
         update(len(rows))
     try:
-        groups = [range(start, min(start + window_group, N)) for start in range(0, N, window_group)] if shared else []
-        big = [range(start, min(start + ALONE_GROUP, N)) for start in range(0, N, ALONE_GROUP)]
-        items = [("lanes", rows) for rows in groups] + [("alone", p, rows) for p in alone for rows in big]
-        map_batches(lambda item: run_lanes(item[1]) if item[0] == "lanes" else run_alone(item[1], item[2]), items,
-                    next(model.parameters()).device, on_done=gather)
+        groups = [range(start, min(start + window_group, N)) for start in range(0, N, window_group)]
+        map_batches(run_lanes, groups, next(model.parameters()).device, on_done=gather)
     finally:
         close()
     ce, depth, converged, argmax = outcome
@@ -193,13 +178,15 @@ def _outcome_arrays(n_policies: int, n_windows: int, T: int) -> tuple[np.ndarray
 @dataclass
 class _Lane:
     """One window under one freeze history, shared by the policies that produced that history.
-    state / h_prev are (T, d) tensors (never modified in place); freezing holds numpy (T,) arrays."""
+    state / h_prev are (T, d) tensors (never modified in place); freezing holds numpy (T,) arrays;
+    memory: each remembering policy's memory of this lane's loops (`Policy.memory`, tensors per token)."""
 
     window: int
     state: torch.Tensor
-    h_prev: torch.Tensor | None  # coda hidden of the previous loop, kept while a policy needs kl_prev
+    h_prev: torch.Tensor | None  # coda hidden of the previous loop, kept while a policy reads a KL
     freezing: Freezing
     policies: list[int]
+    memory: dict[int, tuple]
 
     @property
     def active_len(self) -> int:
@@ -215,17 +202,25 @@ class _Sweep:
         self.model, self.policies, self.caps, self.batch_size, self.work = model, policies, caps, batch_size, work
         self.device = next(model.parameters()).device
         self.targets = targets.to(self.device)
+        # one schedule per policy serves every lane: a remembering rule recalls each lane's memory
         self.schedules = [HaltSchedule(p, cap) for p, cap in zip(policies, caps, strict=True)]
-        self.readout_policies = {i for i, p in enumerate(policies) if p.needs_readout}
+        self.fields = [p.readout_fields for p in policies]
         with torch.inference_mode():
-            self.e, start, h0 = start_loops(model, inputs.to(self.device), noise, bool(self.readout_policies))
+            self.e, start, h0 = start_loops(model, inputs.to(self.device), noise, any(self.fields))
         T = inputs.shape[1]
-        self.lanes = [_Lane(w, start[w], None if h0 is None else h0[w], Freezing.start(T, "numpy"),
-                            list(range(len(policies)))) for w in range(inputs.shape[0])]
+        self.lanes = [self._lane(w, start[w], None if h0 is None else h0[w], Freezing.start(T, "numpy"),
+                                 list(range(len(policies))), {}) for w in range(inputs.shape[0])]
         self.finals: list[tuple[torch.Tensor, int, list[tuple[int, np.ndarray, np.ndarray]]]] = []
 
-    def needs_readout(self, lane: _Lane) -> bool:
-        return any(p in self.readout_policies for p in lane.policies)
+    def _lane(self, window, state, h, freezing, policies, memory) -> _Lane:
+        """A lane of `policies`, keeping the previous readout only while one of them reads a KL."""
+        keep_h = any(self.fields[p] & KL_FIELDS for p in policies)
+        return _Lane(window, state, h if keep_h else None, freezing, policies,
+                     {p: memory[p] for p in policies if p in memory})
+
+    def reads(self, lane: _Lane) -> frozenset[str]:
+        """The readout fields its policies read (empty: no readout)."""
+        return frozenset().union(*(self.fields[p] for p in lane.policies))
 
     @torch.inference_mode()
     def run(self):
@@ -234,13 +229,17 @@ class _Sweep:
         while self.lanes:
             loop += 1
             lanes, self.lanes = self.lanes, []
-            for readout in (False, True):  # similar widths share a forward pass
-                kind = sorted((ln for ln in lanes if self.needs_readout(ln) == readout), key=lambda ln: ln.active_len)
-                for at in range(0, len(kind), self.batch_size):
-                    self._advance(kind[at:at + self.batch_size], loop, readout)
+            kinds: dict[tuple, list[_Lane]] = {}  # lanes that read out alike share forward passes
+            for ln in lanes:
+                fields = self.reads(ln)
+                kinds.setdefault((bool(fields), bool(fields & KL_FIELDS), "margin" in fields), []).append(ln)
+            for kind, group in sorted(kinds.items()):
+                group.sort(key=lambda ln: ln.active_len)  # similar widths share a forward pass
+                for at in range(0, len(group), self.batch_size):
+                    self._advance(group[at:at + self.batch_size], loop, *kind)
             yield from self._score_finals()
 
-    def _advance(self, chunk: list[_Lane], loop: int, readout: bool) -> None:
+    def _advance(self, chunk: list[_Lane], loop: int, readout: bool, reads_kl: bool, margin: bool) -> None:
         """Run one loop for a chunk of lanes, then split each lane by what its policies halt."""
         cancel.check()
         width = max(ln.active_len for ln in chunk)
@@ -253,9 +252,9 @@ class _Sweep:
         new = self.model.core_step(state, self.e[windows, :width], freeze=frozen, rows=rows, valid=valid)
         signals = LoopSignals.of_states(new, state)
         h_rows = None
-        if readout:  # KL(p_i || p_{i-1}) of the unfrozen tokens only (coda's last block and the head)
-            h_prev = torch.stack([ln.h_prev[:width] for ln in chunk])
-            h_rows = _live_readout(self.model, new, h_prev, rows, valid, signals)
+        if readout:  # the readout of the unfrozen tokens only (coda's last block and the head)
+            h_prev = torch.stack([ln.h_prev[:width] for ln in chunk]) if reads_kl else None
+            h_rows = _live_readout(self.model, new, h_prev, rows, valid, signals, topk=2 if margin else 0)
             self.work.readout_lane_loops += len(chunk)
             self.work.readout_token_loops += len(chunk) * width
             self.work.readout_live_token_loops += int(valid.sum())
@@ -263,15 +262,28 @@ class _Sweep:
         self.work.token_loops += len(chunk) * width
         self.work.live_token_loops += int(valid.sum())
         self.work.attention_pairs += len(chunk) * width * (width + 1) // 2
-        met = {p: self.schedules[p].met(loop, signals).cpu().numpy()
-               for p in sorted({p for ln in chunk for p in ln.policies})}
+        met = {p: self._met(p, chunk, loop, signals) for p in sorted({p for ln in chunk for p in ln.policies})}
         for b, lane in enumerate(chunk):
             full_state = _splice(new[b], lane.state, width)
             full_h = None
-            if h_rows is not None:  # the readout hidden of the tokens still looping (others are never asked again)
+            if reads_kl:  # the readout hidden of the tokens still looping (others are never asked again)
                 full_h = lane.h_prev.clone()
                 full_h[rows[b][valid[b]]] = h_rows[b][valid[b]]
             self._split(lane, loop, full_state, full_h, {p: _pad(met[p][b], len(lane.freezing.frozen)) for p in lane.policies})
+
+    def _met(self, p: int, chunk: list[_Lane], loop: int, signals: LoopSignals) -> np.ndarray:
+        """Where policy p's rule holds on every lane of the chunk (B, width); a remembering rule
+        goes on from each lane's memory (lanes without p lend theirs a blank) and leaves it there."""
+        schedule = self.schedules[p]
+        if not schedule.policy.remembers_loops:
+            return schedule.met(loop, signals).cpu().numpy()
+        schedule.policy.recall(_stack_memory([ln.memory.get(p) for ln in chunk], signals.shape[1]))
+        met = schedule.met(loop, signals).cpu().numpy()
+        memory = schedule.policy.memory()
+        for b, lane in enumerate(chunk):
+            if p in lane.policies:
+                lane.memory[p] = _memory_row(memory, b)
+        return met
 
     def _split(self, lane: _Lane, loop: int, state, h, met: dict[int, np.ndarray]) -> None:
         """Freeze each policy's tokens after this loop; policies that halt the same tokens go on in one
@@ -291,8 +303,7 @@ class _Sweep:
             if freezing.frozen.all():
                 finished.extend((p, freezing.exit_depth, freezing.converged) for p in ps)
             else:
-                keep_h = h if any(p in self.readout_policies for p in ps) else None
-                self.lanes.append(_Lane(lane.window, state, keep_h, freezing, ps))
+                self.lanes.append(self._lane(lane.window, state, h, freezing, ps, lane.memory))
         if finished:
             self.finals.append((state, lane.window, finished))
 
@@ -310,32 +321,37 @@ class _Sweep:
                     yield p, w, ce[b], exit_depth, conv, argmax[b]
 
 
-@torch.inference_mode()
-def _exact_batch(model: LoopedLM, inputs, targets, noise, policy: Policy, cap: int):
-    """One policy on a fixed full-width batch of windows (for policies that remember earlier loops):
-    as the lanes, the last core block and the readout run only for the tokens still looping, and the
-    previous loop's readout hidden is kept only for a rule that reads a KL."""
-    device = next(model.parameters()).device
-    inputs, targets = inputs.to(device), targets.to(device)
-    schedule = HaltSchedule(policy, cap)
-    reads_kl = bool(policy.readout_fields & KL_FIELDS)
-    e, state, h_prev = start_loops(model, inputs, noise, reads_kl)
-    freezing = Freezing.start(inputs.shape, device)
-    for loop in range(1, cap + 1):
-        cancel.check()
-        rows, valid = (x.to(device) for x in _live_rows(freezing.frozen.cpu().numpy()))
-        new = model.core_step(state, e, freeze=freezing.frozen, rows=rows, valid=valid)
-        signals = LoopSignals.of_states(new, state)
-        if schedule.needs_readout:
-            h_rows = _live_readout(model, new, h_prev, rows, valid, signals, topk=2 if policy.needs_margin else 0)
-            if reads_kl:  # the readout hidden of the tokens still looping (others are never asked again)
-                h_prev = h_prev.index_put(_live_index(rows, valid), h_rows[valid])
-        freezing.update(loop, schedule.met(loop, signals), schedule.at_cap(loop))
-        state = new
-        if freezing.frozen.all():
-            break
-    stats = readout_stats(model.coda(state), model.head_weight, targets)
-    return stats.ce.cpu(), freezing.exit_depth.cpu(), freezing.converged.cpu(), stats.argmax.cpu()
+def _stack_memory(memories: list[tuple | None], width: int):
+    """One memory (`Policy.memory`) for a chunk of lanes from each lane's (None: a lane that has none,
+    whose rows get zeros), every per-token tensor cut or zero-padded to `width` positions: the
+    positions past a lane's last unfrozen token are frozen, so what they remember is never read."""
+    ref = next((m for m in memories if m is not None), None)
+    if ref is None:
+        return None
+
+    def stack(leaves, ref_leaf):
+        if isinstance(ref_leaf, torch.Tensor):
+            return torch.stack([_fit(ref_leaf.new_zeros(ref_leaf.shape) if x is None else x, width) for x in leaves])
+        if isinstance(ref_leaf, tuple):
+            return tuple(stack([None if x is None else x[i] for x in leaves], r) for i, r in enumerate(ref_leaf))
+        return ref_leaf  # the last loop asked (the same in every lane: lanes advance in lockstep), or None
+    return stack(memories, ref)
+
+
+def _memory_row(memory, b: int):
+    """Lane b's part of a chunk's memory (`_stack_memory`'s inverse, at the chunk's width)."""
+    if isinstance(memory, torch.Tensor):
+        return memory[b]
+    if isinstance(memory, tuple):
+        return tuple(_memory_row(x, b) for x in memory)
+    return memory
+
+
+def _fit(x: torch.Tensor, width: int) -> torch.Tensor:
+    """A per-token (T', ...) tensor cut or zero-padded to `width` positions."""
+    if x.shape[0] >= width:
+        return x[:width]
+    return torch.cat([x, x.new_zeros((width - x.shape[0], *x.shape[1:]))])
 
 
 def _live_readout(model: LoopedLM, new, h_prev, rows, valid, signals: LoopSignals, topk: int = 0):

@@ -1,7 +1,7 @@
 """The halting contract, written once for every run that halts tokens loop by loop. Who takes which part:
 
-  * the exact harness (recur_core.analysis.harness): `start_loops`, `HaltSchedule.met` and a
-    `Freezing` per lane (numpy) or per batch of a remembering rule (torch);
+  * the exact harness (recur_core.analysis.harness): `start_loops`, `HaltSchedule.met` (one schedule
+    per policy; a remembering rule recalls each lane's memory) and a `Freezing` per lane (numpy);
   * the lockstep Decoder (recur_core.decoding.decode), hence the fixed point and teacher-forced
     decoding built on it: `read_start` for p_0, the schedule's readouts and `consult`, and a
     `Freezing` for its prefill and for B > 1 rows of its step (a batch-1 step stops at `halt`);

@@ -333,12 +333,22 @@ class _Remembering(Policy):
 
     def __init__(self, min_loops: int = 1, r_max: int | None = None):
         super().__init__(min_loops, r_max)
-        self._last_loop, self._prev, self._run = 0, None, None
+        self.recall(None)
 
     def private(self) -> "Policy":
         twin = copy.copy(self)
-        twin._last_loop, twin._prev, twin._run = 0, None, None
+        twin.recall(None)
         return twin
+
+    def memory(self) -> tuple:
+        """This run's memory of earlier loops: (the last loop asked, that loop's signal value, the
+        rule's running state: None, a tensor or a tuple of them), per token of the batch."""
+        return self._last_loop, self._prev, self._run
+
+    def recall(self, memory: tuple | None) -> None:
+        """Go on from `memory` (as `memory` returned it; None: nothing remembered). The exact harness
+        keeps one memory per lane, so one policy object serves many runs in one batch."""
+        self._last_loop, self._prev, self._run = (0, None, None) if memory is None else memory
 
     def rule_met(self, loop, signals):
         if isinstance(loop, torch.Tensor):

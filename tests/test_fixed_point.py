@@ -164,6 +164,21 @@ def test_any_first_guess_converges_to_the_same_result(context_heavy, windows, gu
     assert seeded.settled == sorted(seeded.settled) and seeded.settled[-1] == B * T
 
 
+def test_settled_windows_leave_the_batch(context_heavy, ckpt):
+    """A window whose every position is settled leaves the batch (later passes run fewer windows),
+    and each window's result is what it gets decoded alone."""
+    model, a1 = context_heavy, ConvergenceExit(1e-3)
+    ids = ckpt.windows("eval")[:6, :24]
+    B, T = ids.shape
+    noise = model.seeded_state(range(B), SEED)
+    batch = fixed_point(model, ids, HaltSchedule(a1, 8), noise=noise, kv_rule="recompute")
+    assert batch.rows[0] == B and batch.rows == sorted(batch.rows, reverse=True) and batch.rows[-1] < B
+    for b in range(B):
+        alone = fixed_point(model, ids[b:b + 1], HaltSchedule(a1, 8), noise=noise[b:b + 1], kv_rule="recompute")
+        assert torch.equal(alone.exits[0], batch.exits[b])
+        torch.testing.assert_close(alone.logits[0], batch.logits[b], atol=TOL, rtol=1e-4)
+
+
 def test_settled_prefix_counts_passes_and_the_first_change():
     exits = torch.tensor([[2, 3, 4, 5], [2, 3, 4, 5]])
     before = torch.tensor([[2, 3, 9, 5], [2, 3, 4, 5]])

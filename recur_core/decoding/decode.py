@@ -12,6 +12,7 @@ lockstep; recur_core.decoding.serve batches many sequences whose tokens sit at d
 """
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import dataclass, field
@@ -106,6 +107,15 @@ class Decoder:
         self.noise = noise.to(device=weight.device, dtype=weight.dtype)  # (B, max_seq_len, d)
         self.readouts = 0
         self.exit_context = False  # prefill's per-loop readouts: see _loop_hidden
+
+    def select(self, rows: Tensor) -> Decoder:
+        """This session for the rows `rows` (a LongTensor of row indices) alone: their cache entries
+        and noise copied, the schedule, KV rule and readout count shared (the fixed point drops the
+        windows it has settled)."""
+        twin = copy.copy(self)
+        twin.B, twin.cache = len(rows), self.cache.select(rows)
+        twin.noise = self.noise.index_select(0, rows.to(self.noise.device))
+        return twin
 
     def _at(self, pos):
         """The positions tensor of pos (an int or a LongTensor)."""

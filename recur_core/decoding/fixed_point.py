@@ -36,13 +36,15 @@ from .decode import Decoder
 @dataclass
 class FixedPoint:
     """What `fixed_point` returns for B windows of T positions: logits (B, T, V) and exits (B, T) of
-    exact decoding, the passes run, and per pass the positions settled (summed over the windows)."""
+    exact decoding, the passes run, and per pass the positions settled (summed over the windows) and
+    the windows it ran (a window leaves the batch once every position of it is settled)."""
 
     logits: Tensor
     exits: Tensor
     passes: int
     settled: list[int]
     readouts: int
+    rows: list[int]
 
 
 class _GuessedExits(Policy):
@@ -100,22 +102,26 @@ def fixed_point(model, ids: Tensor, schedule: HaltSchedule, *, noise: Tensor, kv
                 cache=dec.cache, max_len=T).prefill(ids)
         dec.exit_context = True
     logits = exits = None
-    settled, start, passes, counts = torch.zeros(B, dtype=torch.long), 0, 0, []
+    settled, start, passes, counts, rows = torch.zeros(B, dtype=torch.long), 0, 0, [], []
+    active = torch.arange(B)  # the windows still unsettled, each a row of dec
     while True:
-        part_logits, part_exits = dec.prefill(ids[:, start:], start)
+        part_logits, part_exits = dec.prefill(ids[active, start:], start)
         passes += 1
+        rows.append(len(active))
         if logits is None:
             logits, exits = part_logits, part_exits
         else:
-            logits[:, start:], exits[:, start:] = part_logits, part_exits
+            logits[active, start:], exits[active, start:] = part_logits, part_exits
         if not passes_needed:
             settled[:] = T
         else:
-            settled = torch.maximum(settled, settled_prefix(exits, previous, passes))
+            settled[active] = torch.maximum(settled[active], settled_prefix(exits[active], previous, passes))
         counts.append(int(settled.sum()))
         if on_pass is not None:
             on_pass(counts[-1], B * T)
-        if int(settled.min()) >= T:
-            return FixedPoint(logits, exits, passes, counts, dec.readouts)
-        dec.exit_context, previous, start = True, exits.clone(), int(settled.min())
-
+        unsettled = settled[active] < T
+        if not bool(unsettled.any()):
+            return FixedPoint(logits, exits, passes, counts, dec.readouts, rows)
+        if not bool(unsettled.all()):  # settled windows leave the batch: later passes run the others
+            dec, active = dec.select(unsettled.nonzero().squeeze(1)), active[unsettled]
+        dec.exit_context, previous, start = True, exits[active].clone(), int(settled[active].min())

@@ -208,6 +208,18 @@ class LoopKVCache:
             setattr(view, name, getattr(self, name)[b:b + 1])
         return view
 
+    def select(self, rows: Tensor) -> LoopKVCache:
+        """A cache of the sequences `rows` (a LongTensor of row indices) alone, copied."""
+        twin = object.__new__(LoopKVCache)
+        twin.loops, twin.max_len, twin.positions = self.loops, self.max_len, self.positions
+        on = rows.to(self.core.device)
+        twin.core, twin.prelude, twin.coda = (x.index_select(2, on) for x in (self.core, self.prelude, self.coda))
+        for name in ("exit_state", "run_state", "inject"):
+            setattr(twin, name, getattr(self, name).index_select(0, on))
+        twin.exit_loop = self.exit_loop.index_select(0, rows.to(self.exit_loop.device))
+        twin.filled = self.filled[rows.cpu().numpy()]
+        return twin
+
     def reset_row(self, b: int) -> None:
         """Forget sequence b (its slot is reused): only the bookkeeping, entries are overwritten."""
         self.filled[b] = 0

@@ -16,8 +16,9 @@ positions 0 .. n - 1 (position 0 has no context; position t then reads exact ear
 a position stays exact once every position before it has repeated its exit: the core depends on
 the exits alone, so equal exits give bit-identical exit states and so an identical context. A pass
 therefore restarts at the first position that may still change (`Decoder.prefill(start=...)`, the
-earlier positions' cache entries kept), and the loop ends when every position is settled: at most
-T passes for T positions, usually a few. A rule that reads only the state (A0, A2, the latent and
+earlier positions' cache entries kept), a window whose every position is settled leaves the batch
+(`Decoder.select`), and the loop ends when every position is settled: at most T passes for T
+positions, usually a few. A rule that reads only the state (A0, A2, the latent and
 cosine rules, the gate), or a model without coda blocks (Ouro), needs one pass.
 """
 from __future__ import annotations

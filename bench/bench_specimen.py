@@ -6,6 +6,8 @@ and word problems, alternating), from the same seeded trace and disk cache as th
      CI over windows (both depths from the same resampled windows);
   2. answer-token accuracy by uniform loops (the word problems' labelled answers,
      ground_truth.safetensors), overall and by composition steps;
+     and at r_bar by the size of each answer's problem (its deepest labelled answer): a problem of
+     many facts has more names and places to confuse than a short one with the same answer;
   3. its rise from 1 loop to r_bar in points, with the same paired bootstrap CI;
   4. exact A1 (the masking harness: halted tokens frozen, as in real decoding) at matched loss: the
      mean loops it needs to reach A0's loss at r_bar, against the *best* uniform depth reaching that
@@ -24,11 +26,12 @@ from recur_core.analysis.allocation import allocation, allocation_families
 from recur_core.analysis.cache import TraceCache
 from recur_core.analysis.curves import fast_sums, smallest_uniform_depth
 from recur_core.analysis.exact import ExactPath
-from recur_core.analysis.ground_truth import answer_hops, load_ground_truth, uniform_answer_accuracy
+from recur_core.analysis.ground_truth import answer_hops, correct_at, load_ground_truth, uniform_answer_accuracy
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
 from recur_core.exits.policies import Uniform
 from recur_core.settings import SETTINGS
+from recur_core.tasks.base import EOS
 
 DEFAULT = "checkpoints/stories-reasoning"
 
@@ -37,6 +40,30 @@ def uniform_loss(tr, boot: Bootstrap, depth: int) -> np.ndarray:
     """(1 + n_boot,) replicate losses (nats per scored token) of uniform depth `depth`."""
     s = fast_sums(tr, Uniform(depth))
     return boot.ratio(s.loss, s.tokens.astype(np.float64))
+
+
+def problem_depth(targets: np.ndarray, answer_steps: np.ndarray, eos: int) -> np.ndarray:
+    """(N, T) the deepest labelled answer of the problem each target position belongs to (0 outside
+    problems): problems are the runs between EOS targets; a window's last problem may be cut short."""
+    ends = targets == eos
+    problem = np.cumsum(ends, axis=1) - ends  # the EOS that ends a problem still belongs to it
+    depth = np.zeros_like(answer_steps)
+    for n in range(targets.shape[0]):
+        deepest = np.zeros(problem[n].max() + 1, dtype=answer_steps.dtype)
+        np.maximum.at(deepest, problem[n], answer_steps[n])
+        depth[n] = deepest[problem[n]]
+    return depth
+
+
+def by_problem_depth(correct: np.ndarray, answers: np.ndarray, answer_steps: np.ndarray,
+                     depth: np.ndarray) -> dict[int, dict[int, dict]]:
+    """{answer steps: {problem depth: {"accuracy", "answers"}}} of the answers (bool (N, T))."""
+    out: dict[int, dict[int, dict]] = {}
+    for k in np.unique(answer_steps[answers]):
+        for d in np.unique(depth[answers & (answer_steps == k)]):
+            at = answers & (answer_steps == k) & (depth == d)
+            out.setdefault(int(k), {})[int(d)] = {"accuracy": float(correct[at].mean()), "answers": int(at.sum())}
+    return out
 
 
 def ci(est) -> str:
@@ -87,6 +114,13 @@ def main(argv=None) -> dict:
     print("   all        " + " ".join(f"{acc[r][0]:6.3f}" for r in shown))
     for k, row in by_steps.items():
         print(f"   {k} step{'s' if k > 1 else ' '}    " + " ".join(f"{row[r]:6.3f}" for r in shown))
+    eos = ckpt.tokenizer().token_to_id(EOS)
+    sizes = by_problem_depth(correct_at(tr, np.full(ah.shape, r_bar)), answers, ah, problem_depth(tr.targets, ah, eos))
+    out["answer_accuracy_at_rbar_by_problem_depth"] = sizes
+    print("   at r_bar by the problem's deepest answer (accuracy, answers):")
+    for k, row in sizes.items():
+        print(f"   {k} step{'s' if k > 1 else ' '}    " + "  ".join(f"in {d}: {v['accuracy']:.3f} ({v['answers']})"
+                                                          for d, v in row.items()))
     rise = boot.summarise(100 * (acc[r_bar] - acc[1]))
     out["answer_accuracy_rise_points_1_to_rbar"] = rise.to_dict()
     print(f"\n3. answer accuracy rise from 1 loop to r_bar: {rise.value:.1f} points "

@@ -6,8 +6,8 @@ and word problems, alternating), from the same seeded trace and disk cache as th
      CI over windows (both depths from the same resampled windows);
   2. answer-token accuracy by uniform loops (the word problems' labelled answers,
      ground_truth.safetensors), overall and by composition steps;
-     and at r_bar by the size of each answer's problem (its deepest labelled answer): a problem of
-     many facts has more names and places to confuse than a short one with the same answer;
+     and at r_bar by the length of each answer's problem in tokens: a long story has more names and
+     places to confuse than a short one with the same answer;
   3. its rise from 1 loop to r_bar in points, with the same paired bootstrap CI;
   4. exact A1 (the masking harness: halted tokens frozen, as in real decoding) at matched loss: the
      mean loops it needs to reach A0's loss at r_bar, against the *best* uniform depth reaching that
@@ -42,27 +42,32 @@ def uniform_loss(tr, boot: Bootstrap, depth: int) -> np.ndarray:
     return boot.ratio(s.loss, s.tokens.astype(np.float64))
 
 
-def problem_depth(targets: np.ndarray, answer_steps: np.ndarray, eos: int) -> np.ndarray:
-    """(N, T) the deepest labelled answer of the problem each target position belongs to (0 outside
-    problems): problems are the runs between EOS targets; a window's last problem may be cut short."""
+LENGTH_BINS = (48, 96, 160)  # problem lengths in tokens: up to 48, 49-96, 97-160, longer
+
+
+def problem_length(targets: np.ndarray, eos: int) -> np.ndarray:
+    """(N, T) the length in tokens of the problem (or text) each target position belongs to: the runs
+    between EOS targets, the EOS that ends one included (a window's last one may be cut short)."""
     ends = targets == eos
-    problem = np.cumsum(ends, axis=1) - ends  # the EOS that ends a problem still belongs to it
-    depth = np.zeros_like(answer_steps)
+    segment = np.cumsum(ends, axis=1) - ends
+    out = np.zeros_like(targets)
     for n in range(targets.shape[0]):
-        deepest = np.zeros(problem[n].max() + 1, dtype=answer_steps.dtype)
-        np.maximum.at(deepest, problem[n], answer_steps[n])
-        depth[n] = deepest[problem[n]]
-    return depth
+        out[n] = np.bincount(segment[n])[segment[n]]
+    return out
 
 
-def by_problem_depth(correct: np.ndarray, answers: np.ndarray, answer_steps: np.ndarray,
-                     depth: np.ndarray) -> dict[int, dict[int, dict]]:
-    """{answer steps: {problem depth: {"accuracy", "answers"}}} of the answers (bool (N, T))."""
-    out: dict[int, dict[int, dict]] = {}
+def by_problem_length(correct: np.ndarray, answers: np.ndarray, answer_steps: np.ndarray,
+                      length: np.ndarray) -> dict[int, dict[str, dict]]:
+    """{answer steps: {length bin: {"accuracy", "answers"}}} of the answers (bool (N, T)); bins by
+    LENGTH_BINS, named by their range of tokens."""
+    edges = (0, *LENGTH_BINS, np.inf)
+    out: dict[int, dict[str, dict]] = {}
     for k in np.unique(answer_steps[answers]):
-        for d in np.unique(depth[answers & (answer_steps == k)]):
-            at = answers & (answer_steps == k) & (depth == d)
-            out.setdefault(int(k), {})[int(d)] = {"accuracy": float(correct[at].mean()), "answers": int(at.sum())}
+        for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+            at = answers & (answer_steps == k) & (length > lo) & (length <= hi)
+            if at.any():
+                name = f"{lo + 1}-{int(hi)}" if np.isfinite(hi) else f">{lo}"
+                out.setdefault(int(k), {})[name] = {"accuracy": float(correct[at].mean()), "answers": int(at.sum())}
     return out
 
 
@@ -115,12 +120,12 @@ def main(argv=None) -> dict:
     for k, row in by_steps.items():
         print(f"   {k} step{'s' if k > 1 else ' '}    " + " ".join(f"{row[r]:6.3f}" for r in shown))
     eos = ckpt.tokenizer().token_to_id(EOS)
-    sizes = by_problem_depth(correct_at(tr, np.full(ah.shape, r_bar)), answers, ah, problem_depth(tr.targets, ah, eos))
-    out["answer_accuracy_at_rbar_by_problem_depth"] = sizes
-    print("   at r_bar by the problem's deepest answer (accuracy, answers):")
+    sizes = by_problem_length(correct_at(tr, np.full(ah.shape, r_bar)), answers, ah, problem_length(tr.targets, eos))
+    out["answer_accuracy_at_rbar_by_problem_length"] = sizes
+    print("   at r_bar by the length of the answer's problem in tokens (accuracy, answers):")
     for k, row in sizes.items():
-        print(f"   {k} step{'s' if k > 1 else ' '}    " + "  ".join(f"in {d}: {v['accuracy']:.3f} ({v['answers']})"
-                                                          for d, v in row.items()))
+        print(f"   {k} step{'s' if k > 1 else ' '}    " + "  ".join(f"{b}: {v['accuracy']:.3f} ({v['answers']})"
+                                                          for b, v in row.items()))
     rise = boot.summarise(100 * (acc[r_bar] - acc[1]))
     out["answer_accuracy_rise_points_1_to_rbar"] = rise.to_dict()
     print(f"\n3. answer accuracy rise from 1 loop to r_bar: {rise.value:.1f} points "

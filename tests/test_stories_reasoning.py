@@ -40,18 +40,21 @@ def test_checkpoint_carries_the_mixture_and_aligned_answers(reasoning):
     assert answer and "?" in problem  # an answer follows its question
 
 
-def test_answers_are_grouped_by_their_problems_deepest_answer():
-    from bench.bench_specimen import by_problem_depth, problem_depth
+def test_answers_are_grouped_by_their_problems_length():
+    from bench.bench_specimen import LENGTH_BINS, by_problem_length, problem_length
     eos = 0
     targets = np.array([[5, 7, 0, 5, 8, 9, 0, 6], [5, 5, 5, 0, 7, 7, 0, 5]])
     steps = np.array([[1, 0, 0, 2, 0, 1, 0, 3], [0, 0, 0, 0, 2, 1, 0, 0]])
-    depth = problem_depth(targets, steps, eos)
-    # problems: [5 7 0] [5 8 9 0] [6 ...] in row 0, [5 5 5 0] [7 7 0] [5] in row 1 (an EOS ends its problem)
-    assert depth.tolist() == [[1, 1, 1, 2, 2, 2, 2, 3], [0, 0, 0, 0, 2, 2, 2, 0]]
+    length = problem_length(targets, eos)
+    # problems: [5 7 0] [5 8 9 0] [6] in row 0, [5 5 5 0] [7 7 0] [5] in row 1 (an EOS ends its problem)
+    assert length.tolist() == [[3, 3, 3, 4, 4, 4, 4, 1], [4, 4, 4, 4, 3, 3, 3, 1]]
+    length[1, 4:7] = LENGTH_BINS[-1] + 1  # one long problem
     correct = np.array([[1, 0, 0, 0, 0, 1, 0, 1], [0, 0, 0, 0, 1, 0, 0, 0]], dtype=bool)
-    got = by_problem_depth(correct, steps > 0, steps, depth)
-    assert got == {1: {1: {"accuracy": 1.0, "answers": 1}, 2: {"accuracy": 0.5, "answers": 2}},
-                   2: {2: {"accuracy": 0.5, "answers": 2}}, 3: {3: {"accuracy": 1.0, "answers": 1}}}
+    got = by_problem_length(correct, steps > 0, steps, length)
+    short, long = f"1-{LENGTH_BINS[0]}", f">{LENGTH_BINS[-1]}"
+    assert got == {1: {short: {"accuracy": 1.0, "answers": 2}, long: {"accuracy": 0.0, "answers": 1}},
+                   2: {short: {"accuracy": 0.0, "answers": 1}, long: {"accuracy": 1.0, "answers": 1}},
+                   3: {short: {"accuracy": 1.0, "answers": 1}}}
 
 
 def test_bench_specimen_prints_its_four_figures(reasoning, capsys):
@@ -68,9 +71,8 @@ def test_bench_specimen_prints_its_four_figures(reasoning, capsys):
     rise = out["answer_accuracy_rise_points_1_to_rbar"]
     assert math.isclose(rise["value"], 100 * (acc[r_bar] - acc[1]), abs_tol=1e-9)
     assert out["n_answers"] > 0 and all(0 <= a <= 1 for a in acc.values())
-    sizes = out["answer_accuracy_at_rbar_by_problem_depth"]  # every answer in one group, no deeper than its problem
+    sizes = out["answer_accuracy_at_rbar_by_problem_length"]  # every answer in one group
     assert sum(v["answers"] for row in sizes.values() for v in row.values()) == out["n_answers"]
-    assert all(d >= k for k, row in sizes.items() for d in row)
     a1 = out["exact_a1"]
     best = a1["best_uniform_depth"]
     assert best is None or 1 <= best <= r_bar

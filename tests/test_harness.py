@@ -123,7 +123,7 @@ def naive_exact(model, windows, policy, max_loops, seed):
     """Test oracle: one full-width masking-harness run of one policy (no lanes, no cut-off)."""
     from recur_core.analysis.trace import split_inputs
     from recur_core.exits.readout import readout_stats
-    from recur_core.exits.signals import LoopSignals, cosine_change, loop_readout, relative_change
+    from recur_core.exits.signals import LoopSignals, cosine_change, relative_change
     inputs, targets = split_inputs(windows)
     e, state = model.prelude(inputs), model.seeded_state(range(len(inputs)), seed, inputs.shape[1])
     h_prev = model.coda(state)
@@ -132,8 +132,11 @@ def naive_exact(model, windows, policy, max_loops, seed):
     depth, conv = torch.full(inputs.shape, cap), torch.zeros_like(frozen)
     for loop in range(1, cap + 1):
         new = model.core_step(state, e, freeze=frozen)
-        h_prev, stats = loop_readout(model, new, h_prev, None, topk=2)
-        signals = LoopSignals(new, relative_change(new, state), stats.kl_prev, stats.kl_prev_reverse, stats.entropy,
+        h = model.coda(new)
+        stats = readout_stats(h, model.head_weight, None, h_prev, topk=2)  # full width, every token read out
+        h_prev = h
+        signals = LoopSignals(new, relative_change(new, state), stats.kl_prev.clamp_min(0),
+                              stats.kl_prev_reverse.clamp_min(0), stats.entropy,
                               stats.argmax, cosine_change(new, state), state_step=(new.float() - state.float()).norm(dim=-1),
                               state_norm=new.float().norm(dim=-1),
                               margin=stats.topk_probs[..., 0].log() - stats.topk_probs[..., 1].log())

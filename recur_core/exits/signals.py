@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .readout import ReadoutStats, readout_stats, readout_stats_sequence
+from .readout import ReadoutStats, readout_stats_sequence
 
 
 @dataclass
@@ -77,18 +77,12 @@ def cosine_change(new: Tensor, old: Tensor) -> Tensor:
     return 1 - torch.nn.functional.cosine_similarity(new.float(), old.float(), dim=-1, eps=1e-30)
 
 
-def loop_readout(model, state: Tensor, h_prev: Tensor, targets: Tensor | None, topk: int = 0):
-    """(hidden, ReadoutStats) of a state through the model's coda and head; kl_prev = KL(p_cur || p_prev)
-    and kl_prev_reverse = KL(p_prev || p_cur) in nats with p_prev the distribution of h_prev, clamped
-    at 0 (they are >= 0; float rounding can dip below)."""
-    h = model.coda(state)
-    return h, _clamped(readout_stats(h, model.head_weight, targets, h_prev, topk=topk))
-
-
 def loops_readout(model, states: list[Tensor], h_prev: Tensor | None, targets: Tensor | None, topk: int = 0):
-    """loop_readout of several consecutive loops' states (each (B, T, d)) in one coda call and one
-    pass over the head: (the last state's hidden, ReadoutStats of leading shape (G, B, T)), each loop
-    against the one before it. h_prev: the hidden of the state before states[0], or None: then
+    """The readout of several consecutive loops' states (each (B, T, d)) through the model's coda and
+    head, in one coda call and one pass over the head: (the last state's hidden, ReadoutStats of
+    leading shape (G, B, T)), each loop against the one before it: kl_prev = KL(p_cur || p_prev) and
+    kl_prev_reverse = KL(p_prev || p_cur) in nats, clamped at 0 (they are >= 0; float rounding can dip
+    below). h_prev: the hidden of the state before states[0], or None: then
     states[0] is that state and G = len(states) - 1 (else G = len(states))."""
     hs = model.coda(torch.cat(states)).unflatten(0, (len(states), states[0].shape[0]))
     if h_prev is not None:

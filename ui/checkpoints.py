@@ -55,7 +55,7 @@ class Entry:
 
     @property
     def task(self) -> str:
-        return task_of(self.meta, self.path)
+        return data_key(self.meta, self.path)
 
     @property
     def recipe(self) -> Recipe | None:
@@ -96,7 +96,7 @@ class Entry:
                 f"on disk · needs ≈ {human_bytes(need)} on {device}{fits}")
 
 
-def task_of(meta: dict | None, path: str) -> str:
+def data_key(meta: dict | None, path: str) -> str:
     """What a checkpoint reads, for keeping texts and comparing curves: its training data and its
     tokenizer; a folder that says neither is a task of its own."""
     m = meta or {}

@@ -5,7 +5,7 @@ Streamlit forgets a widget's value once a run does not draw it (another page, a 
 error), so every value a researcher sets lives in a plain session key that no run deletes, and the
 widget is (re)filled from it before it draws (`keep`). Values that only make sense for one
 checkpoint (a depth up to its r_max, a probe kind) are kept per checkpoint; the pasted text is kept
-per task and tokenizer (`checkpoints.task_of`: a hops program is not prose).
+per task and tokenizer (`checkpoints.data_key`: a hops program is not prose).
 
 Session keys (one browser tab = one session):
   checkpoint_path  the selected checkpoint folder (absolute; `require_model` opens it for every page)
@@ -26,7 +26,7 @@ import streamlit as st
 from recur_core import CheckpointError
 
 from . import compute, jobs
-from .checkpoints import default_path, describe, discover, expand, task_of
+from .checkpoints import data_key, default_path, describe, discover, expand
 from .handle import Handle
 from .text import Encoded, encode_for, examples_for
 from .views import COLOUR_BY, plain_md
@@ -164,7 +164,7 @@ def require_model() -> Handle:
 # -- pasted text ----------------------------------------------------------------------------------------
 def task_scope(model: Handle) -> str:
     """The scope of values kept per task and tokenizer (texts, prompts)."""
-    return task_of(model.meta, model.path)
+    return data_key(model.meta, model.path)
 
 
 def text_key(model: Handle) -> str:

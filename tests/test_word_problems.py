@@ -367,6 +367,29 @@ def test_recall_counts_facts_read_down_to_a_direct_recall(kind):
     assert recall.text.count(word) >= 2  # the answer was told before it is asked
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_extra_facts_lengthen_a_story_and_keep_its_answers(kind):
+    """extra_facts tells unasked facts about children the story does not name, before its first
+    question: the same answers at the same steps (the text's own solver agrees), a longer text."""
+    plain, extra = (WordProblems.parse(f"word_problems:kinds={kind},extra_facts={n}") for n in (0, 3))
+    for i in range(100):
+        steps, running = 1 + i % 8, i % 3 == 0
+        base = plain.problem(random.Random(i), steps, running=running)
+        p = extra.problem(random.Random(i), steps, running=running)
+        facts = re.findall(r"(?:^|(?<=\. ))([A-Z][a-z]+) was at the (\w+)\. ", p.text)
+        added = [name for name, _ in facts if name not in base.text]
+        assert len(p.text) > len(base.text) and 1 <= len(added) <= 3, p.text
+        assert p.text.index(added[0]) < p.text.index("?")
+        labelled = [(j, s) for j, s in enumerate(p.steps) if s]
+        assert [s for _, s in labelled] == [s for s in base.steps if s]
+        solved = SOLVERS[kind](p.text)
+        assert [s for _, s in labelled] == [s for _, s in solved], p.text
+        for (pos, _), (word, _) in zip(labelled, solved, strict=True):
+            assert p.text[pos:].startswith(word), p.text
+    with pytest.raises(ValueError, match="extra_facts"):
+        WordProblems.parse("word_problems:extra_facts=-1")
+
+
 def test_bool_settings_parse_and_refuse():
     assert WordProblems.parse("word_problems:recall=1").recall is True
     assert WordProblems.parse("word_problems:recall=False").recall is False

@@ -255,6 +255,24 @@ def ages_problem(rng: random.Random, steps: int, running: bool, recall: bool = F
     return w.problem("ages")
 
 
+def with_extra_facts(problem: Problem, rng: random.Random, n: int) -> Problem:
+    """The problem with n unasked facts told in its story ("Mia was at the zoo."), each about a child
+    the story does not name (fewer where it names nearly all), at a random sentence boundary before the first question: a longer story
+    with more places to confuse, whose answers need no more steps (their labels move with the text)."""
+    text, steps = problem.text, list(problem.steps)
+    named = set(re.findall(r"\b[A-Z][a-z]+\b", text))
+    free = [name for name in NAMES if name not in named]
+    children = rng.sample(free, min(n, len(free)))  # the longest where-stories name nearly every child
+    question = text.rfind(". ", 0, text.index("?")) + 2
+    boundaries = [m.end() for m in re.finditer(r"\. ", text[:question])]
+    for child in children:
+        at = rng.choice(boundaries)
+        fact = f"{child} was at the {rng.choice(PLACES)}. "
+        text, steps = text[:at] + fact + text[at:], steps[:at] + [0] * len(fact) + steps[at:]
+        boundaries = [b + len(fact) if b >= at else b for b in boundaries] + [at + len(fact)]
+    return Problem(text, problem.kind, steps)
+
+
 MAKERS: dict[str, Callable[[random.Random, int, bool, bool], Problem]] = {
     "count": count_problem, "where": where_problem, "swap": swap_problem, "ages": ages_problem,
     "inside": inside_problem}

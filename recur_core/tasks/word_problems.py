@@ -20,7 +20,7 @@ from recur_core.settings import seed_for
 
 from .base import EOS, EOS_PIECE, Example, Tokens, parse_settings, text_pieces
 from .prose import Prose
-from .stories import KINDS, MAKERS, NAMES, Problem, token_steps
+from .stories import KINDS, MAKERS, NAMES, Problem, token_steps, with_extra_facts
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,9 @@ class WordProblems(Prose):
     # count facts read (a direct recall of a stated fact is 1 step, each change, link or swap adds one)
     # rather than composition steps (the first link is 1 step): gives a curriculum its base case
     recall: bool = False
+    # unasked facts told in each story ("Mia was at the zoo.", a child it does not name): longer stories
+    # with more places to confuse, whose answers need no more steps (0: none)
+    extra_facts: int = 0
     # loss weights per target token (1, 1, 1: the plain mean); hops weights answers 1 and the rest 0.1
     answer_weight: float = 1.0  # answer words
     other_weight: float = 1.0  # the problems' other tokens
@@ -72,6 +75,8 @@ class WordProblems(Prose):
                              f"got {task.start_steps}")
         if not 0.0 < task.advance_at <= 1.0 or task.advance_answers < 1:
             raise ValueError("word_problems advance_at must be within (0, 1] and advance_answers at least 1")
+        if not 0 <= task.extra_facts <= len(NAMES) // 4:
+            raise ValueError(f"word_problems extra_facts must be within 0 .. {len(NAMES) // 4}, got {task.extra_facts}")
         if min(task.answer_weight, task.other_weight, task.text_weight) < 0 or task.answer_weight == 0:
             raise ValueError("word_problems loss weights must be >= 0, with answer_weight > 0")
         return task
@@ -84,7 +89,8 @@ class WordProblems(Prose):
                 running: bool | None = None) -> Problem:
         kind = kind or rng.choice(self.kind_list)
         running = rng.random() < self.running_share if running is None else running
-        return MAKERS[kind](rng, steps - self.recall, running, self.recall)
+        problem = MAKERS[kind](rng, steps - self.recall, running, self.recall)
+        return with_extra_facts(problem, rng, self.extra_facts) if self.extra_facts else problem
 
     def labelled(self, tok: Tokenizer, example: Example) -> Tokens:
         """EOS + a word problem's tokens, as the mixture was trained (EOS before every problem), and

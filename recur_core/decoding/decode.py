@@ -110,8 +110,8 @@ class Decoder:
 
     def select(self, rows: Tensor) -> Decoder:
         """This session for the rows `rows` (a LongTensor of row indices) alone: their cache entries
-        and noise copied, the schedule, KV rule and readout count shared (the fixed point drops the
-        windows it has settled)."""
+        and noise copied, the schedule and KV rule shared, the readout count carried on (the fixed
+        point drops the windows it has settled)."""
         twin = copy.copy(self)
         twin.B, twin.cache = len(rows), self.cache.select(rows)
         twin.noise = self.noise.index_select(0, rows.to(self.noise.device))

@@ -257,8 +257,9 @@ def ages_problem(rng: random.Random, steps: int, running: bool, recall: bool = F
 
 def with_extra_facts(problem: Problem, rng: random.Random, n: int) -> Problem:
     """The problem with n unasked facts told in its story ("Mia was at the zoo."), each about a child
-    the story does not name (fewer where it names nearly all), at a random sentence boundary before the first question: a longer story
-    with more places to confuse, whose answers need no more steps (their labels move with the text)."""
+    the story does not name (fewer where it names nearly all), at a random sentence boundary before
+    its first question: a longer story with more places to confuse, whose answers need no more steps
+    (their labels move with the text)."""
     text, steps = problem.text, list(problem.steps)
     named = set(re.findall(r"\b[A-Z][a-z]+\b", text))
     free = [name for name in NAMES if name not in named]

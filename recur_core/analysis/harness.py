@@ -375,11 +375,11 @@ def _live_index(rows, valid) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _live_rows(frozen: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """(rows (B, M), valid (B, M)): each lane's unfrozen positions, padded to the chunk's largest
-    count by repeating its last one (position 0 for a lane with none); valid is False on the padding
-    (whose outputs are never used)."""
+    count by repeating its last one (a lane always has one: it ends when every token is frozen); valid
+    is False on the padding (whose outputs are never used)."""
     live = [np.flatnonzero(~f) for f in frozen]
-    M = max(1, max(len(x) for x in live))
-    rows = np.stack([np.concatenate([x, np.full(M - len(x), x[-1] if len(x) else 0)]) for x in live])
+    M = max(len(x) for x in live)
+    rows = np.stack([np.concatenate([x, np.full(M - len(x), x[-1])]) for x in live])
     valid = np.arange(M)[None, :] < np.array([len(x) for x in live])[:, None]
     return torch.from_numpy(rows), torch.from_numpy(valid)
 

@@ -12,7 +12,6 @@ import json
 import math
 import os
 import re
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -587,25 +586,22 @@ def test_typed_checkpoint_path(app_env):
     assert not at.error and at.session_state["checkpoint_path"] == str(app_env["ckpt"])
 
 
-def test_two_sessions_at_once_get_their_own_results(app_env):
+def test_two_sessions_with_decodings_in_flight_get_their_own_results(app_env):
+    """Two sessions submit different texts while neither's exact decoding has run (held behind the
+    decoding lock, so both wait in the background at once); each then shows its own text's exits.
+    Their script runs take turns: AppTest swaps a process-wide Runtime on every run, so two AppTests
+    cannot run in threads at once. Two live tabs on one server: test_browser.py::test_two_tabs_at_once."""
+    from ui import compute, jobs
     texts = ["Tom had 3 red balls.", "Mia found a cake with Ben."]
-    results, errors = {}, []
-
-    def session(text):
-        try:
-            at = submit_text(new_app(), text)
-            results[text] = [t["depth"] for t in strips(at)[0]]
-        except Exception as err:  # noqa: BLE001  reported below
-            errors.append(err)
-
-    threads = [threading.Thread(target=session, args=(t,)) for t in texts]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
-    for text in texts:
-        assert results[text] == engine_depths(app_env["ckpt"], text, 1e-3)[0].tolist()
+    sessions = [settle(new_app()) for _ in texts]  # the default text decoded first
+    with compute._DECODING:
+        for at, text in zip(sessions, texts, strict=True):
+            submit_text(at, text)
+        waiting = [j for j in jobs._JOBS.values() if j.key[0] == "decoded_text" and j.running]
+        assert len(waiting) == 2
+    for at, text in zip(sessions, texts, strict=True):
+        settle(at)
+        assert [t["depth"] for t in strips(at)[0]] == engine_depths(app_env["ckpt"], text, 1e-3)[0].tolist()
 
 
 def test_elasticity_page_compares_checkpoints_by_paired_difference(app_env, tmp_path, monkeypatch):

@@ -179,6 +179,25 @@ def test_settled_windows_leave_the_batch(context_heavy, ckpt):
         torch.testing.assert_close(alone.logits[0], batch.logits[b], atol=TOL, rtol=1e-4)
 
 
+def test_decoded_leaves_out_what_follows_each_windows_length(context_heavy, ckpt, monkeypatch):
+    """ExactPath.decoded(lengths=...) decodes each window's leading positions only, in batches by
+    length: those equal token-by-token decoding of the whole windows, the rest read exit 0, argmax -1."""
+    from recur_core.analysis import exact
+    monkeypatch.setattr(exact, "DECODE_BATCH", 2)  # three batches, each cut to its longest window
+    windows = ckpt.windows("eval")[:5, :20].numpy()
+    lengths = np.array([19, 3, 11, 1, 7])
+    a1 = ConvergenceExit(1e-3)
+    ref = teacher_forced(context_heavy, windows, a1, "recompute", seed=SEED, max_loops=8, mode="decode")
+    path = exact.ExactPath(context_heavy, windows)
+    exit_loop, argmax = path.decoded(a1, 8, SEED, lengths=lengths)
+    inside = np.arange(19)[None, :] < lengths[:, None]
+    assert np.array_equal(exit_loop[inside], ref.exit_loop.numpy()[inside])
+    assert np.array_equal(argmax[inside], ref.argmax.numpy()[inside])
+    assert (exit_loop[~inside] == 0).all() and (argmax[~inside] == -1).all()
+    whole, _ = path.decoded(a1, 8, SEED)
+    assert np.array_equal(whole, ref.exit_loop.numpy())
+
+
 def test_settled_prefix_counts_passes_and_the_first_change():
     exits = torch.tensor([[2, 3, 4, 5], [2, 3, 4, 5]])
     before = torch.tensor([[2, 3, 9, 5], [2, 3, 4, 5]])

@@ -72,36 +72,54 @@ class ExactPath:
                        {"kind": "exact sweep", "policies": [repr(p) for p in policies]})
         return results
 
-    def decoded(self, policy: Policy, max_loops: int, seed: int, guess: np.ndarray | None = None
-                ) -> tuple[np.ndarray, np.ndarray] | None:
+    def decoded(self, policy: Policy, max_loops: int, seed: int, guess: np.ndarray | None = None,
+                lengths: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray] | None:
         """(exit_loop (N, T), argmax (N, T)) of `policy` in teacher-forced decoding of the windows
         (N, T + 1) under the "recompute" KV rule (exact, by the fixed point), window n with the
         trace's noise row n, through the disk cache; None on a miss with cache_only. guess: exits
-        (N, T) to seed the fixed point with (the fast path's): fewer passes, the same result."""
+        (N, T) to seed the fixed point with (the fast path's): fewer passes, the same result.
+        lengths: (N,) the leading positions of each window that matter (e.g. a program before its
+        padding); decoding is causal, so the later ones are left out, with exit_loop 0 and argmax -1,
+        and windows are batched by length (a padded position that loops long no longer prolongs a pass)."""
         ckpt_id = model_id(self.model)
         store = resolve_cache(self.cache)
         ids_np = np.asarray(self.ids.cpu() if hasattr(self.ids, "cpu") else self.ids, dtype=np.int64)
-        key = _exact_key(ckpt_id, ids_np, [policy], max_loops, seed, order="decoding")
-        path = None if store is None else store.trace_path(ckpt_id, f"decoded-{key[:32]}")
         shape = (ids_np.shape[0], ids_np.shape[1] - 1)
+        cut = None if lengths is None else np.clip(np.asarray(lengths, dtype=np.int64), 1, shape[1])
+        key = _exact_key(ckpt_id, ids_np, [policy], max_loops, seed, order="decoding",
+                         **({} if cut is None else {"lengths": cut.tolist()}))
+        path = None if store is None else store.trace_path(ckpt_id, f"decoded-{key[:32]}")
         hit = None if store is None else store.load(path, key, {f: shape for f in ("exit_loop", "argmax", "targets")})
         if hit is not None:
             return hit[0]["exit_loop"], hit[0]["argmax"]
         if self.cache_only:
             return None
-        update, close = progress_bar(self.progress, shape[0], f"decoding {policy!r} (windows)")
-        seen = [0]
-
-        def advance(done: int, _total: int) -> None:
-            update(done - seen[0])
-            seen[0] = done
-        out = teacher_forced(self.model, ids_np, policy, "recompute", seed=seed, max_loops=max_loops,
-                             batch_size=DECODE_BATCH, mode="fixed_point", progress=advance, guess=guess)
-        close()
-        exit_loop, argmax = out.exit_loop.numpy().astype(np.int64), out.argmax.numpy()
+        exit_loop, argmax = self._decode(policy, max_loops, seed, ids_np, guess, cut)
         if store is not None:
             store.save(path, key, {"exit_loop": exit_loop, "argmax": argmax, "targets": split_inputs(ids_np)[1].numpy()},
                        {"kind": "teacher-forced decoding (recompute)", "policies": [repr(policy)]})
+        return exit_loop, argmax
+
+    def _decode(self, policy: Policy, max_loops: int, seed: int, ids: np.ndarray, guess: np.ndarray | None,
+                lengths: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """decoded's computation: batches of DECODE_BATCH windows (by length when lengths are given,
+        each batch cut to its longest), every window with its own noise row."""
+        N, T = ids.shape[0], ids.shape[1] - 1
+        exit_loop, argmax = np.zeros((N, T), dtype=np.int64), np.full((N, T), -1, dtype=np.int64)
+        order = np.arange(N) if lengths is None else np.argsort(lengths, kind="stable")
+        update, close = progress_bar(self.progress, N, f"decoding {policy!r} (windows)")
+        for start in range(0, N, DECODE_BATCH):
+            rows = order[start:start + DECODE_BATCH]
+            L = T if lengths is None else int(lengths[rows].max())
+            out = teacher_forced(self.model, ids[rows, :L + 1], policy, "recompute", seed=seed, max_loops=max_loops,
+                                 batch_size=len(rows), mode="fixed_point", noise_rows=rows,
+                                 guess=None if guess is None else np.asarray(guess)[rows, :L])
+            exit_loop[rows, :L], argmax[rows, :L] = out.exit_loop.numpy(), out.argmax.numpy()
+            update(len(rows))
+        close()
+        if lengths is not None:
+            beyond = np.arange(T)[None, :] >= lengths[:, None]
+            exit_loop[beyond], argmax[beyond] = 0, -1
         return exit_loop, argmax
 
 
@@ -163,9 +181,10 @@ def decoded_text(ckpt_or_model, ids, policy: Policy, max_loops: int | None, seed
 
 
 def _exact_key(ckpt_id: str, ids: np.ndarray, policies: list[Policy], max_loops: int, seed: int,
-               order: str = "lockstep") -> str:
+               order: str = "lockstep", **extra) -> str:
     spec = {"checkpoint_id": ckpt_id, "policies": [repr(p) for p in policies], "max_loops": max_loops,
-            "seed": seed, "format_version": EXACT_FORMAT_VERSION, **({} if order == "lockstep" else {"order": order})}
+            "seed": seed, "format_version": EXACT_FORMAT_VERSION, **({} if order == "lockstep" else {"order": order}),
+            **extra}
     h = hashlib.sha256(json.dumps(spec, sort_keys=True).encode())
     h.update(np.ascontiguousarray(ids).tobytes())
     return h.hexdigest()

@@ -310,7 +310,7 @@ class _DecodingWalk:
     to fewest (the direction in which accuracy falls; ties keep the family's order); from the fast
     path's operating point the walk moves towards cheaper thresholds while decoding still meets the
     target, or towards dearer ones until it does, in doubling steps, then bisects. Each step decodes
-    every program once."""
+    every program once, up to its last scored position (its trailing padding left out)."""
 
     def __init__(self, exact: ExactPath, family: list[Policy], fast: list[Outcome], fast_points: list[dict],
                  scored: tuple[Trace, _Answers, np.ndarray], target: float):
@@ -319,11 +319,13 @@ class _DecodingWalk:
         self.exact, self.family, self.fast, self.target = exact, family, fast, target
         self.tr, self.ans, self.program = scored
         self.order = sorted(range(len(family)), key=lambda i: -fast_points[i]["mean_loops"])
+        self.lengths = scored_extent(self.program | (self.ans.hops > 0))
         self.done: dict[int, tuple[Outcome, dict]] = {}
 
     def evaluate(self, i: int) -> tuple[Outcome, dict]:
         if i not in self.done:
-            decoded = self.exact.decoded(self.family[i], self.tr.max_loops, self.tr.seed, guess=self.guess(i))
+            decoded = self.exact.decoded(self.family[i], self.tr.max_loops, self.tr.seed, guess=self.guess(i),
+                                         lengths=self.lengths)
             if decoded is None:
                 raise NotCached(f"teacher-forced decoding of {self.family[i]!r}")
             exit_loop, argmax = decoded
@@ -371,6 +373,13 @@ class _DecodingWalk:
     def points(self) -> list[dict]:
         """The thresholds decoded, in the family's order."""
         return [self.done[i][1] for i in sorted(self.done)]
+
+
+def scored_extent(scored: np.ndarray) -> np.ndarray:
+    """(N,) per window, the positions up to its last scored one (a program's trailing padding is
+    not scored, so decoding may leave it out)."""
+    N, T = scored.shape
+    return np.where(scored.any(1), T - np.argmax(scored[:, ::-1], axis=1), 1)
 
 
 def _point(policy: Policy, outcome: Outcome, ans: _Answers, program: np.ndarray) -> dict:

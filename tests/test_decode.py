@@ -353,6 +353,10 @@ def test_decoded_text_is_what_generate_gets_for_every_token(ckpt, windows):
     assert (a0.top_prob > 0).all() and (a0.top_prob <= 1).all()
     with pytest.raises(ValueError, match="non-empty text"):
         decoded_text(ckpt, ids[:0], a1, 8, SEED)
+    for guess in (a1.exits(tr).depth[0], np.ones(len(ids), dtype=np.int64)):  # the fast exits (the app's), a bad one
+        seeded = decoded_text(ckpt, ids, a1, 8, SEED, guess=guess)
+        assert seeded.exit_depth.tolist() == got.exit_depth.tolist()
+        np.testing.assert_allclose(seeded.ce[:-1], got.ce[:-1], atol=TOL)
 
 
 def test_decoded_text_reports_each_token_and_replays_from_the_disk_cache(ckpt, windows, tmp_path):

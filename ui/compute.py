@@ -287,10 +287,12 @@ def decoded_key(path: str, ckpt_id: str, device: str, ids: tuple[int, ...], poli
     return "decoded_text", path, ckpt_id, device, ids, repr(policy)
 
 
-def start_decoding(path: str, ckpt_id: str, device: str, ids: tuple[int, ...], policy) -> jobs.Job:
-    """The background job that decodes a text token by token under `policy` into the disk cache
-    (recur_core.analysis.exact.decoded_text), its progress one step per decoded token; the job holds
-    the decoding too (job.result), so a page never depends on the disk cache to see it."""
+def start_decoding(path: str, ckpt_id: str, device: str, ids: tuple[int, ...], policy,
+                   guess: np.ndarray | None = None) -> jobs.Job:
+    """The background job that decodes a text with real halting under `policy` into the disk cache
+    (recur_core.analysis.exact.decoded_text, by the fixed point seeded with `guess`, the fast exits),
+    its progress the tokens settled; the job holds the decoding too (job.result), so a page never
+    depends on the disk cache to see it."""
     ckpt = _ckpt(path, ckpt_id, device)
 
     def work(job: jobs.Job) -> TextDecoding:
@@ -299,7 +301,7 @@ def start_decoding(path: str, ckpt_id: str, device: str, ids: tuple[int, ...], p
             cancel.check()  # Stop acts while it waits too
         try:
             return decoded_text(ckpt, np.asarray(ids, dtype=np.int64), policy, trace_loops(ckpt), S.seed,
-                                cache=TraceCache(), progress=job.progress(
+                                cache=TraceCache(), guess=guess, progress=job.progress(
                                     f"Decoding {len(ids)} tokens with real halting ({policy!r})", "tokens"))
         finally:
             _DECODING.release()
@@ -316,11 +318,11 @@ def text_outcome(path: str, ckpt_id: str, device: str, ids: tuple[int, ...], tr:
     ckpt, ids_np = _ckpt(path, ckpt_id, device), np.asarray(ids, dtype=np.int64)
     d = decoded_text(ckpt, ids_np, policy, trace_loops(ckpt), S.seed, cache=TraceCache(), cache_only=True)
     if d is None:
-        job = start_decoding(path, ckpt_id, device, ids, policy)
+        fast = outcome(tr, policy)
+        job = start_decoding(path, ckpt_id, device, ids, policy, guess=fast.depth[0])
         job.wait(DECODE_WAIT_S)
         d = job.result  # not the disk cache: it may since point elsewhere, or be unwritable
         if d is None:
-            fast = outcome(tr, policy)
             fast.pending = job
             return fast
     return Outcome(d.exit_depth[None], d.converged[None], d.mean_loops, d.loss, len(ids) - 1, d)

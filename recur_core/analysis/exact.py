@@ -148,11 +148,13 @@ class TextDecoding:
 
 
 def decoded_text(ckpt_or_model, ids, policy: Policy, max_loops: int | None, seed: int, *, cache=False,
-                 progress=None, cache_only: bool = False) -> TextDecoding | None:
+                 progress=None, cache_only: bool = False, guess=None) -> TextDecoding | None:
     """Decode one text (T,) with real halting under the "recompute" KV rule (for a rule that reads
     only the state, the masking harness), with window 0's noise of `seed` (as trace(ckpt, text, ...)
     draws it), exactly as token by token, by the fixed point of parallel passes. progress: None or a
-    callable(tokens settled, T), after each pass. cache: the on-disk cache (as trace's); cache_only: None instead of decoding on a miss."""
+    callable(tokens settled, T), after each pass. cache: the on-disk cache (as trace's); cache_only: None instead of decoding on a miss.
+    guess: exits (T,) that seed the fixed point (the fast path's, which a page has already): fewer
+    passes, the same result."""
     ids = np.asarray(ids, dtype=np.int64)
     if ids.ndim != 1 or len(ids) == 0:
         raise ValueError(f"decoded_text takes one non-empty text (T,), got shape {ids.shape}")
@@ -168,7 +170,8 @@ def decoded_text(ckpt_or_model, ids, policy: Policy, max_loops: int | None, seed
         return None
     window = np.concatenate([ids, ids[-1:]])[None]  # the last token's stand-in target: its loss is dropped
     out = teacher_forced(ckpt_or_model, window, policy, "recompute", seed=seed, max_loops=max_loops, keep_logits=True,
-                         mode="fixed_point", position_progress=progress)
+                         mode="fixed_point", position_progress=progress,
+                         guess=None if guess is None else np.asarray(guess, dtype=np.int64)[None])
     depth = out.exit_loop[0].numpy().astype(np.int64)
     ce = out.ce[0].numpy().astype(np.float32)
     ce[-1] = np.nan

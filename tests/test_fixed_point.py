@@ -164,6 +164,29 @@ def test_any_first_guess_converges_to_the_same_result(context_heavy, windows, gu
     assert seeded.settled == sorted(seeded.settled) and seeded.settled[-1] == B * T
 
 
+@pytest.mark.parametrize("kv_rule", KV_RULES)
+def test_a_guess_is_checked_by_replaying_its_core(context_heavy, windows, kv_rule, monkeypatch):
+    """Seeded with decoding's own exits, the fixed point takes one pass and runs the core only in the
+    guess's pass (the check replays it under the policy's readouts); a guess wrong at one position
+    leaves the positions before it settled by that replay, and the result is the same."""
+    model, a1 = context_heavy, ConvergenceExit(1e-3)
+    ids = windows[:, :-1]
+    B, T = ids.shape
+    noise = model.seeded_state(range(B), SEED)
+    plain = fixed_point(model, ids, HaltSchedule(a1, 8), noise=noise, kv_rule=kv_rule)
+    steps, core_step = [], model.core_step
+    monkeypatch.setattr(model, "core_step", lambda *a, **k: steps.append(1) or core_step(*a, **k))
+    right = fixed_point(model, ids, HaltSchedule(a1, 8), noise=noise, kv_rule=kv_rule, guess=plain.exits)
+    assert right.passes == 1 and torch.equal(right.exits, plain.exits)
+    assert len(steps) == int(plain.exits.max())  # the guess's pass alone: one core step per loop
+    torch.testing.assert_close(right.logits, plain.logits, atol=TOL, rtol=1e-4)
+    wrong = plain.exits.clone()
+    wrong[0, 5] = 1 if wrong[0, 5] > 1 else 8
+    seeded = fixed_point(model, ids, HaltSchedule(a1, 8), noise=noise, kv_rule=kv_rule, guess=wrong)
+    assert seeded.settled[0] == 5 + T and torch.equal(seeded.exits, plain.exits)
+    torch.testing.assert_close(seeded.logits, plain.logits, atol=TOL, rtol=1e-4)
+
+
 def test_settled_windows_leave_the_batch(context_heavy, ckpt):
     """A window whose every position is settled leaves the batch (later passes run fewer windows),
     and each window's result is what it gets decoded alone."""

@@ -237,10 +237,17 @@ class Decoder:
         return kept[:, 0], exits[:, 0]
 
     # -- the prompt, in parallel ----------------------------------------------------------------------
-    def prefill(self, ids: Tensor, start: int = 0) -> tuple[Tensor, Tensor]:
+    def prefill(self, ids: Tensor, start: int = 0, *, record: list | None = None,
+                replay: list | None = None) -> tuple[Tensor, Tensor]:
         """Run prompt tokens ids (B, P) at positions start .. start + P - 1 in parallel with per-token
         exits (docs/DECODING.md); positions before start must already be in the cache (an earlier
-        chunk of the prompt). Returns (logits (B, P, V) read out from the exit states, exits (B, P))."""
+        chunk of the prompt). Returns (logits (B, P, V) read out from the exit states, exits (B, P)).
+
+        record: a list that receives the core's output of every loop. replay: such a list, read
+        instead of running the core (its cache entries are the recorded pass's): exact up to the
+        first token whose exit differs from the recorded pass's (the core depends on the exits alone),
+        which is how the fixed point checks a guess at the cost of the readouts. Tokens still looping
+        when the replay runs out exit at 0."""
         B, P = ids.shape
         cache, sched = self.cache, self.schedule
         self._check_room(start + P)
@@ -254,8 +261,16 @@ class Decoder:
             logp_prev = self._first_logp(state, pos)
         for loop in range(1, self.cap + 1):
             cancel.check()
-            keep = self.rule.prefill_keep(cache, loop, freezing.frozen)
-            out = self.rule.run_loop(self.model, cache, loop, run, inject, pos, keep)  # earlier chunks first
+            if replay is not None:
+                if loop > len(replay):
+                    loop -= 1  # the loops run: the recorded pass wrote entries through this one
+                    break
+                out = replay[loop - 1]
+            else:
+                keep = self.rule.prefill_keep(cache, loop, freezing.frozen)
+                out = self.rule.run_loop(self.model, cache, loop, run, inject, pos, keep)  # earlier chunks first
+                if record is not None:
+                    record.append(out)
             new = torch.where(freezing.frozen[..., None], state, out)
             run = out if self.rule.loops_on else new
             signals = None

@@ -20,6 +20,11 @@ earlier positions' cache entries kept), a window whose every position is settled
 (`Decoder.select`), and the loop ends when every position is settled: at most T passes for T
 positions, usually a few. A rule that reads only the state (A0, A2, the latent and
 cosine rules, the gate), or a model without coda blocks (Ouro), needs one pass.
+
+A guess of every exit seeds it: a prefill under the guessed exits writes their exit states and keeps
+each loop's core output, and the first pass replays that core under the policy's readouts
+(`Decoder.prefill(replay=...)`): exact up to the first exit that differs from the guess, so a
+right guess costs one core pass and one pass of readouts.
 """
 from __future__ import annotations
 
@@ -71,16 +76,20 @@ def needs_passes(model, policy: Policy) -> bool:
     return policy.needs_readout and len(model.coda_blocks) > 0
 
 
+def first_difference(exits: Tensor, previous: Tensor) -> Tensor:
+    """Per row (B,): the first position whose exit differs from `previous`'s (T where none does)."""
+    changed = (exits != previous).cpu()
+    return torch.where(changed.any(1), changed.int().argmax(1), torch.full((exits.shape[0],), exits.shape[1]))
+
+
 def settled_prefix(exits: Tensor, previous: Tensor | None, passes: int) -> Tensor:
     """Per row (B,): how many leading positions are exact after `passes` passes, given this pass's
-    exits and the previous pass's (None after the first pass)."""
+    exits and the previous pass's (None after the first pass, or after a replay)."""
     B, T = exits.shape
     exact = torch.full((B,), min(passes, T), dtype=torch.long)
     if previous is None:
         return exact
-    changed = (exits != previous).cpu()
-    first_change = torch.where(changed.any(1), changed.int().argmax(1), torch.full((B,), T))
-    return torch.maximum(exact, (first_change + 1).clamp_max(T))
+    return torch.maximum(exact, (first_difference(exits, previous) + 1).clamp_max(T))
 
 
 @torch.inference_mode()
@@ -91,22 +100,24 @@ def fixed_point(model, ids: Tensor, schedule: HaltSchedule, *, noise: Tensor, kv
     `schedule` (the policy, its loop cap and check period).
 
     guess: optional exits (B, T) to seed the first pass's context with (default: the plain prefill
-    is the first pass); the result does not depend on it, only the number of passes. on_pass(settled
-    positions summed over rows, B * T) is called after every pass."""
+    is the first pass); the result does not depend on it, only the work. A guess is checked first by
+    replaying its pass's core with the policy's readouts (`Decoder.prefill(replay=...)`): a right one
+    costs that core pass and one pass of readouts, and a wrong one is exact up to its first wrong exit.
+    on_pass(settled positions summed over rows, B * T) is called after every pass."""
     B, T = ids.shape
     dec = Decoder(model, schedule, batch=B, kv_rule=kv_rule, noise=noise, max_len=T)
     passes_needed = needs_passes(model, schedule.policy)
-    previous = None
-    if guess is not None and passes_needed:  # a pass that only writes the guess's exit states
-        previous = guess.to(ids.device).clamp(1, dec.cap)
+    previous = replay = None
+    if guess is not None and passes_needed:  # a pass that writes the guess's exit states, its core kept
+        previous, replay = guess.to(ids.device).clamp(1, dec.cap), []
         Decoder(model, HaltSchedule(_GuessedExits(previous), dec.cap), batch=B, kv_rule=kv_rule, noise=noise,
-                cache=dec.cache, max_len=T).prefill(ids)
+                cache=dec.cache, max_len=T).prefill(ids, record=replay)
         dec.exit_context = True
     logits = exits = None
-    settled, start, passes, counts, rows = torch.zeros(B, dtype=torch.long), 0, 0, [], []
+    settled, start, passes, computed, counts, rows = torch.zeros(B, dtype=torch.long), 0, 0, 0, [], []
     active = torch.arange(B)  # the windows still unsettled, each a row of dec
     while True:
-        part_logits, part_exits = dec.prefill(ids[active, start:], start)
+        part_logits, part_exits = dec.prefill(ids[active, start:], start, replay=replay)
         passes += 1
         rows.append(len(active))
         if logits is None:
@@ -115,8 +126,11 @@ def fixed_point(model, ids: Tensor, schedule: HaltSchedule, *, noise: Tensor, kv
             logits[active, start:], exits[active, start:] = part_logits, part_exits
         if not passes_needed:
             settled[:] = T
+        elif replay is not None:  # exact before the first exit that differs from the guess; past it, not a pass's
+            settled[active] = first_difference(exits[active], previous)
         else:
-            settled[active] = torch.maximum(settled[active], settled_prefix(exits[active], previous, passes))
+            computed += 1  # after n computed passes, from any context, positions 0 .. n - 1 are exact
+            settled[active] = torch.maximum(settled[active], settled_prefix(exits[active], previous, computed))
         counts.append(int(settled.sum()))
         if on_pass is not None:
             on_pass(counts[-1], B * T)
@@ -125,4 +139,5 @@ def fixed_point(model, ids: Tensor, schedule: HaltSchedule, *, noise: Tensor, kv
             return FixedPoint(logits, exits, passes, counts, dec.readouts, rows)
         if not bool(unsettled.all()):  # settled windows leave the batch: later passes run the others
             dec, active = dec.select(unsettled.nonzero().squeeze(1)), active[unsettled]
-        dec.exit_context, previous, start = True, exits[active].clone(), int(settled[active].min())
+        previous = None if replay is not None else exits[active].clone()
+        dec.exit_context, replay, start = True, None, int(settled[active].min())

@@ -172,7 +172,7 @@ def test_exit_page_exact_by_default_and_fast_on_request(app_env):
     exit (decoding keeps no per-loop signals). Fast reads exits, loss and KL off the uniform trace."""
     from recur_core import load_checkpoint
     from recur_core.analysis.curves import fast_sums
-    from recur_core.analysis.exact import decoded_text
+    from recur_core.analysis.exact import ExactPath
     from recur_core.analysis.trace import trace
     from recur_core.exits.policies import ConvergenceExit, Uniform
 
@@ -183,7 +183,7 @@ def test_exit_page_exact_by_default_and_fast_on_request(app_env):
     kl_lines = lambda at: sum("KL(p_i ‖ p_i−1) at exit" in t for t in tooltips(at))  # noqa: E731
     at = submit_text(new_app(), TEXT)
     assert at.segmented_control(key="text_path_exits").value == "exact"
-    decoded = decoded_text(ckpt, ids, a1, loops, 0)
+    decoded = ExactPath(ckpt, ids).decoded_text(a1, loops, 0)
     assert loss(at) == f"{decoded.loss:.3f} nats" and kl_lines(at) == 0
     # the saving is against the smallest uniform depth whose loss on the text reaches A1's
     tr = trace(ckpt, np.array(ids), loops, 0, topk=5, cache=False)

@@ -334,11 +334,11 @@ def test_decoded_text_is_what_generate_gets_for_every_token(ckpt, windows):
     marked unconverged, and the last token (no next token) is not scored."""
     import numpy as np
 
-    from recur_core.analysis.exact import decoded_text
+    from recur_core.analysis.exact import ExactPath
     from recur_core.analysis.trace import trace
     ids = windows[1, :13].numpy()
     a1 = ConvergenceExit(3e-3, r_max=6)
-    got = decoded_text(ckpt, ids, a1, 8, SEED)
+    got = ExactPath(ckpt, ids).decoded_text(a1, 8, SEED)
     gen = generate(ckpt, ids, 1, a1, kv_rule="recompute", greedy=True, seed=SEED, max_loops=8, prefill_chunk=1)
     assert got.exit_depth.tolist() == gen.prompt_exit_loops and 1 < len(set(gen.prompt_exit_loops))
     assert got.argmax[-1] == gen.ids[0]  # the last token's prediction is the first new token
@@ -346,15 +346,15 @@ def test_decoded_text_is_what_generate_gets_for_every_token(ckpt, windows):
     assert np.isnan(got.ce[-1]) and not np.isnan(got.ce[:-1]).any()
     assert got.mean_loops == pytest.approx(got.exit_depth[:-1].mean())
     tr = trace(ckpt, ids, 8, SEED, cache=False)
-    a0 = decoded_text(ckpt, ids, Uniform(3), 8, SEED)
+    a0 = ExactPath(ckpt, ids).decoded_text(Uniform(3), 8, SEED)
     assert a0.exit_depth.tolist() == [3] * len(ids) and a0.converged.all()
     np.testing.assert_allclose(a0.ce[:-1], tr.ce[0, :-1, 2], atol=TOL)
     assert a0.argmax.tolist() == tr.argmax[0, :, 2].tolist()
     assert (a0.top_prob > 0).all() and (a0.top_prob <= 1).all()
     with pytest.raises(ValueError, match="non-empty text"):
-        decoded_text(ckpt, ids[:0], a1, 8, SEED)
+        ExactPath(ckpt, ids[:0]).decoded_text(a1, 8, SEED)
     for guess in (a1.exits(tr).depth[0], np.ones(len(ids), dtype=np.int64)):  # the fast exits (the app's), a bad one
-        seeded = decoded_text(ckpt, ids, a1, 8, SEED, guess=guess)
+        seeded = ExactPath(ckpt, ids).decoded_text(a1, 8, SEED, guess=guess)
         assert seeded.exit_depth.tolist() == got.exit_depth.tolist()
         np.testing.assert_allclose(seeded.ce[:-1], got.ce[:-1], atol=TOL)
 
@@ -366,20 +366,21 @@ def test_decoded_text_reports_each_token_and_replays_from_the_disk_cache(ckpt, w
     import numpy as np
 
     from recur_core.analysis.cache import TraceCache
-    from recur_core.analysis.exact import decoded_text
+    from recur_core.analysis.exact import ExactPath
     ids, store = windows[2, :11].numpy(), TraceCache(tmp_path)
     a1 = ConvergenceExit(3e-3, r_max=6)
-    assert decoded_text(ckpt, ids, a1, 8, SEED, cache=store, cache_only=True) is None
+    assert ExactPath(ckpt, ids, cache=store, cache_only=True).decoded_text(a1, 8, SEED) is None
     calls = []
-    first = decoded_text(ckpt, ids, a1, 8, SEED, cache=store, progress=lambda done, total: calls.append((done, total)))
+    first = ExactPath(ckpt, ids, cache=store, progress=lambda done, total: calls.append((done, total))).decoded_text(
+        a1, 8, SEED)
     done = [d for d, total in calls if total == len(ids)]
     assert len(done) == len(calls) <= len(ids) and done == sorted(done) and done[-1] == len(ids)
-    again = decoded_text(ckpt, ids, a1, 8, SEED, cache=store, cache_only=True)
+    again = ExactPath(ckpt, ids, cache=store, cache_only=True).decoded_text(a1, 8, SEED)
     for field in ("exit_depth", "converged", "argmax", "top_prob", "ce"):
         np.testing.assert_array_equal(getattr(again, field), getattr(first, field))
     assert again.loss == pytest.approx(first.loss, nan_ok=True) and again.mean_loops == first.mean_loops
-    assert decoded_text(ckpt, ids, ConvergenceExit(1e-2, r_max=6), 8, SEED, cache=store, cache_only=True) is None
-    assert decoded_text(ckpt, ids, a1, 8, SEED + 1, cache=store, cache_only=True) is None
+    assert ExactPath(ckpt, ids, cache=store, cache_only=True).decoded_text(ConvergenceExit(1e-2, r_max=6), 8, SEED) is None
+    assert ExactPath(ckpt, ids, cache=store, cache_only=True).decoded_text(a1, 8, SEED + 1) is None
 
 
 def test_halting_skips_compute_and_counts_readouts(ckpt, windows):

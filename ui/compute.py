@@ -29,7 +29,7 @@ from recur_core.analysis.cache import TraceCache
 from recur_core.analysis.certify import measured_lipschitz
 from recur_core.analysis.dynamics import answer_flips, overthinking, overthinking_loops
 from recur_core.analysis.dynamics import dynamics as state_dynamics
-from recur_core.analysis.exact import ExactPath, TextDecoding, decoded_text
+from recur_core.analysis.exact import ExactPath, TextDecoding
 from recur_core.analysis.ground_truth import answer_hops, load_ground_truth
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.study import Study, StudySettings
@@ -290,7 +290,7 @@ def decoded_key(path: str, ckpt_id: str, device: str, ids: tuple[int, ...], poli
 def start_decoding(path: str, ckpt_id: str, device: str, ids: tuple[int, ...], policy,
                    guess: np.ndarray | None = None) -> jobs.Job:
     """The background job that decodes a text with real halting under `policy` into the disk cache
-    (recur_core.analysis.exact.decoded_text, by the fixed point seeded with `guess`, the fast exits),
+    (recur_core.analysis.exact.ExactPath.decoded_text, by the fixed point seeded with `guess`, the fast exits),
     its progress the tokens settled; the job holds the decoding too (job.result), so a page never
     depends on the disk cache to see it."""
     ckpt = _ckpt(path, ckpt_id, device)
@@ -300,9 +300,9 @@ def start_decoding(path: str, ckpt_id: str, device: str, ids: tuple[int, ...], p
         while not _DECODING.acquire(timeout=0.5):
             cancel.check()  # Stop acts while it waits too
         try:
-            return decoded_text(ckpt, np.asarray(ids, dtype=np.int64), policy, trace_loops(ckpt), S.seed,
-                                cache=TraceCache(), guess=guess, progress=job.progress(
-                                    f"Decoding {len(ids)} tokens with real halting ({policy!r})", "tokens"))
+            progress = job.progress(f"Decoding {len(ids)} tokens with real halting ({policy!r})", "tokens")
+            return ExactPath(ckpt, np.asarray(ids, dtype=np.int64), cache=TraceCache(), progress=progress
+                             ).decoded_text(policy, trace_loops(ckpt), S.seed, guess=guess)
         finally:
             _DECODING.release()
     return jobs.start(decoded_key(path, ckpt_id, device, ids, policy), work)
@@ -316,7 +316,7 @@ def text_outcome(path: str, ckpt_id: str, device: str, ids: tuple[int, ...], tr:
     if not exact:
         return outcome(tr, policy)
     ckpt, ids_np = _ckpt(path, ckpt_id, device), np.asarray(ids, dtype=np.int64)
-    d = decoded_text(ckpt, ids_np, policy, trace_loops(ckpt), S.seed, cache=TraceCache(), cache_only=True)
+    d = ExactPath(ckpt, ids_np, cache=TraceCache(), cache_only=True).decoded_text(policy, trace_loops(ckpt), S.seed)
     if d is None:
         fast = outcome(tr, policy)
         job = start_decoding(path, ckpt_id, device, ids, policy, guess=fast.depth[0])

@@ -11,8 +11,8 @@ budget and the seed; re-running a report or reopening the app replays them from 
                    it equals the harness; for a readout rule (A1, Huginn's KL / entropy / argmax) it
                    differs, because decoding reads token t's per-loop output with the earlier tokens'
                    coda at their exit states, the harness at their current loop (docs/DECODING.md).
-  decoded_text     the same decoding of one text, every token's exit and its output there (the app's
-                   pasted-text pages).
+  ExactPath.decoded_text  the same decoding of one text, every token's exit and its output there (the
+                   app's pasted-text pages).
 """
 from __future__ import annotations
 
@@ -123,6 +123,47 @@ class ExactPath:
         return exit_loop, argmax
 
 
+    def decoded_text(self, policy: Policy, max_loops: int | None, seed: int, guess=None) -> TextDecoding | None:
+        """Decode `ids`, one text (T,), with real halting under the "recompute" KV rule (for a rule
+        that reads only the state, the masking harness), with window 0's noise of `seed` (as
+        trace(ckpt, text, ...) draws it), exactly as token by token, by the fixed point of parallel
+        passes, through the disk cache; None on a miss with cache_only. `progress` hears the tokens
+        settled after each pass. guess: exits (T,) that seed the fixed point (the fast path's, which
+        a page has already): less work, the same result."""
+        ids = np.asarray(self.ids, dtype=np.int64)
+        if ids.ndim != 1 or len(ids) == 0:
+            raise ValueError(f"decoded_text takes one non-empty text (T,), got shape {ids.shape}")
+        model, ckpt = resolve_model(self.model)
+        cap = policy.cap(default_max_loops(policy, ckpt, max_loops))
+        store = resolve_cache(self.cache)
+        key = _exact_key(model_id(self.model), ids[None], [policy], cap, seed, order="decoded-text")
+        path = None if store is None else store.trace_path(model_id(self.model), f"text-{key[:32]}")
+        hit = None if store is None else store.load(path, key, {f: ids.shape for f in TextDecoding.FIELDS})
+        if hit is not None:
+            return TextDecoding(**{f: hit[0][f] for f in TextDecoding.FIELDS})
+        if self.cache_only:
+            return None
+        update, close = progress_bar(self.progress, len(ids), f"decoding a text ({policy!r})")
+        settled = [0]
+
+        def advance(done: int, _total: int) -> None:
+            update(done - settled[0])
+            settled[0] = done
+        window = np.concatenate([ids, ids[-1:]])[None]  # the last token's stand-in target: its loss is dropped
+        out = teacher_forced(self.model, window, policy, "recompute", seed=seed, max_loops=max_loops, keep_logits=True,
+                             mode="fixed_point", position_progress=advance,
+                             guess=None if guess is None else np.asarray(guess, dtype=np.int64)[None])
+        close()
+        depth = out.exit_loop[0].numpy().astype(np.int64)
+        ce = out.ce[0].numpy().astype(np.float32)
+        ce[-1] = np.nan
+        decoded = TextDecoding(depth, (depth < cap) | (policy.min_loops >= cap), out.argmax[0].numpy().astype(np.int64),
+                               torch.softmax(out.logits[0], dim=-1).max(dim=-1).values.numpy(), ce)
+        if store is not None:
+            store.save(path, key, {f: getattr(decoded, f) for f in TextDecoding.FIELDS},
+                       {"kind": "teacher-forced decoding of one text (recompute)", "policies": [repr(policy)]})
+        return decoded
+
 @dataclass
 class TextDecoding:
     """One text under a policy in real decoding, per token (T,): exit_depth, converged (False where
@@ -145,42 +186,6 @@ class TextDecoding:
     @property
     def loss(self) -> float:
         return float(np.nanmean(self.ce)) if len(self.ce) > 1 else float("nan")
-
-
-def decoded_text(ckpt_or_model, ids, policy: Policy, max_loops: int | None, seed: int, *, cache=False,
-                 progress=None, cache_only: bool = False, guess=None) -> TextDecoding | None:
-    """Decode one text (T,) with real halting under the "recompute" KV rule (for a rule that reads
-    only the state, the masking harness), with window 0's noise of `seed` (as trace(ckpt, text, ...)
-    draws it), exactly as token by token, by the fixed point of parallel passes. progress: None or a
-    callable(tokens settled, T), after each pass. cache: the on-disk cache (as trace's); cache_only: None instead of decoding on a miss.
-    guess: exits (T,) that seed the fixed point (the fast path's, which a page has already): fewer
-    passes, the same result."""
-    ids = np.asarray(ids, dtype=np.int64)
-    if ids.ndim != 1 or len(ids) == 0:
-        raise ValueError(f"decoded_text takes one non-empty text (T,), got shape {ids.shape}")
-    model, ckpt = resolve_model(ckpt_or_model)
-    cap = policy.cap(default_max_loops(policy, ckpt, max_loops))
-    store = resolve_cache(cache)
-    key = _exact_key(model_id(ckpt_or_model), ids[None], [policy], cap, seed, order="decoded-text")
-    path = None if store is None else store.trace_path(model_id(ckpt_or_model), f"text-{key[:32]}")
-    hit = None if store is None else store.load(path, key, {f: ids.shape for f in TextDecoding.FIELDS})
-    if hit is not None:
-        return TextDecoding(**{f: hit[0][f] for f in TextDecoding.FIELDS})
-    if cache_only:
-        return None
-    window = np.concatenate([ids, ids[-1:]])[None]  # the last token's stand-in target: its loss is dropped
-    out = teacher_forced(ckpt_or_model, window, policy, "recompute", seed=seed, max_loops=max_loops, keep_logits=True,
-                         mode="fixed_point", position_progress=progress,
-                         guess=None if guess is None else np.asarray(guess, dtype=np.int64)[None])
-    depth = out.exit_loop[0].numpy().astype(np.int64)
-    ce = out.ce[0].numpy().astype(np.float32)
-    ce[-1] = np.nan
-    decoded = TextDecoding(depth, (depth < cap) | (policy.min_loops >= cap), out.argmax[0].numpy().astype(np.int64),
-                           torch.softmax(out.logits[0], dim=-1).max(dim=-1).values.numpy(), ce)
-    if store is not None:
-        store.save(path, key, {f: getattr(decoded, f) for f in TextDecoding.FIELDS},
-                   {"kind": "teacher-forced decoding of one text (recompute)", "policies": [repr(policy)]})
-    return decoded
 
 
 def _exact_key(ckpt_id: str, ids: np.ndarray, policies: list[Policy], max_loops: int, seed: int,

@@ -1,7 +1,7 @@
 """The fixed-point engine (recur_core.decoding.fixed_point) is token-by-token decoding: identical exits
 and logits within float tolerance for every policy family and KV rule, on the tiny checkpoint, the
-shipped checkpoints and the Huginn / Ouro fixtures; it needs at most T passes, and any first guess
-converges to the same result."""
+shipped checkpoints and the Huginn / Ouro fixtures; it needs at most T computed passes (after a
+guess's replay), and any first guess converges to the same result."""
 from __future__ import annotations
 
 import copy
@@ -160,7 +160,7 @@ def test_any_first_guess_converges_to_the_same_result(context_heavy, windows, gu
     seeded = fixed_point(model, ids, HaltSchedule(a1, 8), noise=noise, kv_rule="recompute", guess=start)
     assert torch.equal(plain.exits, seeded.exits)
     torch.testing.assert_close(plain.logits, seeded.logits, atol=TOL, rtol=1e-4)
-    assert seeded.passes <= T and plain.passes <= T
+    assert seeded.passes <= T + 1 and plain.passes <= T  # a guess's replay, then at most T computed passes
     assert seeded.settled == sorted(seeded.settled) and seeded.settled[-1] == B * T
 
 

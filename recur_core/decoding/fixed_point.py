@@ -17,14 +17,15 @@ a position stays exact once every position before it has repeated its exit: the 
 the exits alone, so equal exits give bit-identical exit states and so an identical context. A pass
 therefore restarts at the first position that may still change (`Decoder.prefill(start=...)`, the
 earlier positions' cache entries kept), a window whose every position is settled leaves the batch
-(`Decoder.select`), and the loop ends when every position is settled: at most T passes for T
-positions, usually a few. A rule that reads only the state (A0, A2, the latent and
+(`Decoder.select`), and the loop ends when every position is settled: at most T computed passes for
+T positions, usually a few. A rule that reads only the state (A0, A2, the latent and
 cosine rules, the gate), or a model without coda blocks (Ouro), needs one pass.
 
 A guess of every exit seeds it: a prefill under the guessed exits writes their exit states and keeps
 each loop's core output, and the first pass replays that core under the policy's readouts
 (`Decoder.prefill(replay=...)`): exact up to the first exit that differs from the guess, so a
-right guess costs one core pass and one pass of readouts.
+right guess costs one core pass and one pass of readouts, and a wrong one at most T - f computed
+passes after it (f: the positions before its first wrong exit).
 """
 from __future__ import annotations
 
@@ -42,8 +43,9 @@ from .decode import Decoder
 @dataclass
 class FixedPoint:
     """What `fixed_point` returns for B windows of T positions: logits (B, T, V) and exits (B, T) of
-    exact decoding, the passes run, and per pass the positions settled (summed over the windows) and
-    the windows it ran (a window leaves the batch once every position of it is settled)."""
+    exact decoding, the passes run (a guess's replay counts as one), and per pass the positions settled
+    (summed over the windows) and the windows it ran (a window leaves the batch once every position
+    of it is settled)."""
 
     logits: Tensor
     exits: Tensor
@@ -115,6 +117,7 @@ def fixed_point(model, ids: Tensor, schedule: HaltSchedule, *, noise: Tensor, kv
         dec.exit_context = True
     logits = exits = None
     settled, start, passes, computed, counts, rows = torch.zeros(B, dtype=torch.long), 0, 0, 0, [], []
+    replayed = torch.zeros(B, dtype=torch.long)  # per window, the positions a guess's replay settled
     active = torch.arange(B)  # the windows still unsettled, each a row of dec
     while True:
         part_logits, part_exits = dec.prefill(ids[active, start:], start, replay=replay)
@@ -127,10 +130,12 @@ def fixed_point(model, ids: Tensor, schedule: HaltSchedule, *, noise: Tensor, kv
         if not passes_needed:
             settled[:] = T
         elif replay is not None:  # exact before the first exit that differs from the guess; past it, not a pass's
-            settled[active] = first_difference(exits[active], previous)
+            settled[active] = replayed[active] = first_difference(exits[active], previous)
         else:
-            computed += 1  # after n computed passes, from any context, positions 0 .. n - 1 are exact
-            settled[active] = torch.maximum(settled[active], settled_prefix(exits[active], previous, computed))
+            # after n computed passes the n positions after those the replay settled are exact too
+            computed += 1
+            exact = torch.maximum(settled_prefix(exits[active], previous, computed), replayed[active] + computed)
+            settled[active] = torch.maximum(settled[active], exact.clamp_max(T))
         counts.append(int(settled.sum()))
         if on_pass is not None:
             on_pass(counts[-1], B * T)

@@ -187,6 +187,28 @@ def test_a_guess_is_checked_by_replaying_its_core(context_heavy, windows, kv_rul
     torch.testing.assert_close(seeded.logits, plain.logits, atol=TOL, rtol=1e-4)
 
 
+@pytest.mark.parametrize("rows, group", [(1, 1), (60, 2), (90, 3), (512, 4)])
+def test_a_replay_reads_out_a_group_of_loops_per_coda_call(context_heavy, windows, rows, group, monkeypatch):
+    """A guess's replay reads out several loops in one coda call (their states stacked on the batch):
+    as many as READOUT_ROWS token readouts fill (here 30 tokens) and the replay holds (4 loops); every
+    group size gives decoding's exits and logits, and counts every loop read."""
+    import recur_core.exits.readout as readout_mod
+    model, a1 = context_heavy, ConvergenceExit(1e-3)
+    ids = windows[:, :-1]
+    B, T = ids.shape
+    noise = model.seeded_state(range(B), SEED)
+    plain = fixed_point(model, ids, HaltSchedule(a1, 8), noise=noise, kv_rule="recompute")
+    monkeypatch.setattr(readout_mod, "READOUT_ROWS", rows)
+    batches, coda = [], model.coda
+    monkeypatch.setattr(model, "coda", lambda state, *a, **k: batches.append(state.shape[0]) or coda(state, *a, **k))
+    right = fixed_point(model, ids, HaltSchedule(a1, 8), noise=noise, kv_rule="recompute", guess=plain.exits)
+    assert right.passes == 1 and torch.equal(right.exits, plain.exits)
+    torch.testing.assert_close(right.logits, plain.logits, atol=TOL, rtol=1e-4)
+    assert B * T == 30 and int(plain.exits.max()) == 4
+    assert max(batches) == group * B
+    assert right.readouts == int(plain.exits.max()) + 1  # every loop up to the last exit, and the exits'
+
+
 def test_settled_windows_leave_the_batch(context_heavy, ckpt):
     """A window whose every position is settled leaves the batch (later passes run fewer windows),
     and each window's result is what it gets decoded alone."""

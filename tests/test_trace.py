@@ -154,9 +154,10 @@ def test_a_progress_callback_hears_the_start_at_once(ckpt, windows, tr):
 def test_loops_read_out_in_groups_equal_loops_read_out_alone(ckpt, windows, tr, monkeypatch):
     """The readout takes several loops' states per call (READOUT_ROWS); one loop per call, or all
     of them in one, gives the same trace up to float rounding."""
-    assert trace_mod.readout_group(16 * 128) == 1 and trace_mod.readout_group(32) == 16
+    import recur_core.exits.readout as readout_mod
+    assert readout_mod.readout_group(16 * 128) == 1 and readout_mod.readout_group(32) == 16
     for rows in (1, 10 ** 6):
-        monkeypatch.setattr(trace_mod, "READOUT_ROWS", rows)
+        monkeypatch.setattr(readout_mod, "READOUT_ROWS", rows)
         other = trace(ckpt, windows, LOOPS, seed=3, cache=False)
         for name in ("kl_prev", "kl_prev_reverse", "ce", "entropy", "top1_prob", "topk_probs"):
             np.testing.assert_allclose(getattr(other, name), getattr(tr, name), rtol=1e-5, atol=1e-6, err_msg=name)

@@ -44,6 +44,7 @@ import torch
 
 from .. import cancel
 from ..exits.halting import start_loops
+from ..exits.readout import readout_group
 from ..exits.signals import loops_readout, state_signals
 from ..exits.trace_type import GATE_FIELD, LOOP_FIELDS, NO_TARGET, TOPK_FIELDS, Trace
 from ..model.checkpoint import Checkpoint, model_id, resolve_model
@@ -70,17 +71,6 @@ def split_inputs(ids) -> tuple[torch.Tensor, torch.Tensor]:
         targets = torch.cat([ids[1:], torch.tensor([NO_TARGET])])
         return ids[None], targets[None]
     raise ValueError(f"ids must be (N, T + 1) windows or a (T,) text, got shape {tuple(ids.shape)}")
-
-
-READOUT_ROWS = 512  # token rows the coda and head read out at once: loops are grouped up to this many
-
-
-def readout_group(rows: int) -> int:
-    """How many loops of a batch of `rows` token rows one readout call takes: enough to reach
-    READOUT_ROWS (one loop at a time for a batch of 16 windows x 128 tokens, 16 loops of a 32-token
-    text). At few rows every weight of the coda and the head is streamed from memory for a handful of
-    multiplications; grouped, each is read once for hundreds (docs/benchmarks/fullsize.md)."""
-    return max(1, -(-READOUT_ROWS // max(rows, 1)))
 
 
 @dataclass(frozen=True)

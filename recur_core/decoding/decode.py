@@ -24,6 +24,7 @@ from torch import Tensor
 from .. import cancel
 from ..exits.halting import Freezing, HaltSchedule, read_start
 from ..exits.policies import Policy, Uniform
+from ..exits.readout import readout_group
 from ..exits.signals import readout_signals
 from ..model.checkpoint import Checkpoint, resolve_model
 from ..model.looped_lm import LoopedLM
@@ -146,12 +147,15 @@ class Decoder:
         hidden = read_start(self.model, state, self._at(pos), self._loop_views(pos))
         return torch.log_softmax(self.model.head(hidden).float(), dim=-1)
 
-    def _loop_signals(self, state: Tensor, pos: Tensor, live: Tensor, logp_prev: Tensor | None):
+    def _loop_signals(self, state: Tensor, pos: Tensor, live: Tensor, logp_prev: Tensor | None,
+                      logp: Tensor | None = None):
         """A prefill's per-loop readout: (the readout signals the policy reads, (B, P) each, or None
         before the first readout; log p (B, P, V) float32 for the next loop). Only the live tokens'
         distributions and signals are computed (a halted token's are never consulted): their rows of
-        logp_prev are overwritten in place, the other tokens' signals are NaN (argmax -1)."""
-        logp = self._live_logp(state, pos, live)
+        logp_prev are overwritten in place, the other tokens' signals are NaN (argmax -1). logp: the
+        live tokens' log p when already read out (a replay's readahead), else computed here."""
+        if logp is None:
+            logp = self._live_logp(state, pos, live)
         if logp_prev is None:
             logp_prev = logp.new_full((*live.shape, logp.shape[-1]), math.nan)
             logp_prev[live] = logp
@@ -167,6 +171,7 @@ class Decoder:
         """log p (n, V) float32 of the n live tokens (row-major order). With `exit_context` the coda
         reads only the columns where some row still loops (it writes nothing); without, it runs every
         position, writing each one's coda entry for the later positions to read."""
+        self.readouts += 1
         if self.exit_context:
             cols = live.any(0).nonzero()[:, 0]
             hidden = self._loop_hidden(state[:, cols], pos[cols])[live[:, cols]]
@@ -175,8 +180,8 @@ class Decoder:
         return torch.log_softmax(self.model.head(hidden).float(), dim=-1)
 
     def _loop_hidden(self, state: Tensor, pos: Tensor) -> Tensor:
-        """A prefill's per-loop coda hidden (B, P, d), through `_loop_views`."""
-        self.readouts += 1
+        """A prefill's per-loop coda hidden (B, P, d), through `_loop_views`; with `exit_context`,
+        state may stack several loops' states of the B rows, (G * B, P, d) loop-major."""
         return self.model.coda(state, pos, self._loop_views(pos))
 
     def _loop_views(self, pos) -> list:
@@ -259,6 +264,7 @@ class Decoder:
         freezing = Freezing.start((B, P), state.device)
         if sched.wants_readout(0):
             logp_prev = self._first_logp(state, pos)
+        ahead = _Readahead(self, replay, pos) if replay is not None and self.exit_context else None
         for loop in range(1, self.cap + 1):
             cancel.check()
             if replay is not None:
@@ -275,7 +281,8 @@ class Decoder:
             run = out if self.rule.loops_on else new
             signals = None
             if sched.wants_readout(loop):
-                signals, logp_prev = self._loop_signals(new, pos, freezing.live, logp_prev)
+                logp = None if ahead is None else ahead.logp(loop, freezing.live)
+                signals, logp_prev = self._loop_signals(new, pos, freezing.live, logp_prev, logp)
             freezing.update(loop, sched.consult(loop, new, state, signals), sched.at_cap(loop))
             state = new
             if bool(freezing.frozen.all()):
@@ -301,6 +308,44 @@ class Decoder:
 
 
 # -- sampling ----------------------------------------------------------------------------------------
+# The float32 log-probabilities a replay's readahead (_Readahead) may hold at once.
+READAHEAD_BYTES = 256 << 20
+
+
+class _Readahead:
+    """The readouts of a replayed prefill (`Decoder.prefill(replay=...)`, with `exit_context`), a group
+    of upcoming read loops at a time. A token live at a replayed loop holds that loop's recorded core
+    output, and an exit-context readout reads no other query of its call, so the states of the loops
+    ahead are known before their halts are: one coda call over the group's loops stacked on the batch
+    and one head call read each weight once per group instead of once per loop, which is what a readout
+    costs on a large model; as many loops as the tracer groups (`readout_group`: a batch of many windows
+    is read out a loop at a time, as a group would only add the readouts of tokens that halt inside it).
+    A token that halts inside a group had readouts computed that nobody reads."""
+
+    def __init__(self, dec: Decoder, replay: list[Tensor], pos: Tensor):
+        self.dec, self.replay, self.pos = dec, replay, pos
+        self.loops: list[int] = []
+        self.live0 = self.group = None
+
+    def logp(self, loop: int, live: Tensor) -> Tensor:
+        """log p (n, V) float32 of the n tokens live at `loop` (row-major order), as `_live_logp`."""
+        if loop not in self.loops:
+            self._read(loop, live)
+        self.dec.readouts += 1
+        return self.group[self.loops.index(loop)][live[self.live0]]
+
+    def _read(self, loop: int, live: Tensor) -> None:
+        dec = self.dec
+        n, V = int(live.sum()), dec.model.head_weight.shape[0]
+        size = max(1, min(readout_group(n), READAHEAD_BYTES // (4 * n * V)))
+        self.loops = [i for i in range(loop, len(self.replay) + 1) if dec.schedule.wants_readout(i)][:size]
+        cols = live.any(0).nonzero()[:, 0]
+        states = torch.cat([self.replay[i - 1][:, cols] for i in self.loops])  # (G * B, P', d), loop-major
+        hidden = dec._loop_hidden(states, self.pos[cols]).unflatten(0, (len(self.loops), dec.B))
+        self.live0 = live.clone()
+        self.group = torch.log_softmax(dec.model.head(hidden[:, live[:, cols]]).float(), dim=-1)  # (G, n, V)
+
+
 def takes_argmax(greedy: bool, temperature: float) -> bool:
     """Whether sampling with these settings is the argmax (greedy, or temperature 0)."""
     return greedy or temperature <= 0

@@ -24,8 +24,9 @@ cosine rules, the gate), or a model without coda blocks (Ouro), needs one pass.
 A guess of every exit seeds it: a prefill under the guessed exits writes their exit states and keeps
 each loop's core output, and the first pass replays that core under the policy's readouts
 (`Decoder.prefill(replay=...)`): exact up to the first exit that differs from the guess, so a
-right guess costs one core pass and one pass of readouts, and a wrong one at most T - f computed
-passes after it (f: the positions before its first wrong exit).
+right guess costs one core pass and one pass of readouts (read out a group of loops per call, as
+the tracer does), and a wrong one at most T - f computed passes after it (f: the positions before
+its first wrong exit).
 """
 from __future__ import annotations
 

@@ -67,15 +67,17 @@ class ExitContextKV:
     of this call, which is not stored: the context stays what it was for every loop of the pass.
 
     k, v: the context slabs (B, Hkv, max_len, hd); pos: an ascending LongTensor (Tq,) of the queries'
-    positions."""
+    positions. The queries may stack G calls' rows on the batch, (G * B, ...) call-major (a replay's
+    readahead, recur_core.decoding.decode): each reads the same context."""
 
     def __init__(self, k: Tensor, v: Tensor, pos: Tensor):
         self.k, self.v, self.pos = k, v, pos
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, sdpa) -> Tensor:
         n_ctx = int(self.pos[-1])  # context keys 0 .. n_ctx - 1: every query's strictly earlier positions
-        keys = torch.cat([self.k[:, :, :n_ctx], k], dim=2)
-        values = torch.cat([self.v[:, :, :n_ctx], v], dim=2)
+        calls = q.shape[0] // self.k.shape[0]
+        keys = torch.cat([self.k[:, :, :n_ctx].repeat(calls, 1, 1, 1), k], dim=2)
+        values = torch.cat([self.v[:, :, :n_ctx].repeat(calls, 1, 1, 1), v], dim=2)
         earlier = torch.arange(n_ctx, device=self.pos.device)[None, :] < self.pos[:, None]  # (Tq, n_ctx)
         itself = torch.eye(len(self.pos), dtype=torch.bool, device=self.pos.device)  # (Tq, Tq)
         return sdpa(q, keys, values, torch.cat([earlier, itself], dim=1))

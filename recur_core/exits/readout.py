@@ -38,6 +38,17 @@ from ..kernels.cpu_gemm import bf16_matmul_nt, can_multiply
 # Vocabulary ids per chunk: fewer, larger ops pay less thread-scheduling latency with 2 threads
 # (the measurement is in docs/BENCHMARKS.md). Peak extra memory is ~3 * 2T * chunk floats.
 DEFAULT_CHUNK = 8192
+READOUT_ROWS = 512  # token rows the coda and head read out at once: loops are grouped up to this many
+
+
+def readout_group(rows: int) -> int:
+    """How many loops of a batch of `rows` token rows one readout call takes: enough to reach
+    READOUT_ROWS (one loop at a time for a batch of 16 windows x 128 tokens, 16 loops of a 32-token
+    text). At few rows every weight of the coda and the head is streamed from memory for a handful of
+    multiplications; grouped, each is read once for hundreds (docs/benchmarks/fullsize.md). The
+    tracer's readouts and a replayed decoding pass's (recur_core.decoding.decode) group by it."""
+    return max(1, -(-READOUT_ROWS // max(rows, 1)))
+
 BACKENDS = ("auto", "chunked", "triton", "reference")
 
 

@@ -1,6 +1,7 @@
 """The exit-policy catalogue: one entry per family, one `make`, one sweep (recur_core/exits/catalogue.py)."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,6 +16,7 @@ from recur_core.exits.policies import (
     GateExit,
     LatentDiff,
     LinearRouter,
+    Policy,
     ReverseKLExit,
     Uniform,
 )
@@ -119,3 +121,54 @@ def test_a_family_with_variants_names_each_and_refuses_an_unknown_one():
     assert catalogue.display("A2") == "A2 router" and catalogue.colour("A2_argmax") != catalogue.colour("A2_kl")
     with pytest.raises(ValueError, match="unknown exit policy 'A2_nope'"):
         catalogue.family("A2_nope")
+
+
+class StepExit(Policy):
+    """A rule no module of the project knows: halt once the state's step ||s_i - s_{i-1}|| < delta
+    (absolute, where the latent rule divides by ||s_i||)."""
+
+    per_token_loops = True
+    threshold_name = "delta"
+
+    def __init__(self, delta: float, min_loops: int = 1, r_max: int | None = None):
+        super().__init__(min_loops, r_max)
+        self.delta = delta
+
+    def _rule_online(self, loop, signals):
+        return signals.state_step < self.delta
+
+    def _rule_trace(self, trace):
+        return trace.state_step < self.delta
+
+
+def test_a_new_family_is_one_entry_beside_its_class(ckpt, monkeypatch):
+    """Issue 47's promise: a new policy is its class plus one catalogue entry. Registered here alone,
+    it reaches the allocation curves, the ground truth's operating points, the Compare and Generate
+    pages' lists, lm-eval's model_args, the exact harness and real decoding (which agree on it)."""
+    from recur_core.analysis.harness import run_exact
+    from recur_core.analysis.trace import trace
+    from recur_core.decoding.teacher_forced import teacher_forced
+    from recur_eval.model import make_policy
+
+    windows = ckpt.windows("eval")[:3, :17]
+    steps = trace(ckpt, windows, 8, seed=2, cache=False).state_step[..., 1:]
+    middle = float(torch.as_tensor(steps).median())  # some tokens halt early, some later
+    entry = catalogue.Family("Step", StepExit, "δ", "δ: halt once ‖s_i − s_{i−1}‖ < δ", "absolute step",
+                             "#010203", middle, (0.0, middle, math.inf),
+                             places=frozenset({catalogue.CURVES, catalogue.GROUND_TRUTH, catalogue.COMPARE,
+                                               catalogue.GENERATE}))
+    monkeypatch.setitem(catalogue.FAMILIES, "Step", entry)
+    monkeypatch.setitem(catalogue._LOOKUP, "step", entry)
+
+    assert [p.delta for p in allocation_families(8)["Step"]] == [0.0, middle, math.inf]
+    assert len(operating_point_families(8)["Step"]) == 3
+    for place in (catalogue.COMPARE, catalogue.GENERATE):
+        assert entry in catalogue.shown_in(place)
+    assert catalogue.display("Step") == "absolute step" and catalogue.colour("Step") == "#010203"
+    policy = make_policy(ckpt, "step", middle, max_loops=8)  # lm-eval: model_args policy=step,threshold=...
+    assert isinstance(policy, StepExit) and policy.delta == middle and policy.r_max == 8
+
+    exact = run_exact(ckpt, windows, policy, 8, seed=2)
+    decoded = teacher_forced(ckpt, windows, policy, "recompute", seed=2, max_loops=8)
+    np.testing.assert_array_equal(decoded.exit_loop.numpy(), exact.exit_depth)
+    assert 1 < len(np.unique(exact.exit_depth))  # the rule really decides: the exits differ by token

@@ -1,7 +1,8 @@
 """The runtime's layers import only downward: `recur_core/model` and `recur_core/exits` never import
 the layers above them (analysis, decoding, the app, training, lm-eval), not even for type checking;
 nothing in `recur_core` imports the packages on top of it; and nothing outside `training/` imports
-`training` (issue 47; the benchmarks of training itself live in it)."""
+`training` (issue 47; the benchmarks of training itself live in it); and few functions take more than
+8 parameters (issue 47's bound)."""
 import ast
 from pathlib import Path
 
@@ -74,3 +75,36 @@ def test_the_check_sees_training_imported_inside_a_function(tmp_path):
     module = tmp_path / "ui" / "bad.py"
     module.write_text("def f():\n    from training.hops import PAD\n    return PAD\n")
     assert upward(module, tmp_path, above=("training",)) == ["training.hops", "training.hops.PAD"]
+
+
+
+MAX_LONG_SIGNATURES = 10  # issue 47's bound: at most this many functions take more than 8 parameters
+
+
+def long_signatures(path: Path, limit: int = 8) -> list[tuple[str, int, int]]:
+    """(name, line, parameters) of a file's functions taking more than `limit` parameters (self / cls
+    not counted; *args and **kwargs count one each)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+            n = len(names) - (names[:1] in (["self"], ["cls"])) + (a.vararg is not None) + (a.kwarg is not None)
+            if n > limit:
+                out.append((node.name, node.lineno, n))
+    return out
+
+
+def test_few_functions_take_long_parameter_lists():
+    """A long parameter list is where a concept has no home yet (issue 47 gathered them into objects:
+    HaltSchedule, ExactPath, Recording, the app's handle): at most MAX_LONG_SIGNATURES remain."""
+    found = [f"{path.relative_to(ROOT)}:{line} {name} ({n})"
+             for path in project_files() for name, line, n in long_signatures(path)]
+    assert len(found) <= MAX_LONG_SIGNATURES, "\n".join(found)
+
+
+def test_the_signature_count_sees_keyword_only_and_star_parameters(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("class C:\n    def m(self, a, b, c, d, e, f, g, h): ...\n"
+                 "def k(a, b, c, d, e, *args, g, h, **kw): ...\n")
+    assert long_signatures(f) == [("k", 3, 9)]

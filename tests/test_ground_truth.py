@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from recur_core import load_checkpoint
-from recur_core.analysis.ground_truth import load_ground_truth, spearman
+from recur_core.analysis.ground_truth import load_ground_truth, spearman, spearman_ci
+from recur_core.analysis.stats import Bootstrap
 from recur_core.model.checkpoint import read_safetensors
 from recur_core.report.hops_card import beside_section, goals, learned_line
 
@@ -23,6 +24,31 @@ def test_spearman_matches_pearson_of_ranks_with_ties():
     assert spearman(x, y) == pytest.approx(np.corrcoef(rx, ry)[0, 1])
     assert spearman(x, -x) == pytest.approx(-1.0)
     assert np.isnan(spearman(x, np.ones_like(x)))
+
+
+def test_spearman_ci_is_spearman_of_every_resampled_set_of_programs():
+    """The bootstrap of Spearman(exit, hops) from count tables equals resampling the programs' answer
+    tokens and ranking them (ties, programs without answers and constant replicates included)."""
+    rng = np.random.default_rng(0)
+    depth = rng.integers(1, 9, size=(7, 12))
+    ah = np.where(rng.random((7, 12)) < 0.4, rng.integers(1, 5, size=(7, 12)), 0)
+    ah[3] = 0  # a program without answers
+    ah[5] = np.where(ah[5] > 0, 2, 0)
+    boot = Bootstrap(7, n_boot=60, seed=1)
+    got = spearman_ci(depth, ah, boot)
+    reps = []
+    for counts in boot.weights.astype(int):
+        rows = np.repeat(np.arange(7), counts)
+        x = np.concatenate([depth[w][ah[w] > 0] for w in rows])
+        y = np.concatenate([ah[w][ah[w] > 0] for w in rows])
+        reps.append(spearman(x, y))
+    reps = np.array(reps)
+    assert got["value"] == pytest.approx(reps[0], abs=1e-12)
+    finite = reps[1:][~np.isnan(reps[1:])]
+    assert np.quantile(finite, 0.025) == pytest.approx(got["ci_low"], abs=1e-12)
+    assert np.quantile(finite, 0.975) == pytest.approx(got["ci_high"], abs=1e-12)
+    only_five = spearman_ci(depth, np.where(np.arange(7)[:, None] == 5, ah, 0), boot)  # one hop count
+    assert np.isnan(only_five["value"]) and np.isnan(only_five["ci_low"])
 
 
 @pytest.mark.slow

@@ -147,25 +147,26 @@ class Decoder:
         hidden = read_start(self.model, state, self._at(pos), self._loop_views(pos))
         return torch.log_softmax(self.model.head(hidden).float(), dim=-1)
 
-    def _loop_signals(self, state: Tensor, pos: Tensor, live: Tensor, logp_prev: Tensor | None,
+    def _loop_signals(self, state: Tensor, pos: Tensor, live: Tensor, logp_prev: tuple | None,
                       logp: Tensor | None = None):
         """A prefill's per-loop readout: (the readout signals the policy reads, (B, P) each, or None
-        before the first readout; log p (B, P, V) float32 for the next loop). Only the live tokens'
-        distributions and signals are computed (a halted token's are never consulted): their rows of
-        logp_prev are overwritten in place, the other tokens' signals are NaN (argmax -1). logp: the
-        live tokens' log p when already read out (a replay's readahead), else computed here."""
+        before the first readout; this readout for the next loop). Only the live tokens' distributions
+        and signals are computed (a halted token's are never consulted; its signals are NaN, argmax -1).
+        A readout is (log p (n, V) float32 of its n live tokens in row-major order, their mask (B, P)):
+        the live tokens of a later loop are among them, so the previous log p of each is a row of it
+        (no (B, P, V) tensor is kept). logp: the live tokens' log p when already read out (a replay's
+        readahead), else computed here."""
         if logp is None:
             logp = self._live_logp(state, pos, live)
         if logp_prev is None:
-            logp_prev = logp.new_full((*live.shape, logp.shape[-1]), math.nan)
-            logp_prev[live] = logp
-            return None, logp_prev
+            return None, (logp, live)
+        rows, was_live = logp_prev
+        previous = rows if len(rows) == len(logp) else rows[live[was_live]]  # nothing halted since: as it is
         signals = {}
-        for name, value in readout_signals(logp, logp_prev[live], self.schedule.readout_fields).items():
+        for name, value in readout_signals(logp, previous, self.schedule.readout_fields).items():
             signals[name] = value.new_full(live.shape, -1 if name == "argmax" else math.nan)
             signals[name][live] = value
-        logp_prev[live] = logp
-        return signals, logp_prev
+        return signals, (logp, live)
 
     def _live_logp(self, state: Tensor, pos: Tensor, live: Tensor) -> Tensor:
         """log p (n, V) float32 of the n live tokens (row-major order). With `exit_context` the coda
@@ -263,7 +264,7 @@ class Decoder:
         logp_prev = None
         freezing = Freezing.start((B, P), state.device)
         if sched.wants_readout(0):
-            logp_prev = self._first_logp(state, pos)
+            logp_prev = (self._first_logp(state, pos).flatten(0, 1), freezing.live)
         ahead = _Readahead(self, replay, pos) if replay is not None and self.exit_context else None
         for loop in range(1, self.cap + 1):
             cancel.check()

@@ -308,7 +308,6 @@ class Decoder:
         return parts[-1][0], torch.cat([exits for _, exits in parts], dim=1)
 
 
-# -- sampling ----------------------------------------------------------------------------------------
 # The float32 log-probabilities a replay's readahead (_Readahead) may hold at once.
 READAHEAD_BYTES = 256 << 20
 
@@ -343,10 +342,11 @@ class _Readahead:
         cols = live.any(0).nonzero()[:, 0]
         states = torch.cat([self.replay[i - 1][:, cols] for i in self.loops])  # (G * B, P', d), loop-major
         hidden = dec._loop_hidden(states, self.pos[cols]).unflatten(0, (len(self.loops), dec.B))
-        self.live0 = live.clone()
+        self.live0 = live
         self.group = torch.log_softmax(dec.model.head(hidden[:, live[:, cols]]).float(), dim=-1)  # (G, n, V)
 
 
+# -- sampling ----------------------------------------------------------------------------------------
 def takes_argmax(greedy: bool, temperature: float) -> bool:
     """Whether sampling with these settings is the argmax (greedy, or temperature 0)."""
     return greedy or temperature <= 0

@@ -38,6 +38,7 @@ from ..kernels.cpu_gemm import bf16_matmul_nt, can_multiply
 # Vocabulary ids per chunk: fewer, larger ops pay less thread-scheduling latency with 2 threads
 # (the measurement is in docs/BENCHMARKS.md). Peak extra memory is ~3 * 2T * chunk floats.
 DEFAULT_CHUNK = 8192
+BACKENDS = ("auto", "chunked", "triton", "reference")
 READOUT_ROWS = 512  # token rows the coda and head read out at once: loops are grouped up to this many
 
 
@@ -48,8 +49,6 @@ def readout_group(rows: int) -> int:
     multiplications; grouped, each is read once for hundreds (docs/benchmarks/fullsize.md). The
     tracer's readouts and a replayed decoding pass's (recur_core.decoding.decode) group by it."""
     return max(1, -(-READOUT_ROWS // max(rows, 1)))
-
-BACKENDS = ("auto", "chunked", "triton", "reference")
 
 
 @dataclass

@@ -219,8 +219,11 @@ def _chunk_moments(z: Tensor, e: Tensor, scratch: Tensor | None, n: int, v0: int
     (m_prev, s_prev, k, k_rev).
     """
     first = 0 if scratch is None else n  # the read-out rows are z[first:]
-    maxes, arg = z.max(dim=1)  # one pass for both: on a CPU argmax alone costs ~10x amax, max ~5x
-    arg = arg[first:] + v0
+    # max and argmax of the read-out rows in one pass (on a CPU argmax alone costs up to 10x amax, max ~5x)
+    maxes, arg = z[first:].max(dim=1)
+    if first:  # the previous distribution's rows need only their max
+        maxes = torch.cat([z[:first].amax(dim=1), maxes])
+    arg = arg + v0
     z.sub_(maxes[:, None])  # a - m per distribution: all <= 0
     sums = torch.exp(z, out=e).sum(dim=1)
     if scratch is not None:  # sum e_j z_{j-1} and sum e_{j-1} z_j over consecutive blocks j - 1, j

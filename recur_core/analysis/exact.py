@@ -122,7 +122,6 @@ class ExactPath:
             exit_loop[beyond], argmax[beyond] = 0, -1
         return exit_loop, argmax
 
-
     def decoded_text(self, policy: Policy, max_loops: int | None, seed: int, guess=None) -> TextDecoding | None:
         """Decode `ids`, one text (T,), with real halting under the "recompute" KV rule (for a rule
         that reads only the state, the masking harness), with window 0's noise of `seed` (as
@@ -163,6 +162,7 @@ class ExactPath:
             store.save(path, key, {f: getattr(decoded, f) for f in TextDecoding.FIELDS},
                        {"kind": "teacher-forced decoding of one text (recompute)", "policies": [repr(policy)]})
         return decoded
+
 
 @dataclass
 class TextDecoding:

@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from recur_core.tasks.stories import KINDS, NUMBER_WORDS, TOYS, guess_chance, token_steps
+from recur_core.tasks.stories import KINDS, NUMBER_WORDS, TOYS, guess_chance, token_steps, where_problem
 from recur_core.tasks.word_problems import WordProblems, held_out_windows
 from training.tokenizer import train_bpe
 from training.word_problems import (
@@ -397,3 +397,60 @@ def test_bool_settings_parse_and_refuse():
         WordProblems.parse("word_problems:recall=maybe")
     with pytest.raises(ValueError, match="max_steps"):
         WordProblems.parse("word_problems:max_steps=six")
+
+
+def terse_answers(text: str) -> list[tuple[str, int]]:
+    """An independent reading of a terse story: "A place." states where A was, "B A." that B was
+    with A; each "X?" is answered by the place its chain reaches, and the links followed."""
+    story, _, questions = text.partition("?")
+    place_of, with_whom = {}, {}
+    for first, second in re.findall(r"(\w+) (\w+)\.", text[:text.rfind(".", 0, len(story)) + 1]):
+        (with_whom if second[0].isupper() else place_of)[first] = second
+    out = []
+    for asked in re.findall(r"(\w+)\?", text):
+        who, links = asked, 0
+        while who not in place_of:
+            who, links = with_whom[who], links + 1
+        out.append((place_of[who], links))
+    return out
+
+
+def test_terse_stories_chain_two_word_clauses_like_where_stories():
+    """terse_share=1 tells every where story in two-word clauses: the answers (found by reading the
+    clauses) sit where the labels are, label the links followed (+1 with recall), and the chains are
+    where_problem's for the same RNG (the first question asks the same child)."""
+    for recall in (False, True):
+        task = WordProblems.parse(f"word_problems:kinds=where,terse_share=1,recall={recall}")
+        plain = WordProblems.parse(f"word_problems:kinds=where,recall={recall},running_share=0")
+        for i in range(200):
+            steps = 1 + i % 7
+            p = task.problem(random.Random(i), steps)
+            assert p.terse and " was " not in p.text and p.text.endswith("."), p.text
+            labelled = [(j, s) for j, s in enumerate(p.steps) if s]
+            solved = terse_answers(p.text)
+            assert [s for _, s in labelled] == [s + recall for _, s in solved], p.text
+            assert labelled[0][1] == steps
+            for (pos, _), (word, _) in zip(labelled, solved, strict=True):
+                assert p.text[pos:].startswith(word) and p.text[pos - 2:pos] == "? ", p.text
+            sentences_ = plain.problem(random.Random(i), steps)  # draws `running` as terse draws its form
+            assert solved[0] == where_answers(sentences_.text)[0]  # the same chains: the same first answer
+
+
+def test_terse_share_mixes_forms_and_guessing_counts_told_places():
+    task = WordProblems.parse("word_problems:kinds=where+swap,terse_share=0.5")
+    rng = random.Random(3)
+    problems = [task.problem(rng, 2) for _ in range(400)]
+    terse = [p for p in problems if p.terse]
+    assert all(p.kind == "where" for p in terse)
+    assert 0.15 < len(terse) / len(problems) < 0.35  # half of the where half
+    for p in terse:
+        told = set(re.findall(r"\w+ ([a-z]+)\.", p.text.split("?")[0]))
+        assert guess_chance(p) == [1 / len(told)] * len(p.answer_steps), p.text
+    for bad in ("terse_share=1.5", "terse_share=-0.1", "kinds=swap,terse_share=0.5"):
+        with pytest.raises(ValueError, match="terse_share"):
+            WordProblems.parse(f"word_problems:{bad}")
+    # no terse share: the stream draws what it drew before the option existed (the kind, running, the story)
+    rng = random.Random(5)
+    rng.choice(["where"])
+    expected = where_problem(rng, 3, rng.random() < 0.5).text
+    assert WordProblems.parse("word_problems:kinds=where").problem(random.Random(5), 3).text == expected

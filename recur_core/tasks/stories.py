@@ -13,6 +13,9 @@ Four kinds of short story, each ending in a question and its answer sentence:
     inside    The bag was at the park. The jar was at the lake. The box was in the bag. The kite was
               in the box. Where was the kite? The kite was at the park.              (steps: 2 links)
 
+With `terse_share` (word_problems.WordProblems) a where story may instead be told in two-word clauses at
+`hops`' density, "Ben farm. Anna lake. Tom Ben. Lily Tom. Lily? farm." (`terse_where_problem`).
+
 The word that answers the question (`seven`, `farm`, `kite`, `five`) is an **answer**, labelled with
 its **steps**: the number of facts that must be chained to get it (changes applied to a count, links
 followed to a place, swaps of a toy, age differences added). With `recall` a maker counts the facts
@@ -63,6 +66,7 @@ class Problem:
     text: str
     kind: str
     steps: list[int]  # per character of text: the steps of the answer word starting there, else 0
+    terse: bool = False  # told in two-word clauses (terse_where_problem)
 
     @property
     def answer_steps(self) -> list[int]:
@@ -88,13 +92,13 @@ class _Writer:
         self.answers.append((self.length, steps + self.recall))
         self.add(word)
 
-    def problem(self, kind: str) -> Problem:
+    def problem(self, kind: str, terse: bool = False) -> Problem:
         text = "".join(self.parts).strip()
         shift = len("".join(self.parts)) - len("".join(self.parts).lstrip())
         steps = [0] * len(text)
         for pos, s in self.answers:
             steps[pos - shift] = s
-        return Problem(text, kind, steps)
+        return Problem(text, kind, steps, terse)
 
 
 def _opening(rng: random.Random) -> str:
@@ -136,11 +140,9 @@ def count_problem(rng: random.Random, steps: int, running: bool, recall: bool = 
     return w.problem("count")
 
 
-def where_problem(rng: random.Random, steps: int, running: bool, recall: bool = False) -> Problem:
-    """Chains of "X was with Y" from a child at a place; the first chain's last child is `steps`
-    links from the place, the others' at most that many. Two or three chains, interleaved, each in
-    order; the last child of another chain is asked too. Running: every link but the asked children's says where that puts the child
-    ("Tom was with Ben, so Tom was at the farm.", 1 step), so each answer is 1 step from a stated place."""
+def _where_chains(rng: random.Random, steps: int) -> tuple[list[list[str]], list[tuple[int, int]], list[str]]:
+    """A where story's chains of children (the first `steps` links long, two or three in all), the
+    order their links are told in, and each chain's place."""
     n_chains = rng.randint(2, 3)
     lengths = [steps + 1] + [rng.randint(2, min(max(steps, 1) + 1, 5)) for _ in range(n_chains - 1)]
     while sum(lengths) > len(NAMES):
@@ -148,6 +150,15 @@ def where_problem(rng: random.Random, steps: int, running: bool, recall: bool = 
     names = rng.sample(NAMES, sum(lengths))
     places = rng.sample(PLACES, n_chains)
     chains, links = interleaved_chains(rng, names, lengths)
+    return chains, links, places
+
+
+def where_problem(rng: random.Random, steps: int, running: bool, recall: bool = False) -> Problem:
+    """Chains of "X was with Y" from a child at a place; the first chain's last child is `steps`
+    links from the place, the others' at most that many. Two or three chains, interleaved, each in
+    order; the last child of another chain is asked too. Running: every link but the asked children's says where that puts the child
+    ("Tom was with Ben, so Tom was at the farm.", 1 step), so each answer is 1 step from a stated place."""
+    chains, links, places = _where_chains(rng, steps)
     w = _Writer(recall)
     w.add(_opening(rng))
     for c, i in links:
@@ -159,12 +170,32 @@ def where_problem(rng: random.Random, steps: int, running: bool, recall: bool = 
             w.add(". ")
         else:
             w.add(f"{chains[c][i]} was with {chains[c][i - 1]}. ")
-    for c in (0, rng.randrange(1, n_chains)):
+    for c in (0, rng.randrange(1, len(chains))):
         asked = chains[c][-1]
         w.add(f"Where was {asked}? {asked} was at the ")
         w.answer(places[c], min(1, len(chains[c]) - 1) if running else len(chains[c]) - 1)
         w.add(". ")
     return w.problem("where")
+
+
+def terse_where_problem(rng: random.Random, steps: int, recall: bool = False) -> Problem:
+    """The where story told in clauses of two words, at `hops`' density of one fact per three tokens:
+    "Ben zoo. Amy Ben. Sue Amy. Sue? zoo." (Ben was at the zoo, Amy with Ben, Sue with Amy; where
+    was Sue?). Why this form: a clause's second word names what its first word is with, and the
+    question `Sue?` names the child asked in the same place, so the one lookup that answers a
+    1-link question ("find the clause whose first word is the word before me") also moves every
+    clause one link along its chain, as `hops`' layout does; in full sentences the asked name and a
+    link's target sit at different distances from the words that read them. Draws as where_problem
+    does (the same chains for the same RNG); told plain (no running answers)."""
+    chains, links, places = _where_chains(rng, steps)
+    w = _Writer(recall)
+    for c, i in links:
+        w.add(f"{chains[c][0]} {places[c]}. " if i == 0 else f"{chains[c][i]} {chains[c][i - 1]}. ")
+    for c in (0, rng.randrange(1, len(chains))):
+        w.add(f"{chains[c][-1]}? ")
+        w.answer(places[c], len(chains[c]) - 1)
+        w.add(". ")
+    return w.problem("where", terse=True)
 
 
 def inside_problem(rng: random.Random, steps: int, running: bool, recall: bool = False) -> Problem:
@@ -287,7 +318,9 @@ def guess_chance(problem: Problem) -> list[float]:
     for pos, _ in ((p, s) for p, s in enumerate(problem.steps) if s):
         word = problem.text[pos:].split()[0].strip(".,?")
         vocabulary = PLACES if word in PLACES else TOYS if word in TOYS else ()
-        told = {w for w in re.findall(r"\b(?:the|a) (\w+)", problem.text[:pos]) if w in vocabulary}  # not "After school"
+        before = problem.text[:pos]  # terse stories have no openings; in sentences, not "After school"
+        words = re.findall(r"\w+", before) if problem.terse else re.findall(r"\b(?:the|a) (\w+)", before)
+        told = {w for w in words if w in vocabulary}
         out.append(1.0 / len(told) if told else float("nan"))
     return out
 

@@ -20,7 +20,7 @@ from recur_core.settings import seed_for
 
 from .base import EOS, EOS_PIECE, Example, Tokens, parse_settings, text_pieces
 from .prose import Prose
-from .stories import KINDS, MAKERS, NAMES, Problem, token_steps, with_extra_facts
+from .stories import KINDS, MAKERS, NAMES, Problem, terse_where_problem, token_steps, with_extra_facts
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,9 @@ class WordProblems(Prose):
     # unasked facts told in each story ("Mia was at the zoo.", a child it does not name): longer stories
     # with more places to confuse, whose answers need no more steps (0: none)
     extra_facts: int = 0
+    # the share of `where` problems told in two-word clauses ("Ben zoo. Amy Ben. Amy? zoo.", `hops`'
+    # density; stories.terse_where_problem), plain and without extra facts (0: none)
+    terse_share: float = 0.0
     # loss weights per target token (1, 1, 1: the plain mean); hops weights answers 1 and the rest 0.1
     answer_weight: float = 1.0  # answer words
     other_weight: float = 1.0  # the problems' other tokens
@@ -77,6 +80,9 @@ class WordProblems(Prose):
             raise ValueError("word_problems advance_at must be within (0, 1] and advance_answers at least 1")
         if not 0 <= task.extra_facts <= len(NAMES) // 4:
             raise ValueError(f"word_problems extra_facts must be within 0 .. {len(NAMES) // 4}, got {task.extra_facts}")
+        if not 0.0 <= task.terse_share <= 1.0 or (task.terse_share and "where" not in task.kind_list):
+            raise ValueError(f"word_problems terse_share must be within [0, 1], with where among the kinds, "
+                             f"got {task.terse_share} for kinds {task.kinds!r}")
         if min(task.answer_weight, task.other_weight, task.text_weight) < 0 or task.answer_weight == 0:
             raise ValueError("word_problems loss weights must be >= 0, with answer_weight > 0")
         return task
@@ -88,6 +94,8 @@ class WordProblems(Prose):
     def problem(self, rng: random.Random, steps: int, kind: str | None = None,
                 running: bool | None = None) -> Problem:
         kind = kind or rng.choice(self.kind_list)
+        if self.terse_share and kind == "where" and rng.random() < self.terse_share:
+            return terse_where_problem(rng, steps - self.recall, self.recall)
         running = rng.random() < self.running_share if running is None else running
         problem = MAKERS[kind](rng, steps - self.recall, running, self.recall)
         return with_extra_facts(problem, rng, self.extra_facts) if self.extra_facts else problem

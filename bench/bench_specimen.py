@@ -11,7 +11,11 @@ and word problems, alternating), from the same seeded trace and disk cache as th
   3. its rise from 1 loop to r_bar in points, with the same paired bootstrap CI;
   4. exact A1 (the masking harness: halted tokens frozen, as in real decoding) at matched loss: the
      mean loops it needs to reach A0's loss at r_bar, against the *best* uniform depth reaching that
-     loss (the smallest r whose loss is within float noise of it) and against r_bar.
+     loss (the smallest r whose loss is within float noise of it) and against r_bar;
+  5. exact A1 at matched answer accuracy (issue 50's goals; recur_core.analysis.ground_truth, A1
+     decoded token by token's equal, the fixed point): the cheapest epsilon whose answer accuracy is
+     within 1 point of A0 at r_bar, its mean loops against the best uniform depth reaching that
+     accuracy, and Spearman(A1 exit, steps) over the answer tokens with a bootstrap CI over windows.
 """
 from __future__ import annotations
 
@@ -26,9 +30,17 @@ from recur_core.analysis.allocation import allocation, allocation_families
 from recur_core.analysis.cache import TraceCache
 from recur_core.analysis.curves import fast_sums, smallest_uniform_depth
 from recur_core.analysis.exact import ExactPath
-from recur_core.analysis.ground_truth import answer_hops, correct_at, load_ground_truth, uniform_answer_accuracy
+from recur_core.analysis.ground_truth import (
+    Labels,
+    answer_hops,
+    correct_at,
+    ground_truth_section,
+    load_ground_truth,
+    uniform_answer_accuracy,
+)
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
+from recur_core.exits import catalogue
 from recur_core.exits.policies import Uniform
 from recur_core.settings import SETTINGS
 from recur_core.tasks.base import EOS
@@ -71,6 +83,27 @@ def by_problem_length(correct: np.ndarray, answers: np.ndarray, answer_steps: np
     return out
 
 
+def a1_at_answer_accuracy(ckpt, tr, boot: Bootstrap, r_max: int, r_bar: int, windows) -> dict:
+    """Figure 5: the ground truth's exact A1 operating point (A1 is a readout rule: decoded), printed."""
+    gt = ground_truth_section(tr, Labels.of(ckpt), r_max, r_bar, boot, {"A1": catalogue.sweep("A1", r_max)},
+                              ExactPath(ckpt, windows, TraceCache(), True))
+    a1, best = gt["policies"]["A1"], gt["best_uniform_depth"]
+    rho = a1["spearman_exit_vs_hops"]
+    out = {"target_accuracy": gt["target_accuracy"], "best_uniform_depth": best,
+           **{k: a1[k] for k in ("threshold", "answer_accuracy", "mean_loops", "answer_mean_loops",
+                                 "matches_a0_rbar", "vs_best_uniform_loops_ratio", "vs_a0_rbar_loops_ratio")},
+           "spearman_exit_vs_steps": rho}
+    reached = "reaches" if a1["matches_a0_rbar"] else "does not reach (its best shown)"
+    ratio = a1["vs_best_uniform_loops_ratio"]
+    print(f"\n5. exact A1 {reached} A0@r_bar's answer accuracy - 1 point ({gt['target_accuracy']:.3f}) at epsilon "
+          f"{a1['threshold']:.3g}: answer accuracy {a1['answer_accuracy']:.3f}, {a1['mean_loops']:.2f} mean loops "
+          f"over all tokens ({a1['answer_mean_loops']:.2f} on answers); best uniform depth reaching it: {best}"
+          + (f", A1 / best uniform = {ratio:.2f}x" if ratio else "")
+          + f"\n   Spearman(A1 exit, steps) over all {gt['n_answers']} answer tokens: {rho['value']:.3f} "
+          f"[{rho['ci_low']:.3f}, {rho['ci_high']:.3f}]")
+    return out
+
+
 def ci(est) -> str:
     return f"{est.value:.4f} [{est.ci_low:.4f}, {est.ci_high:.4f}]"
 
@@ -79,7 +112,7 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("checkpoint", nargs="?", default=DEFAULT)
     p.add_argument("--windows", type=int, default=SETTINGS.windows)
-    p.add_argument("--fast-only", action="store_true", help="skip figure 4's exact harness")
+    p.add_argument("--fast-only", action="store_true", help="skip figures 4 and 5 (exact)")
     p.add_argument("--json", help="also write the figures here")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
@@ -143,6 +176,7 @@ def main(argv=None) -> dict:
               f"depth reaching that loss is {best}: A1 / best uniform = "
               + (f"{match['value'] / best:.2f}x" if best else "n/a")
               + f"; A1 / r_bar = {match['value'] / r_bar:.2f}x")
+        out["exact_a1_at_answer_accuracy"] = a1_at_answer_accuracy(ckpt, tr, boot, r_max, r_bar, windows)
     out["seconds"] = time.perf_counter() - t0
     print(f"\n({out['seconds']:.0f} s)")
     if args.json:

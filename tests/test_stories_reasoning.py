@@ -57,11 +57,12 @@ def test_answers_are_grouped_by_their_problems_length():
                    3: {short: {"accuracy": 1.0, "answers": 1}}}
 
 
-def test_bench_specimen_prints_its_four_figures(reasoning, capsys):
+def test_bench_specimen_prints_its_five_figures(reasoning, capsys):
     from bench.bench_specimen import main
     out = main([str(reasoning), "--windows", "8"])
     printed = capsys.readouterr().out
-    for figure in ("1. loss", "2. answer-token accuracy", "3. answer accuracy rise", "4. exact A1"):
+    for figure in ("1. loss", "2. answer-token accuracy", "3. answer accuracy rise", "4. exact A1", "5. exact A1",
+                   "Spearman(A1 exit, steps)"):
         assert figure in printed
     r_bar = out["r_bar"]
     drop = out["loss_drop_1_to_rbar"]
@@ -78,6 +79,15 @@ def test_bench_specimen_prints_its_four_figures(reasoning, capsys):
     assert best is None or 1 <= best <= r_bar
     if best:
         assert math.isclose(a1["vs_best_uniform"], a1["value"] / best)
+    at_acc = out["exact_a1_at_answer_accuracy"]  # figure 5: the ground truth's exact A1 operating point
+    assert math.isclose(at_acc["target_accuracy"], acc[r_bar] - 0.01, abs_tol=1e-9)
+    assert at_acc["matches_a0_rbar"] == (at_acc["answer_accuracy"] >= at_acc["target_accuracy"])
+    uniform = at_acc["best_uniform_depth"]
+    assert uniform is None or (acc[uniform] >= at_acc["target_accuracy"] and uniform <= r_bar)
+    if uniform:
+        assert math.isclose(at_acc["vs_best_uniform_loops_ratio"], at_acc["mean_loops"] / uniform)
+    rho = at_acc["spearman_exit_vs_steps"]
+    assert rho["value"] != rho["value"] or -1 <= rho["ci_low"] <= rho["value"] <= rho["ci_high"] <= 1
 
 
 @pytest.fixture(scope="module")

@@ -156,7 +156,8 @@ def _table_spearman(joint: np.ndarray) -> np.ndarray:
     axes are the two variables' distinct values in ascending order; NaN where a side is constant."""
     def centred_ranks(counts):  # (R, K) counts of the K values -> their average ranks, less the mean
         ranks = np.cumsum(counts, axis=1) - (counts + 1) / 2
-        return ranks - (counts * ranks).sum(1, keepdims=True) / counts.sum(1, keepdims=True)
+        with np.errstate(invalid="ignore", divide="ignore"):  # a replicate that drew no answers: NaN below
+            return ranks - (counts * ranks).sum(1, keepdims=True) / counts.sum(1, keepdims=True)
     cx, cy = joint.sum(2), joint.sum(1)
     rx, ry = centred_ranks(cx), centred_ranks(cy)
     var_x, var_y = (cx * rx ** 2).sum(1), (cy * ry ** 2).sum(1)

@@ -73,14 +73,38 @@ def by_problem_length(correct: np.ndarray, answers: np.ndarray, answer_steps: np
     """{answer steps: {length bin: {"accuracy", "answers"}}} of the answers (bool (N, T)); bins by
     LENGTH_BINS, named by their range of tokens."""
     edges = (0, *LENGTH_BINS, np.inf)
+    bins = {(f"{lo + 1}-{int(hi)}" if np.isfinite(hi) else f">{lo}"): (length > lo) & (length <= hi)
+            for lo, hi in zip(edges[:-1], edges[1:], strict=True)}
+    return grouped(correct, answers, answer_steps, bins)
+
+
+def by_form(correct: np.ndarray, answers: np.ndarray, answer_steps: np.ndarray, ids: np.ndarray,
+            question_mark: int) -> dict[int, dict[str, dict]]:
+    """{answer steps: {"sentences" / "terse": {"accuracy", "answers"}}}: an answer told in two-word clauses
+    ("Amy? zoo.", word_problems' terse_share) is read right after its question mark, one told in
+    sentences after "the" ("Amy was at the zoo.")."""
+    terse = ids == question_mark
+    return grouped(correct, answers, answer_steps, {"sentences": ~terse, "terse": terse})
+
+
+def grouped(correct: np.ndarray, answers: np.ndarray, answer_steps: np.ndarray,
+            groups: dict[str, np.ndarray]) -> dict[int, dict[str, dict]]:
+    """{answer steps: {group: {"accuracy", "answers"}}} of the answers (bool (N, T)) in each group (bool
+    (N, T)); empty groups left out."""
     out: dict[int, dict[str, dict]] = {}
     for k in np.unique(answer_steps[answers]):
-        for lo, hi in zip(edges[:-1], edges[1:], strict=True):
-            at = answers & (answer_steps == k) & (length > lo) & (length <= hi)
+        for name, mask in groups.items():
+            at = answers & (answer_steps == k) & mask
             if at.any():
-                name = f"{lo + 1}-{int(hi)}" if np.isfinite(hi) else f">{lo}"
                 out.setdefault(int(k), {})[name] = {"accuracy": float(correct[at].mean()), "answers": int(at.sum())}
     return out
+
+
+def print_groups(title: str, groups: dict[int, dict[str, dict]]) -> None:
+    print(f"   at r_bar by {title} (accuracy, answers):")
+    for k, row in groups.items():
+        print(f"   {k} step{'s' if k > 1 else ' '}    " + "  ".join(f"{b}: {v['accuracy']:.3f} ({v['answers']})"
+                                                          for b, v in row.items()))
 
 
 def a1_at_answer_accuracy(ckpt, tr, boot: Bootstrap, r_max: int, r_bar: int, windows) -> dict:
@@ -152,13 +176,15 @@ def main(argv=None) -> dict:
     print("   all        " + " ".join(f"{acc[r][0]:6.3f}" for r in shown))
     for k, row in by_steps.items():
         print(f"   {k} step{'s' if k > 1 else ' '}    " + " ".join(f"{row[r]:6.3f}" for r in shown))
-    eos = ckpt.tokenizer().token_to_id(EOS)
-    sizes = by_problem_length(correct_at(tr, np.full(ah.shape, r_bar)), answers, ah, problem_length(tr.targets, eos))
+    tok = ckpt.tokenizer()
+    correct = correct_at(tr, np.full(ah.shape, r_bar))
+    sizes = by_problem_length(correct, answers, ah, problem_length(tr.targets, tok.token_to_id(EOS)))
     out["answer_accuracy_at_rbar_by_problem_length"] = sizes
-    print("   at r_bar by the length of the answer's problem in tokens (accuracy, answers):")
-    for k, row in sizes.items():
-        print(f"   {k} step{'s' if k > 1 else ' '}    " + "  ".join(f"{b}: {v['accuracy']:.3f} ({v['answers']})"
-                                                          for b, v in row.items()))
+    print_groups("the length of the answer's problem in tokens", sizes)
+    forms = by_form(correct, answers, ah, tr.ids, tok.token_to_id("?"))
+    if any("terse" in row for row in forms.values()):
+        out["answer_accuracy_at_rbar_by_form"] = forms
+        print_groups("the answer's form", forms)
     rise = boot.summarise(100 * (acc[r_bar] - acc[1]))
     out["answer_accuracy_rise_points_1_to_rbar"] = rise.to_dict()
     print(f"\n3. answer accuracy rise from 1 loop to r_bar: {rise.value:.1f} points "

@@ -57,6 +57,18 @@ def test_answers_are_grouped_by_their_problems_length():
                    3: {short: {"accuracy": 1.0, "answers": 1}}}
 
 
+def test_answers_are_grouped_by_their_form():
+    from bench.bench_specimen import by_form
+    question_mark = 9
+    # a trace's position holds the input token and predicts the next: "?" at 2 and 5 is read before a terse answer
+    ids = np.array([[4, 4, 9, 4, 4, 9, 4, 4]])
+    answers = np.array([[0, 0, 1, 0, 0, 1, 0, 1]], dtype=bool)
+    steps = np.array([[0, 0, 2, 0, 0, 2, 0, 2]])
+    correct = np.array([[0, 0, 1, 0, 0, 0, 0, 1]], dtype=bool)
+    assert by_form(correct, answers, steps, ids, question_mark) == {
+        2: {"sentences": {"accuracy": 1.0, "answers": 1}, "terse": {"accuracy": 0.5, "answers": 2}}}
+
+
 def test_bench_specimen_prints_its_five_figures(reasoning, capsys):
     from bench.bench_specimen import main
     out = main([str(reasoning), "--windows", "8"])

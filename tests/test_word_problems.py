@@ -454,3 +454,19 @@ def test_terse_share_mixes_forms_and_guessing_counts_told_places():
     rng.choice(["where"])
     expected = where_problem(rng, 3, rng.random() < 0.5).text
     assert WordProblems.parse("word_problems:kinds=where").problem(random.Random(5), 3).text == expected
+
+
+def test_a_problems_first_word_is_the_token_of_its_later_mentions(tok):
+    """Problems are told after a space, so "Kate" opening a story and "Kate" later in it are one token
+    (a byte-level BPE reads " Kate" and "Kate" apart), and the labels stay on the answers' tokens."""
+    from recur_core.tasks.word_problems import encode_problem
+    task = WordProblems.parse("word_problems:kinds=where,terse_share=1")
+    for i in range(30):
+        p = task.problem(random.Random(i), 2)
+        ids, steps = encode_problem(tok, p)
+        first = p.text.split()[0]
+        assert ids[0] == tok.encode(" " + first, add_special_tokens=False).ids[0]
+        assert ids.count(ids[0]) >= 2, p.text  # the opening child is asked or linked to later
+        answers = [tok.decode([t]).strip() for t, s in zip(ids, steps, strict=True) if s]  # first pieces
+        expected = [w for w, _ in terse_answers(p.text)]
+        assert len(answers) == len(expected) and all(w.startswith(a) and a for a, w in zip(answers, expected)), p.text

@@ -101,11 +101,12 @@ class WordProblems(Prose):
         return with_extra_facts(problem, rng, self.extra_facts) if self.extra_facts else problem
 
     def labelled(self, tok: Tokenizer, example: Example) -> Tokens:
-        """EOS + a word problem's tokens, as the mixture was trained (EOS before every problem), and
-        the steps each token's answer word needs (0 elsewhere)."""
-        enc = tok.encode(example.text, add_special_tokens=False)
-        return Tokens((tok.token_to_id(EOS), *enc.ids), (EOS_PIECE, *text_pieces(example.text, enc.offsets)),
-                      (0, *token_steps(enc.offsets, list(example.char_depths))))
+        """EOS + a word problem's tokens, as the mixture was trained (EOS and a space before every
+        problem), and the steps each token's answer word needs (0 elsewhere)."""
+        text, steps = spaced(example.text, example.char_depths)
+        enc = tok.encode(text, add_special_tokens=False)
+        return Tokens((tok.token_to_id(EOS), *enc.ids), (EOS_PIECE, *text_pieces(text, enc.offsets)),
+                      (0, *token_steps(enc.offsets, steps)))
 
     def eval_examples(self, tok: Tokenizer, eval_windows: torch.Tensor | None, seed: int, n: int) -> list[Example]:
         """n word problems drawn with the held-out seeds, told plain, cycling through every step
@@ -136,9 +137,17 @@ EVAL_SEED_OFFSET, SELECT_SEED_OFFSET, PROBE_SEED_OFFSET = 1_000_000_007, 1_500_0
 
 
 def encode_problem(tok, problem: Problem) -> tuple[list[int], list[int]]:
-    """(ids, steps) of one problem's tokens (no EOS)."""
-    enc = tok.encode(problem.text, add_special_tokens=False)
-    return list(enc.ids), token_steps(enc.offsets, problem.steps)
+    """(ids, steps) of one problem's tokens (no EOS), told after a space (`spaced`)."""
+    text, steps = spaced(problem.text, problem.steps)
+    enc = tok.encode(text, add_special_tokens=False)
+    return list(enc.ids), token_steps(enc.offsets, steps)
+
+
+def spaced(text: str, steps) -> tuple[str, list[int]]:
+    """A problem's text after a space, and its per-character steps: so that its first word is the token
+    its later mentions are (a byte-level BPE reads " Kate" and "Kate" as two tokens, and in "Kate hill.
+    Emma Kate. Emma? hill." the lookup must match the first with the second)."""
+    return " " + text, [0, *steps]
 
 
 def problem_window(task: WordProblems, tok, seed: int, window_len: int,

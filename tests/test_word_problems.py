@@ -469,4 +469,4 @@ def test_a_problems_first_word_is_the_token_of_its_later_mentions(tok):
         assert ids.count(ids[0]) >= 2, p.text  # the opening child is asked or linked to later
         answers = [tok.decode([t]).strip() for t, s in zip(ids, steps, strict=True) if s]  # first pieces
         expected = [w for w, _ in terse_answers(p.text)]
-        assert len(answers) == len(expected) and all(w.startswith(a) and a for a, w in zip(answers, expected)), p.text
+        assert all(a and w.startswith(a) for a, w in zip(answers, expected, strict=True)), p.text

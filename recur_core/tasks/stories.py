@@ -185,16 +185,19 @@ def terse_where_problem(rng: random.Random, steps: int, recall: bool = False) ->
     question `Sue?` names the child asked in the same place, so the one lookup that answers a
     1-link question ("find the clause whose first word is the word before me") also moves every
     clause one link along its chain, as `hops`' layout does; in full sentences the asked name and a
-    link's target sit at different distances from the words that read them. Draws as where_problem
-    does (the same chains for the same RNG); told plain (no running answers)."""
+    link's target sit at different distances from the words that read them. Draws the chains as
+    where_problem does (the same for the same RNG); told plain (no running answers).
+
+    One question, about the first chain: with a second question about another chain (as the
+    sentence form asks), its answer is the place the first answer is not, which a model learns
+    long before any lookup (pilot P9: 84% on second questions, 51% on first ones, 42% guessing)."""
     chains, links, places = _where_chains(rng, steps)
     w = _Writer(recall)
     for c, i in links:
         w.add(f"{chains[c][0]} {places[c]}. " if i == 0 else f"{chains[c][i]} {chains[c][i - 1]}. ")
-    for c in (0, rng.randrange(1, len(chains))):
-        w.add(f"{chains[c][-1]}? ")
-        w.answer(places[c], len(chains[c]) - 1)
-        w.add(". ")
+    w.add(f"{chains[0][-1]}? ")
+    w.answer(places[0], len(chains[0]) - 1)
+    w.add(".")
     return w.problem("where", terse=True)
 
 

@@ -418,7 +418,7 @@ def terse_answers(text: str) -> list[tuple[str, int]]:
 def test_terse_stories_chain_two_word_clauses_like_where_stories():
     """terse_share=1 tells every where story in two-word clauses: the answers (found by reading the
     clauses) sit where the labels are, label the links followed (+1 with recall), and the chains are
-    where_problem's for the same RNG (the first question asks the same child)."""
+    where_problem's for the same RNG (its question asks where_problem's first question's child)."""
     for recall in (False, True):
         task = WordProblems.parse(f"word_problems:kinds=where,terse_share=1,recall={recall}")
         plain = WordProblems.parse(f"word_problems:kinds=where,recall={recall},running_share=0")
@@ -426,6 +426,7 @@ def test_terse_stories_chain_two_word_clauses_like_where_stories():
             steps = 1 + i % 7
             p = task.problem(random.Random(i), steps)
             assert p.terse and " was " not in p.text and p.text.endswith("."), p.text
+            assert p.text.count("?") == 1, p.text  # one question: no second answer to find by elimination
             labelled = [(j, s) for j, s in enumerate(p.steps) if s]
             solved = terse_answers(p.text)
             assert [s for _, s in labelled] == [s + recall for _, s in solved], p.text

@@ -19,7 +19,7 @@ def test_the_preset_applies_what_made_hops_learn():
     assert cfg.backprop_depth >= cfg.r_bar
     assert task.start_steps >= 1 and task.start_steps < task.max_steps  # a curriculum over steps
     assert task.answer_weight > task.other_weight and task.answer_weight > task.text_weight
-    assert set(task.kind_list) == {"where", "inside", "swap"}  # lookups, no arithmetic
+    assert set(task.kind_list) == {"where"} and task.terse_share == 1  # lookups in hops' density, no arithmetic
     assert 0 < task.share < 1  # TinyStories stays in the mixture
 
 

@@ -471,3 +471,14 @@ def test_a_problems_first_word_is_the_token_of_its_later_mentions(tok):
         answers = [tok.decode([t]).strip() for t, s in zip(ids, steps, strict=True) if s]  # first pieces
         expected = [w for w, _ in terse_answers(p.text)]
         assert all(a and w.startswith(a) for a, w in zip(answers, expected, strict=True)), p.text
+
+
+def test_a_terse_mixtures_example_texts_open_with_its_own_problems():
+    terse = WordProblems.parse("word_problems:kinds=where,terse_share=1,recall=true").text_examples(None, None, 8)
+    names = list(terse)
+    assert len(terse) == 8 and names[0].startswith("Word problem") and "Story opening" in names
+    problems = [text for name, text in terse.items() if name.startswith("Word problem")]
+    assert len(problems) == 3 and all(" was " not in t and t.count("?") == 1 for t in problems)
+    assert [links + 1 for links in (terse_answers(t)[0][1] for t in problems)] == [2, 3, 4]  # facts read
+    plain = WordProblems.parse("word_problems").text_examples(None, None, 8)
+    assert all(" was " in t for name, t in plain.items() if name.startswith("Word problem: who"))

@@ -23,6 +23,9 @@ from .prose import Prose
 from .stories import KINDS, MAKERS, NAMES, Problem, terse_where_problem, token_steps, with_extra_facts
 
 
+TERSE_EXAMPLES = ((2, 3), (3, 1), (4, 4))  # (facts read, seed): a terse mixture's example problems
+
+
 @dataclass(frozen=True)
 class WordProblems(Prose):
     """The generated half of a `stories-reasoning` mixture and its settings; an answer's depth is its
@@ -117,6 +120,17 @@ class WordProblems(Prose):
             problem = self.problem(rng, eval_steps(self, i)(rng, 0), running=False)
             out.append(Example(problem.text, tuple(problem.steps)))
         return out
+
+    def text_examples(self, tok: Tokenizer, eval_windows: torch.Tensor | None, n: int) -> dict[str, str]:
+        """Prose's examples; a mixture that tells its problems in two-word clauses opens with its own
+        (a checkpoint trained on "Ben zoo. Amy Ben. Amy? zoo." has never read the sentence form)."""
+        examples = super().text_examples(tok, eval_windows, n)
+        if not self.terse_share:
+            return examples
+        own = {f"Word problem: {facts} facts": terse_where_problem(random.Random(seed), facts - 1, True).text
+               for facts, seed in TERSE_EXAMPLES}
+        stories = {name: text for name, text in examples.items() if not name.startswith("Word problem")}
+        return dict(list({**own, **stories}.items())[:n])
 
     def random_example(self, seed: int, deepest: int) -> Example:
         problem = self.problem(random.Random(seed), deepest, running=False)

@@ -475,8 +475,8 @@ def test_a_problems_first_word_is_the_token_of_its_later_mentions(tok):
 
 def test_a_terse_mixtures_example_texts_open_with_its_own_problems():
     terse = WordProblems.parse("word_problems:kinds=where,terse_share=1,recall=true").text_examples(None, None, 8)
-    names = list(terse)
-    assert len(terse) == 8 and names[0].startswith("Word problem") and "Story opening" in names
+    names = list(terse)  # its 3 problems, then the 4 prose examples that are not word problems
+    assert len(terse) == 7 and names[0].startswith("Word problem") and "Story opening" in names
     problems = [text for name, text in terse.items() if name.startswith("Word problem")]
     assert len(problems) == 3 and all(" was " not in t and t.count("?") == 1 for t in problems)
     assert [links + 1 for links in (terse_answers(t)[0][1] for t in problems)] == [2, 3, 4]  # facts read

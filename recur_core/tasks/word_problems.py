@@ -22,7 +22,6 @@ from .base import EOS, EOS_PIECE, Example, Tokens, parse_settings, text_pieces
 from .prose import Prose
 from .stories import KINDS, MAKERS, NAMES, Problem, terse_where_problem, token_steps, with_extra_facts
 
-
 TERSE_EXAMPLES = ((2, 3), (3, 1), (4, 4))  # (facts read, seed): a terse mixture's example problems
 
 

@@ -249,11 +249,15 @@ def test_app_in_chromium(server, browser, shots):
 
 
 def word_problem_produced(page, ckpt: Path, shots: Path) -> None:
-    """The first word-problem example, each token coloured by the loops that produced it (the README's
-    word-problem image): token t shows position t - 1's exit, the first token none."""
-    from recur_core.tasks.prose import EXAMPLES
+    """The checkpoint's first word-problem example (its task's: a terse mixture's own problems), each token
+    coloured by the loops that produced it (the README's word-problem image): token t shows position t - 1's
+    exit, the first token none."""
+    import json
+
+    from recur_core.tasks import task_of
     from ui.views import COLOUR_BY
-    problem = next(t for name, t in EXAMPLES.items() if name.startswith("Word problem"))
+    examples = task_of(json.loads((ckpt / "meta.json").read_text())).text_examples(None, None, 8)
+    problem = next(t for name, t in examples.items() if name.startswith("Word problem"))
     box = page.locator("textarea[aria-label='Text']")
     box.fill(problem)
     box.press("Control+Enter")

@@ -123,8 +123,9 @@ def a1_at_answer_accuracy(ckpt, tr, boot: Bootstrap, r_max: int, r_bar: int, win
           f"{a1['threshold']:.3g}: answer accuracy {a1['answer_accuracy']:.3f}, {a1['mean_loops']:.2f} mean loops "
           f"over all tokens ({a1['answer_mean_loops']:.2f} on answers); best uniform depth reaching it: {best}"
           + (f", A1 / best uniform = {ratio:.2f}x" if ratio else "")
-          + f"\n   Spearman(A1 exit, steps) over all {gt['n_answers']} answer tokens: {rho['value']:.3f} "
-          f"[{rho['ci_low']:.3f}, {rho['ci_high']:.3f}]")
+          + f"\n   Spearman(A1 exit, steps) over all {gt['n_answers']} answer tokens: "
+          + (f"{rho['value']:.3f} [{rho['ci_low']:.3f}, {rho['ci_high']:.3f}]" if rho["value"] == rho["value"]
+             else "undefined: every answer exits at the same loop"))
     return out
 
 

@@ -40,16 +40,19 @@ def test_export_copies_the_checkpoint_and_measures_its_card(tiny_ckpt, tmp_path)
     checks = export(tiny_ckpt, dst, command="python -m training.run demo ...", machine="a test machine")
     assert sorted(p.name for p in dst.iterdir()) == sorted({*SHIPPED_FILES, "README.md", "card.json"})
     assert load_checkpoint(dst).checkpoint_id == load_checkpoint(tiny_ckpt).checkpoint_id
-    card = json.loads((dst / "card.json").read_text())
-    loss = card["measured"]["loss"]
-    assert len(loss) == 32 and card["checks"] == pytest.approx(checks)
+    card_data = json.loads((dst / "card.json").read_text())
+    loss = card_data["measured"]["loss"]
+    assert len(loss) == 32 and card_data["checks"] == pytest.approx(checks)
     assert checks["drop_1_to_r_bar"] == pytest.approx(loss[0] - loss[2])  # tiny r̄ is 3
     readme = (dst / "README.md").read_text()
     assert f"| 1 | {loss[0]:.4f} [" in readme and "a test machine" in readme and "saturation" not in readme
     # the synthetic corpus is no known source: named by file, size and hash, and said to be unrecorded
     assert "`train.txt` (" in readme and "`val.txt` (" in readme and "source not recorded" in readme
     assert f"]({DEVIATIONS})" in readme and 'sampler mean `"r_bar"` (E[r] = r̄, ours)' in readme
-    assert "8 validation windows after the 128 saved eval windows (disjoint from them)" in readme
+    assert "the run's `latest/` checkpoint, its step" in readme  # the tiny run's latest/, not its best/
+    meta = {**json.loads((tiny_ckpt / "meta.json").read_text()), "vocab_size": 0}
+    as_best = card("shipped", meta, card_data["measured"], card_data["checks"], "cmd", "a test machine")
+    assert "8 validation windows after the 128 saved eval windows (disjoint from them)" in as_best
 
 
 def test_deviations_page_lists_each_deviation_and_the_links_resolve():
@@ -93,3 +96,11 @@ def test_shipped_cards_link_the_deviations_and_name_no_machine_path(name):
     data = readme.split("- **Training**:")[0]
     assert "../shared" not in data and "TinyStories-train.head.txt" in data and "roneneldan/TinyStories" in data
     assert re.search(r"sampler mean `\"r_bar\"`", readme)
+
+
+def test_a_card_names_the_folder_it_was_exported_from():
+    meta = {**json.loads((ROOT / "checkpoints/demo/meta.json").read_text()), "vocab_size": 2048}
+    shipped = json.loads((ROOT / "checkpoints/demo/card.json").read_text())
+    latest = card("demo", meta, shipped["measured"], shipped["checks"], "cmd", "machine", source="latest")
+    assert f"the run's `latest/` checkpoint, its step {meta['step']}" in latest and "`best/` checkpoint" not in latest
+    assert "`best/` checkpoint: " in card("demo", meta, shipped["measured"], shipped["checks"], "cmd", "machine")

@@ -186,7 +186,16 @@ def data_section(meta: dict) -> tuple[str, str]:
     return "\n".join(lines), license_text
 
 
-def card(name: str, meta: dict, m: dict, c: dict, command: str, machine: str, saturation: str = "") -> str:
+def which_sentence(meta: dict, source: str) -> str:
+    """Which of the run's checkpoints this is: `best/` (how it was chosen) or another folder, e.g. `latest/`."""
+    if source == "best":
+        return f"This is the run's `best/` checkpoint: {best_sentence(meta)}."
+    return (f"This is the run's `{source}/` checkpoint, its step {meta['step']} (a curriculum's last checkpoint is "
+            "its most trained; `best/` is chosen on loss alone).")
+
+
+def card(name: str, meta: dict, m: dict, c: dict, command: str, machine: str, saturation: str = "",
+         source: str = "best") -> str:
     recipe = Recipe.from_meta(meta)
     rb = recipe.depth
     data_lines, license_text = data_section(meta)
@@ -207,8 +216,7 @@ differ from the paper: [Deviations from the paper]({DEVIATIONS}).
 
 {data_lines}
 - **Training**: {meta['tokens_seen']:,} tokens ({meta['step']} steps{epochs_part(meta)}) in
-  {meta['wall_seconds'] / 60:.0f} minutes on {machine}. This is the run's `best/` checkpoint:
-  {best_sentence(meta)}.{validation_sentence(meta)}
+  {meta['wall_seconds'] / 60:.0f} minutes on {machine}. {which_sentence(meta, source)}{validation_sentence(meta)}
 - **Reproduce** (with the data files above where the command names them): `{command}`
 - **Checkpoint id**: `{meta['checkpoint_id']}` (code revision {meta['code_revision']}).
 
@@ -262,7 +270,8 @@ def export(src: Path, dst: Path, command: str, machine: str, compare: Path | Non
     def write(tmp: Path):
         for name in SHIPPED_FILES + ((GROUND_TRUTH,) if mixture else ()):
             shutil.copyfile(src / name, tmp / name)
-        (tmp / "README.md").write_text(card(dst.name, meta, m, c, command, machine, saturation))
+        (tmp / "README.md").write_text(card(dst.name, meta, m, c, command, machine, saturation,
+                                                 "latest" if src.name == "latest" else "best"))
         (tmp / "card.json").write_text(json.dumps({"measured": m, "checks": c}, indent=2) + "\n")
 
     atomic_write_dir(dst, write)

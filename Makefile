@@ -2,7 +2,7 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-CKPT ?= checkpoints/stories-reasoning
+CKPT ?= checkpoints/specimen
 PORT ?= 8501
 
 .PHONY: app test test-slow lint install

@@ -45,7 +45,7 @@ from recur_core.exits.policies import Uniform
 from recur_core.settings import SETTINGS
 from recur_core.tasks.base import EOS
 
-DEFAULT = "checkpoints/stories-reasoning"
+DEFAULT = "checkpoints/specimen"
 
 
 def uniform_loss(tr, boot: Bootstrap, depth: int) -> np.ndarray:

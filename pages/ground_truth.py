@@ -8,7 +8,8 @@ from ui import charts, download, ground_truth, jobs, state, text, views
 m = state.require_model()
 st.title("Ground truth: exit depth against the depth each answer needs")
 if not ground_truth.has_ground_truth(m):
-    st.info("This checkpoint has no ground truth. Pick **checkpoints/stories-reasoning** in the sidebar (word "
+    st.info("This checkpoint has no ground truth. Pick **checkpoints/specimen** in the sidebar (word problems, "
+            "each answer word labelled with the facts it reads) or **checkpoints/stories-reasoning** (word "
             "problems in story form, each answer word labelled with the composition steps it needs) or "
             "**checkpoints/hops** (variable-binding programs, each answer labelled with its number of lookups).")
     st.stop()

@@ -12,7 +12,7 @@ Settings (environment):
   RECUR_BROWSER_CHECKPOINT  checkpoint to run the app on (default: the tiny test checkpoint)
   RECUR_BROWSER_CHECKPOINTS more checkpoint folders for the app to list (e.g. checkpoints, for elasticity)
   RECUR_SCREENSHOTS         folder for the PNGs (default: the test's temporary folder). The README's
-                            images: RECUR_SCREENSHOTS=docs/screenshots RECUR_BROWSER_CHECKPOINT=checkpoints/stories-reasoning \
+                            images: RECUR_SCREENSHOTS=docs/screenshots RECUR_BROWSER_CHECKPOINT=checkpoints/specimen \
                             RECUR_BROWSER_CHECKPOINTS=checkpoints pytest tests/test_browser.py
 """
 from __future__ import annotations

@@ -215,7 +215,7 @@ def discover(typed: list[str] = ()) -> list[Entry]:
     return entries
 
 
-SHIPPED_DEFAULT = "stories-reasoning"  # the shipped specimen the app opens on (docs/benchmarks/specimen.md)
+SHIPPED_DEFAULT = "specimen"  # the shipped specimen the app opens on (docs/benchmarks/specimen.md)
 
 
 def default_path(entries: list[Entry]) -> str | None:

@@ -18,7 +18,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="recur-app", description="Start the recur Streamlit app.",
                                 epilog="Further arguments go to `streamlit run` (e.g. --server.address 0.0.0.0).")
     p.add_argument("checkpoint", nargs="?", help="checkpoint folder to open first (default: the app's own choice, "
-                                                 "checkpoints/stories-reasoning in the source tree)")
+                                                 "checkpoints/specimen in the source tree)")
     p.add_argument("--port", type=int, default=8501)
     args, streamlit_args = p.parse_known_args(argv)
     if not APP.is_file():

@@ -19,6 +19,20 @@ from recur_core.tasks import WordProblems
 CARD_DEPTHS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
 
 
+def _forms(task: WordProblems) -> str:
+    """How the problems are told, in words."""
+    sentences = f"in story form, {task.running_share:.0%} told \"running\", stating each intermediate value"
+    if not task.terse_share:
+        return sentences
+    terse = "the where stories in two-word clauses (\"Ben zoo. Amy Ben. Amy? zoo.\"), one question each"
+    return terse if task.terse_share == 1 and task.kind_list == ["where"] else \
+        f"{task.terse_share:.0%} of {terse}, the rest {sentences}"
+
+
+def _unit(task: WordProblems) -> str:
+    return "facts read (1: a direct recall)" if task.recall else "composition steps"
+
+
 def mixture_section(ckpt_dir: Path, task: WordProblems, loops: int) -> str:
     ckpt = load_checkpoint(ckpt_dir)
     steps, max_train = load_ground_truth(ckpt_dir)
@@ -38,10 +52,10 @@ def mixture_section(ckpt_dir: Path, task: WordProblems, loops: int) -> str:
                                  - uniform_answer_accuracy(tr, answers, 1, boot)))
     return f"""## Word problems (the generated half of the mixture)
 
-{task.share:.0%} of every training batch's windows are word problems in story form
-(`recur_core/tasks/word_problems.py`; kinds {', '.join(task.kind_list)}; {task.running_share:.0%} told "running",
-stating each intermediate value), whose answer words need 1–{task.max_steps} composition steps in
-training and up to {task.max_steps + task.extra_eval_steps} in the held-out windows. The eval windows
+{task.share:.0%} of every training batch's windows are word problems
+(`recur_core/tasks/word_problems.py`; kinds {', '.join(task.kind_list)}; {_forms(task)}), whose answer words
+need 1–{task.max_steps} {_unit(task)} in training and up to {task.max_steps + task.extra_eval_steps} in the
+held-out windows. The eval windows
 alternate TinyStories text and problems; `ground_truth.safetensors` labels each answer token with its
 steps (the Ground truth page and `python -m bench.bench_specimen` read it).
 

@@ -36,11 +36,11 @@ from recur_core.analysis.ground_truth import (
     correct_at,
     ground_truth_section,
     load_ground_truth,
+    operating_point_families,
     uniform_answer_accuracy,
 )
 from recur_core.analysis.stats import Bootstrap
 from recur_core.analysis.trace import trace
-from recur_core.exits import catalogue
 from recur_core.exits.policies import Uniform
 from recur_core.settings import SETTINGS
 from recur_core.tasks.base import EOS
@@ -109,7 +109,8 @@ def print_groups(title: str, groups: dict[int, dict[str, dict]]) -> None:
 
 def a1_at_answer_accuracy(ckpt, tr, boot: Bootstrap, r_max: int, r_bar: int, windows) -> dict:
     """Figure 5: the ground truth's exact A1 operating point (A1 is a readout rule: decoded), printed."""
-    gt = ground_truth_section(tr, Labels.of(ckpt), r_max, r_bar, boot, {"A1": catalogue.sweep("A1", r_max)},
+    a1_family = {"A1": operating_point_families(r_max)["A1"]}  # the ground truth's own A1 sweep
+    gt = ground_truth_section(tr, Labels.of(ckpt), r_max, r_bar, boot, a1_family,
                               ExactPath(ckpt, windows, TraceCache(), True))
     a1, best = gt["policies"]["A1"], gt["best_uniform_depth"]
     rho = a1["spearman_exit_vs_hops"]

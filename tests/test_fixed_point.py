@@ -264,10 +264,14 @@ SHIPPED = sorted(p.name for p in (ROOT / "checkpoints").iterdir() if (p / "meta.
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n == "hops" else pytest.mark.slow) for n in SHIPPED])
 def test_shipped_checkpoints(name):
-    """A1 (and Accel and the certified exit, at thresholds that mix exits; the certified exit where
-    decoding reproduces itself across batch sizes) on two short windows of every shipped checkpoint
-    under its default KV rule: real thresholds (the app's first ε), the fixed point equals decoding (hops in the quick suite: there the readout
-    context moves exits, so a pass that misjudged what settled fails it)."""
+    """A1 (and Accel and the certified exit, at thresholds that mix exits) on two short windows of every
+    shipped checkpoint under its default KV rule: real thresholds (the app's first ε), the fixed point
+    equals decoding (hops in the quick suite: there the readout context moves exits, so a pass that
+    misjudged what settled fails it). The certified exit's tail δρ/(1 − ρ) turns float32 reordering
+    into flipped exits where ρ is near 1 (on `demo`, 1 to 5 of 50 tokens differ between batch 1 and
+    batch 2 of decoding itself; on `stories-reasoning` 2 of 50 between decoding and the fixed point on
+    a CPU without AVX-512, none on one with it), so it is held to decoding in float64, except on hops,
+    where float32 must do."""
     ck = load_checkpoint(ROOT / "checkpoints" / name)
     w = ck.windows("eval")[:2, :26]
     loops = min(ck.recipe.r_max, 16)
@@ -275,19 +279,9 @@ def test_shipped_checkpoints(name):
     for policy in (ConvergenceExit(1e-3), ConvergenceExit(1e-2), Accel(gap_threshold(np.abs(np.diff(tr.state_step, axis=-1))))):
         assert_same(ck, w, policy, None, loops)
     certified = mixed_exits(CertifiedExit, tr, loops)
-    if decoding_is_reproducible(ck, w, certified, loops) or name == "hops":  # hops: it must be, and then equal
-        assert_same(ck, w, certified, None, loops)
-
-
-def decoding_is_reproducible(ck, w, policy, loops: int) -> bool:
-    """Whether token-by-token decoding gives the same exits one window at a time as in lockstep. The
-    certified exit's tail δρ/(1 − ρ) turns float32 reordering into flipped exits where ρ is near 1 (on
-    `demo`, 1 to 5 of 50 tokens differ between batch 1 and batch 2 of decoding itself); where decoding
-    does not reproduce itself, the fixed point cannot be held to it bit for bit."""
-    lockstep = teacher_forced(ck, w, policy, None, seed=SEED, max_loops=loops, mode="decode").exit_loop
-    alone = [teacher_forced(ck, w[i:i + 1], policy, None, seed=SEED, max_loops=loops, mode="decode",
-                            first_window=i).exit_loop for i in range(len(w))]
-    return torch.equal(torch.cat(alone), lockstep)
+    if name != "hops":
+        ck.model.double()
+    assert_same(ck, w, certified, None, loops)
 
 
 def random_windows(ck, n: int, length: int, seed: int) -> torch.Tensor:

@@ -23,8 +23,11 @@ def test_the_preset_applies_what_made_hops_learn():
     assert 0 < task.share < 1  # TinyStories stays in the mixture
 
 
+# A block of answers that 16 steps never fill: a stop leaves a partial block (its answers seen and right) that
+# the resumed run must carry on counting; whether a tiny model's answers advance a stage depends on the CPU's
+# rounding (advancing is tested on the Curriculum itself, tests/test_word_problems.py).
 TINY_CURRICULUM = ("word_problems:share=0.5,kinds=where+inside+swap,max_steps=3,extra_eval_steps=1,start_steps=1,"
-                   "advance_at=0.05,advance_answers=4,answer_weight=1,other_weight=0.1,text_weight=0.1")
+                   "advance_at=0.05,advance_answers=10000,answer_weight=1,other_weight=0.1,text_weight=0.1")
 TINY_SPECIMEN = {"mixture": TINY_CURRICULUM, "r_bar": "3", "backprop_depth": "3", "eval_every": "6",
                  "ckpt_every": "6"}
 
@@ -35,7 +38,7 @@ def test_a_stopped_and_resumed_run_continues_its_curriculum_exactly(tmp_path):
     make_tiny_reasoning_checkpoint(stopped, steps=16, preset="specimen", trainer_kwargs={"stop_at_step": 7},
                                    **TINY_SPECIMEN)
     halfway = json.loads((stopped / "run" / "latest" / "trainer_state.json").read_text())["data"]["problems"]
-    assert halfway["curriculum"]["seen"] > 0 or halfway["curriculum"]["top"] > 1  # mid-stage state to carry
+    assert halfway["curriculum"]["seen"] > 0  # mid-block state to carry
     make_tiny_reasoning_checkpoint(stopped, steps=16, preset="specimen", trainer_kwargs={"resume": True},
                                    **TINY_SPECIMEN)
     resumed = stopped / "run" / "latest"

@@ -29,6 +29,7 @@ from ..decoding.teacher_forced import teacher_forced
 from ..exits.policies import Policy
 from ..model.checkpoint import model_id, resolve_model
 from .harness import ExactResult, SweepWork, run_exact_sweep
+from .parallel import map_batches
 from .trace import progress_bar, resolve_cache, split_inputs
 
 EXACT_FORMAT_VERSION = 2  # 2: the final readout's argmax is stored (ground truth scores answers exactly)
@@ -103,19 +104,27 @@ class ExactPath:
     def _decode(self, policy: Policy, max_loops: int, seed: int, ids: np.ndarray, guess: np.ndarray | None,
                 lengths: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """decoded's computation: batches of DECODE_BATCH windows (by length when lengths are given,
-        each batch cut to its longest), every window with its own noise row."""
+        each batch cut to its longest), every window with its own noise row, on the CPU's cores
+        (recur_core.analysis.parallel: a batch's passes are many small ops, which torch's intra-op
+        threads split poorly)."""
         N, T = ids.shape[0], ids.shape[1] - 1
         exit_loop, argmax = np.zeros((N, T), dtype=np.int64), np.full((N, T), -1, dtype=np.int64)
         order = np.arange(N) if lengths is None else np.argsort(lengths, kind="stable")
+        cut = lambda rows: T if lengths is None else int(lengths[rows].max())  # noqa: E731
         update, close = progress_bar(self.progress, N, f"decoding {policy!r} (windows)")
-        for start in range(0, N, DECODE_BATCH):
-            rows = order[start:start + DECODE_BATCH]
-            L = T if lengths is None else int(lengths[rows].max())
-            out = teacher_forced(self.model, ids[rows, :L + 1], policy, "recompute", seed=seed, max_loops=max_loops,
-                                 batch_size=len(rows), mode="fixed_point", noise_rows=rows,
-                                 guess=None if guess is None else np.asarray(guess)[rows, :L])
+
+        def decode(rows: np.ndarray):
+            L = cut(rows)
+            return teacher_forced(self.model, ids[rows, :L + 1], policy, "recompute", seed=seed, max_loops=max_loops,
+                                  batch_size=len(rows), mode="fixed_point", noise_rows=rows,
+                                  guess=None if guess is None else np.asarray(guess)[rows, :L])
+
+        def take(rows: np.ndarray, out) -> None:
+            L = cut(rows)
             exit_loop[rows, :L], argmax[rows, :L] = out.exit_loop.numpy(), out.argmax.numpy()
             update(len(rows))
+        batches = [order[start:start + DECODE_BATCH] for start in range(0, N, DECODE_BATCH)]
+        map_batches(decode, batches, next(resolve_model(self.model)[0].parameters()).device, on_done=take)
         close()
         if lengths is not None:
             beyond = np.arange(T)[None, :] >= lengths[:, None]

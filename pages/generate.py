@@ -11,7 +11,7 @@ from recur_core.decoding.kv import KV_RULES
 from recur_core.decoding.serve import Request, serve
 from recur_core.exits import catalogue
 from recur_core.exits.policies import Uniform
-from ui import decoding, state
+from ui import decoding, state, text
 from ui.strip import DepthScale
 
 m = state.require_model()
@@ -77,7 +77,7 @@ def fit(prompt_ids: list[int]) -> int | None:
 
 
 if not pool_mode and st.button("Generate", type="primary"):
-    prompt_ids = tok.encode(prompt).ids
+    prompt_ids = text.prompt_ids(m, prompt)
     n_new = fit(prompt_ids)
     if n_new is None:
         st.stop()
@@ -116,7 +116,7 @@ if not pool_mode and st.button("Generate", type="primary"):
 
 if pool_mode and st.button("Run the pool", type="primary"):
     prompts = [p for p in prompts_text.splitlines() if p.strip()]
-    encoded = [tok.encode(p).ids for p in prompts]
+    encoded = [text.prompt_ids(m, p) for p in prompts]
     lengths = [fit(ids) for ids in encoded]
     if not prompts or any(n is None for n in lengths):
         st.stop()
@@ -130,8 +130,8 @@ if pool_mode and st.button("Run the pool", type="primary"):
         base = serve(ckpt, uniform, slots, max_loops=m.r_max, keep_logits=False)
     scale = DepthScale.of((d for c in run for d in c.exit_loops), policy.cap(m.r_max))
     st.html(decoding.legend(scale))
-    for text, c in zip(prompts, run, strict=True):
-        st.text(text)  # the prompt as typed: never Markdown or HTML
+    for typed, c in zip(prompts, run, strict=True):
+        st.text(typed)  # the prompt as typed: never Markdown or HTML
         st.html(decoding.strip(token_pieces(tok, c.prompt_ids, c.ids), c.exit_loops, scale, repr(policy)))
     decoding.speed_metrics(f"{label}, pool of {slots}:", f"Uniform r̄ = {m.r_bar}, same pool:", run, base, m.r_bar)
     st.caption(f"{run.steps} pool steps, {run.mixed_steps} of them batched tokens at different loops; "

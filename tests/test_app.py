@@ -112,9 +112,10 @@ def engine_depths(ckpt_dir: Path, text: str, eps: float, exact: bool = True) -> 
     from recur_core import load_checkpoint
     from recur_core.analysis.trace import trace
     from recur_core.exits.policies import ConvergenceExit
+    from recur_core.tasks import task_of
 
     ckpt = load_checkpoint(ckpt_dir)
-    ids = ckpt.tokenizer().encode(text).ids[:ckpt.config.max_seq_len]
+    ids = list(task_of(ckpt.meta).read(ckpt.tokenizer(), text).ids[:ckpt.config.max_seq_len])
     r_max = int(ckpt.meta["recipe"]["r_max"])
     policy = ConvergenceExit(eps, r_max=r_max)
     if exact:
@@ -739,6 +740,30 @@ def test_generate_says_why_fewer_loops_need_not_be_faster(tiny_ckpt):
     assert not at.exception
     note = next(c.value for c in at.caption if c.value.startswith("Why fewer loops"))
     assert re.search(r"\(\d+ coda \+ LM head passes, against \d+ for uniform depth", note)
+
+
+def test_a_word_problem_checkpoint_reads_a_prompt_and_a_pasted_problem_as_trained():
+    """The default specimen was trained on problems after EOS and a space: the generate page's prompt and
+    the pasted text are read so (a bare "Ben" is another token than the story's later " Ben")."""
+    from tokenizers import Tokenizer
+    ckpt = Path(__file__).parents[1] / "checkpoints" / "specimen"
+    tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    problem = "Ben zoo. Amy Ben. Amy?"
+    trained = [tok.token_to_id("<|endoftext|>"), *tok.encode(" " + problem).ids]
+    at = AppTest.from_file("../pages/generate.py", default_timeout=TIMEOUT)
+    at.session_state["checkpoint_path"] = str(ckpt)
+    at.run()
+    at.text_area[0].input(problem)
+    next(s for s in at.slider if s.label == "New tokens").set_value(2)
+    at.button[0].click().run()
+    assert not at.exception
+    assert any(md.value == f"**Prompt** ({len(trained)} tokens):" for md in at.markdown)
+    at = AppTest.from_file("../app.py", default_timeout=TIMEOUT)
+    at.session_state["checkpoint_path"] = str(ckpt)
+    at.run()
+    submit_text(at, problem)
+    [strip] = strips(at)
+    assert len(strip) == len(trained)
 
 
 def test_a_leaner_policy_with_a_lower_loss_is_named_for_comment():

@@ -182,12 +182,15 @@ def snap(page, path: Path) -> None:
 
 
 def expected_ids(ckpt: Path, text: str) -> list[int]:
-    """The token ids the app analyses: the text's tokens within the model's context."""
+    """The token ids the app analyses: the text as the checkpoint's task reads it, within the model's context."""
     import json
 
     from tokenizers import Tokenizer
+
+    from recur_core.tasks import task_of
     max_len = json.loads((ckpt / "config.json").read_text())["max_seq_len"]
-    return Tokenizer.from_file(str(ckpt / "tokenizer.json")).encode(text).ids[:max_len]
+    task = task_of(json.loads((ckpt / "meta.json").read_text()))
+    return list(task.read(Tokenizer.from_file(str(ckpt / "tokenizer.json")), text).ids[:max_len])
 
 
 def strip_selector(ckpt: Path, text: str) -> str:

@@ -2,6 +2,8 @@
 programs, word problems and prose read texts and label examples."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -74,11 +76,22 @@ def test_word_problems_label_their_answer_tokens_and_read_text_as_prose():
     words = example.text.split()
     assert [d for _, d in answers] == [d for d in example.char_depths if d]
     assert all(p.strip(".,?") in {w.strip(".,?") for w in words} for p, _ in answers)
-    assert task.read(tok, example.text) == Prose().read(tok, example.text)  # pasted text: plain tokens, no EOS
-    assert set(task.read(tok, example.text).depths) == {0}
+    pasted = task.read(tok, example.text)  # as trained: EOS, a space, the problem; its answers unlabelled
+    assert pasted.ids == tokens.ids and pasted.pieces == tokens.pieces and set(pasted.depths) == {0}
     held_out = task.eval_examples(tok, None, seed=0, n=8)
     assert [ex.deepest for ex in held_out] == [ex.deepest for ex in task.eval_examples(tok, None, seed=0, n=8)]
     assert {ex.deepest for ex in held_out} == set(range(1, task.max_steps + task.extra_eval_steps + 1))
+
+
+def test_a_word_problem_checkpoint_reads_a_story_after_eos_and_a_problem_after_eos_and_a_space():
+    tok = Tokenizer.from_file(str(Path(__file__).parents[1] / "checkpoints" / "specimen" / "tokenizer.json"))
+    task, eos = WordProblems(), tok.token_to_id(EOS)
+    problem = task.read(tok, "Ben zoo. Amy Ben. Amy? zoo.")
+    assert problem.ids[0] == eos and problem.pieces[:2] == ("␄", " Ben")
+    assert problem.ids[1] == problem.ids[problem.pieces.index(" Ben", 2)]  # the first name is its later mentions' token
+    story = task.read(tok, "Once upon a time, there was a cat.")
+    assert story.ids == (eos, *tok.encode("Once upon a time, there was a cat.").ids)
+    assert story.pieces[1] == "Once" and set(story.depths) == {0}
 
 
 def test_prose_reads_plain_text_and_offers_examples():

@@ -1,7 +1,7 @@
 """Pasted text -> token ids and the text each token covers (for display), within the model's context,
 as the checkpoint's task reads it (recur_core.tasks): a hops checkpoint reads a program as it was
 trained (EOS, then one token per statement, query, answer or `;`) and its examples are held-out
-programs; any other reads prose.
+programs; a word-problem mixture's reads a problem after EOS and a space, as trained; any other reads prose.
 """
 from __future__ import annotations
 
@@ -52,6 +52,12 @@ def examples_for(model: Handle) -> dict[str, str]:
     """Example texts by name: held-out programs for a hops checkpoint, prose otherwise."""
     windows = eval_windows(model)
     return task(model).text_examples(model.tokenizer() if windows is not None else None, windows, N_EXAMPLES)
+
+
+def prompt_ids(model: Handle, text: str) -> list[int]:
+    """A prompt's token ids as the checkpoint's task reads it (a program or a word problem after EOS,
+    as trained), not cut to the context: generation checks its own room."""
+    return list(task(model).read(model.tokenizer(), text).ids)
 
 
 def encode_for(model: Handle, text: str) -> Encoded:

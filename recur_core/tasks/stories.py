@@ -328,6 +328,18 @@ def guess_chance(problem: Problem) -> list[float]:
     return out
 
 
+_PROBLEM_START = re.compile(
+    "(?:" + "|".join(re.escape(o) for o in OPENINGS if o) + ")?"
+    + "(?:" + "|".join(NAMES) + "|[Tt]he (?:" + "|".join(CONTAINERS) + "))\\b")
+
+
+def looks_like_problem(text: str) -> bool:
+    """Whether a text opens as this module's problems do: an optional opening, then a child's name or
+    "the" and a container ("Ben zoo.", "One day, Mia had ...", "The box was ..."). A story that
+    opens so ("Lily was happy.") passes too: the two are told apart by their first words only."""
+    return _PROBLEM_START.match(text) is not None
+
+
 def token_steps(offsets: list[tuple[int, int]], steps: list[int]) -> list[int]:
     """Per token (given its character span in the text): the steps of the answer word that starts in
     it, else 0. A byte-level BPE token usually carries the space before the word, so the label goes

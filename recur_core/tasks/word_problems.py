@@ -1,8 +1,8 @@
 """The word-problem task: TinyStories-like text mixed with generated word problems in story form
 (recur_core/tasks/stories.py), each answer word labelled with the composition steps it needs.
 
-A checkpoint of this task reads pasted text as prose (`Prose`); its ground truth is the generated
-problems'. Each problem is drawn from its own RNG seeded by (seed, index): a stream's state is one
+A checkpoint of this task reads pasted text as it was trained (`WordProblems.read`: after EOS, and a
+word problem after a space too); its ground truth is the generated problems'. Each problem is drawn from its own RNG seeded by (seed, index): a stream's state is one
 integer. `WordProblems.parse("word_problems:max_steps=6")` reads the settings of a mixture string.
 Held-out windows (`held_out_windows`) and probe windows (`probe_windows`) come from seeds the training
 stream (training/word_problems.py) never reaches.
@@ -20,7 +20,16 @@ from recur_core.settings import seed_for
 
 from .base import EOS, EOS_PIECE, Example, Tokens, parse_settings, text_pieces
 from .prose import Prose
-from .stories import KINDS, MAKERS, NAMES, Problem, terse_where_problem, token_steps, with_extra_facts
+from .stories import (
+    KINDS,
+    MAKERS,
+    NAMES,
+    Problem,
+    looks_like_problem,
+    terse_where_problem,
+    token_steps,
+    with_extra_facts,
+)
 
 TERSE_EXAMPLES = ((2, 3), (3, 1), (4, 4))  # (facts read, seed): a terse mixture's example problems
 
@@ -28,7 +37,7 @@ TERSE_EXAMPLES = ((2, 3), (3, 1), (4, 4))  # (facts read, seed): a terse mixture
 @dataclass(frozen=True)
 class WordProblems(Prose):
     """The generated half of a `stories-reasoning` mixture and its settings; an answer's depth is its
-    composition steps. Pasted text is read as prose."""
+    composition steps. Pasted text is read as the mixture was trained (`read`)."""
     kind: ClassVar[str] = "word_problems"
     unit: ClassVar[str] = "step"
     noun: ClassVar[str] = "problem"
@@ -101,6 +110,18 @@ class WordProblems(Prose):
         running = rng.random() < self.running_share if running is None else running
         problem = MAKERS[kind](rng, steps - self.recall, running, self.recall)
         return with_extra_facts(problem, rng, self.extra_facts) if self.extra_facts else problem
+
+    def read(self, tok: Tokenizer, text: str) -> Tokens:
+        """A pasted text as the mixture was trained: after EOS (every story and problem of a training
+        window follows one), and after a space too when it opens as a word problem does
+        (`stories.looks_like_problem`; problems were told after EOS and a space, `spaced`, stories
+        straight after EOS). Without them a problem's first name is another token than its later
+        mentions (" Ben" against "Ben"). Its answers are not labelled: their words are the paster's."""
+        if looks_like_problem(text):
+            text, _ = spaced(text, ())
+        enc = tok.encode(text, add_special_tokens=False)
+        return Tokens((tok.token_to_id(EOS), *enc.ids), (EOS_PIECE, *text_pieces(text, enc.offsets)),
+                      (0,) * (len(enc.ids) + 1))
 
     def labelled(self, tok: Tokenizer, example: Example) -> Tokens:
         """EOS + a word problem's tokens, as the mixture was trained (EOS and a space before every

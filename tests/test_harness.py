@@ -73,6 +73,32 @@ def test_a_policy_that_halts_early_needs_the_harness(tr):
     assert uniform_run_result(tr, ConvergenceExit(math.inf, r_max=R_MAX)) is None
 
 
+def test_exact_results_are_cached_per_policy_and_a_never_early_policy_is_read_off_the_trace(
+        ckpt, windows, tr, tmp_path, monkeypatch):
+    """A policy two plans share (the allocation's and the ground truth's) runs in the harness once, and
+    one that halts nothing before its cap not at all: only the others reach run_exact_sweep."""
+    import recur_core.analysis.exact as exact_module
+    from recur_core.analysis.cache import TraceCache
+    swept = []
+    real = exact_module.run_exact_sweep
+    monkeypatch.setattr(exact_module, "run_exact_sweep",
+                        lambda m, ids, policies, *a, **k: swept.append([repr(p) for p in policies]) or real(
+                            m, ids, policies, *a, **k))
+    shared, first, second = (ConvergenceExit(eps, r_max=R_MAX) for eps in (1e-2, 1e-1, 1.0))
+    path = ExactPath(ckpt, windows, cache=TraceCache(tmp_path))
+    path.results([first, shared], R_MAX, 2)
+    got = path.results([Uniform(R_MAX), shared, second], R_MAX, 2, uniform=tr)
+    assert swept == [[repr(first), repr(shared)], [repr(second)]]
+    want = run_exact(ckpt, windows, shared, R_MAX, seed=2)
+    np.testing.assert_allclose(got[1].ce, want.ce, rtol=1e-5, atol=1e-6)
+    for field in ("exit_depth", "converged", "targets", "argmax"):
+        np.testing.assert_array_equal(getattr(got[1], field), getattr(want, field))
+    np.testing.assert_array_equal(got[0].exit_depth, np.full(want.exit_depth.shape, R_MAX))
+    cached = ExactPath(ckpt, windows, cache=TraceCache(tmp_path), cache_only=True)
+    assert cached.results([shared, second], R_MAX, 2) is not None and len(swept) == 2
+    assert cached.results([shared, ConvergenceExit(3e-2, r_max=R_MAX)], R_MAX, 2) is None
+
+
 def test_the_exact_plan_refuses_a_trace_of_other_windows(ckpt, windows, tr):
     boot = Bootstrap(4, 20)
     families = {"A0": [Uniform(2)], "A1": [ConvergenceExit(1e-3, r_max=R_MAX)]}

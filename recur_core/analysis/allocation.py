@@ -45,7 +45,7 @@ from .curves import (
     sweep,
 )
 from .exact import ExactPath
-from .harness import ExactResult, uniform_run_result
+from .harness import ExactResult
 from .matching import cheapest
 from .stats import Bootstrap
 from .trace import weighted_positions
@@ -140,12 +140,7 @@ def exact_plan(exact: ExactPath, families: dict[str, list[Policy]], fast: dict[s
         batch = [(name, i) for name in families for i in sorted(pending[name])]
         if not batch:
             break
-        for name, i in batch:  # no early halt: the uniform trace is the exact run
-            result = uniform_run_result(tr, families[name][i])
-            if result is not None:
-                done[name][i] = result
-        batch = [(name, i) for name, i in batch if i not in done[name]]
-        results = exact.results([families[n][i] for n, i in batch], tr.max_loops, tr.seed) if batch else []
+        results = exact.results([families[n][i] for n, i in batch], tr.max_loops, tr.seed, uniform=tr)
         if results is None:
             return None
         for (name, i), result in zip(batch, results, strict=True):

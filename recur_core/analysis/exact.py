@@ -4,7 +4,7 @@ budget and the seed; re-running a report or reopening the app replays them from 
   ExactPath        where and how exact results are computed (model, windows, cache, progress, cache_only,
                    work counter): what the allocation curves and the ground truth take to go exact.
   ExactPath.results  the masking harness (recur_core.analysis.harness): every token's state loop by loop
-                   in lockstep, many policies in one batched pass.
+                   in lockstep, many policies in one batched pass; cached per policy.
   ExactPath.decoded  teacher-forced decoding under the "recompute" KV rule, one policy at a time: what
                    real decoding gets, computed as the fixed point of parallel passes
                    (recur_core.decoding.fixed_point), which equals token-by-token decoding. For a rule that reads only the state
@@ -27,13 +27,13 @@ import torch
 from ..decoding.decode import default_max_loops
 from ..decoding.teacher_forced import teacher_forced
 from ..exits.policies import Policy
+from ..exits.trace_type import Trace
 from ..model.checkpoint import model_id, resolve_model
-from .harness import ExactResult, SweepWork, run_exact_sweep
+from .harness import ExactResult, SweepWork, run_exact_sweep, uniform_run_result
 from .parallel import map_batches
 from .trace import progress_bar, resolve_cache, split_inputs
 
-EXACT_FORMAT_VERSION = 2  # 2: the final readout's argmax is stored (ground truth scores answers exactly)
-_FIELDS = ("ce", "exit_depth", "converged", "argmax")
+EXACT_FORMAT_VERSION = 3  # 2: the final readout's argmax is stored; 3: one file per policy
 DECODE_BATCH = 32  # windows decoded in lockstep (on 2 CPU cores 32 programs of hops took 0.55x the time of 128)
 
 
@@ -50,28 +50,35 @@ class ExactPath:
     cache_only: bool = False
     work: SweepWork | None = None
 
-    def results(self, policies: list[Policy], max_loops: int, seed: int) -> list[ExactResult] | None:
-        """Every policy in the masking harness (run_exact_sweep) through the disk cache; None on a miss
-        with cache_only."""
-        ckpt_id = model_id(self.model)
-        store = resolve_cache(self.cache)
+    def results(self, policies: list[Policy], max_loops: int, seed: int,
+                uniform: Trace | None = None) -> list[ExactResult] | None:
+        """Every policy's exact result, through the disk cache, which keeps each policy's on its own (a
+        policy that two plans share, the allocation's and the ground truth's, runs once); the policies
+        not found run in the masking harness together (run_exact_sweep). `uniform`: the uniform trace
+        of these windows, off which a policy that halts no token before its cap is read instead
+        (uniform_run_result: nothing freezes early, so its harness run is the uniform run). None on a
+        miss with cache_only."""
+        out = [None if uniform is None else uniform_run_result(uniform, p) for p in policies]
+        ckpt_id, store = model_id(self.model), resolve_cache(self.cache)
         ids_np = np.asarray(self.ids.cpu() if hasattr(self.ids, "cpu") else self.ids, dtype=np.int64)
-        key = _exact_key(ckpt_id, ids_np, policies, max_loops, seed)
-        path = None if store is None else store.trace_path(ckpt_id, f"exact-{key[:32]}")
-        if store is not None:
-            hit = store.load(path, key)
-            if hit is not None and hit[0]["ce"].shape[0] == len(policies):
-                a = hit[0]
-                return [ExactResult(a["ce"][p], a["exit_depth"][p], a["converged"][p], a["targets"], a["argmax"][p])
-                        for p in range(len(policies))]
-        if self.cache_only:
+        shape = (ids_np.shape[0], ids_np.shape[1] - 1) if ids_np.ndim == 2 else (1, ids_np.shape[0])
+        entries = {}
+        for i in (i for i, r in enumerate(out) if r is None and store is not None):
+            key = _exact_key(ckpt_id, ids_np, [policies[i]], max_loops, seed)
+            entries[i] = store.trace_path(ckpt_id, f"exact-{key[:32]}"), key
+            hit = store.load(*entries[i], {f: shape for f in ExactResult.FIELDS})
+            out[i] = None if hit is None else ExactResult(**hit[0])
+        missing = [i for i, r in enumerate(out) if r is None]
+        if missing and self.cache_only:
             return None
-        results = run_exact_sweep(self.model, ids_np, policies, max_loops, seed, progress=self.progress, work=self.work)
-        if store is not None:
-            arrays = {f: np.stack([getattr(r, f) for r in results]) for f in _FIELDS}
-            store.save(path, key, {**arrays, "targets": results[0].targets},
-                       {"kind": "exact sweep", "policies": [repr(p) for p in policies]})
-        return results
+        computed = run_exact_sweep(self.model, ids_np, [policies[i] for i in missing], max_loops, seed,
+                                   progress=self.progress, work=self.work) if missing else []
+        for i, result in zip(missing, computed, strict=True):
+            out[i] = result
+            if i in entries:
+                store.save(*entries[i], {f: getattr(result, f) for f in ExactResult.FIELDS},
+                           {"kind": "exact (masking harness)", "policies": [repr(policies[i])]})
+        return out
 
     def decoded(self, policy: Policy, max_loops: int, seed: int, guess: np.ndarray | None = None,
                 lengths: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray] | None:

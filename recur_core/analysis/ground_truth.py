@@ -209,7 +209,7 @@ def policy_outcomes(tr: Trace, families: dict[str, list[Policy]], exact: ExactPa
     if exact is None or not families:
         return {name: [Outcome.fast(tr, p) for p in family] for name, family in families.items()}
     flat = [p for family in families.values() for p in family]
-    results = exact.results(flat, tr.max_loops, tr.seed)
+    results = exact.results(flat, tr.max_loops, tr.seed, uniform=tr)
     if results is None:
         raise NotCached("the masking harness's results")
     results = iter(results)

@@ -38,6 +38,7 @@ seeded by seed_for(seed, n) (LoopedLM.seeded_state), so the exact and fast paths
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -65,6 +66,7 @@ class ExactResult:
     converged: np.ndarray
     targets: np.ndarray
     argmax: np.ndarray
+    FIELDS: ClassVar[tuple[str, ...]] = ("ce", "exit_depth", "converged", "targets", "argmax")
 
     @property
     def has_target(self) -> np.ndarray:

@@ -2,6 +2,7 @@
 about the data, the recipe, best/ and the deviations from the paper."""
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -36,8 +37,9 @@ def test_saturation_needs_two_training_means():
 
 
 def test_export_copies_the_checkpoint_and_measures_its_card(tiny_ckpt, tmp_path):
-    dst = tmp_path / "shipped"
-    checks = export(tiny_ckpt, dst, command="python -m training.run demo ...", machine="a test machine")
+    dst, src = tmp_path / "shipped", tmp_path / "step-60"  # a run's folder other than best/ and latest/
+    shutil.copytree(tiny_ckpt, src)
+    checks = export(src, dst, command="python -m training.run demo ...", machine="a test machine")
     assert sorted(p.name for p in dst.iterdir()) == sorted({*SHIPPED_FILES, "README.md", "card.json"})
     assert load_checkpoint(dst).checkpoint_id == load_checkpoint(tiny_ckpt).checkpoint_id
     card_data = json.loads((dst / "card.json").read_text())
@@ -49,7 +51,7 @@ def test_export_copies_the_checkpoint_and_measures_its_card(tiny_ckpt, tmp_path)
     # the synthetic corpus is no known source: named by file, size and hash, and said to be unrecorded
     assert "`train.txt` (" in readme and "`val.txt` (" in readme and "source not recorded" in readme
     assert f"]({DEVIATIONS})" in readme and 'sampler mean `"r_bar"` (E[r] = r̄, ours)' in readme
-    assert "the run's `latest/` checkpoint, its step" in readme  # the tiny run's latest/, not its best/
+    assert "the run's `step-60/` checkpoint, its step" in readme and "`best/` checkpoint" not in readme
     meta = {**json.loads((tiny_ckpt / "meta.json").read_text()), "vocab_size": 0}
     as_best = card("shipped", meta, card_data["measured"], card_data["checks"], "cmd", "a test machine")
     assert "8 validation windows after the 128 saved eval windows (disjoint from them)" in as_best

@@ -270,8 +270,7 @@ def export(src: Path, dst: Path, command: str, machine: str, compare: Path | Non
     def write(tmp: Path):
         for name in SHIPPED_FILES + ((GROUND_TRUTH,) if mixture else ()):
             shutil.copyfile(src / name, tmp / name)
-        (tmp / "README.md").write_text(card(dst.name, meta, m, c, command, machine, saturation,
-                                                 "latest" if src.name == "latest" else "best"))
+        (tmp / "README.md").write_text(card(dst.name, meta, m, c, command, machine, saturation, src.name))
         (tmp / "card.json").write_text(json.dumps({"measured": m, "checks": c}, indent=2) + "\n")
 
     atomic_write_dir(dst, write)

@@ -2,8 +2,9 @@
 (recur_core/tasks/stories.py), each answer word labelled with the composition steps it needs.
 
 A checkpoint of this task reads pasted text as it was trained (`WordProblems.read`: after EOS, and a
-word problem after a space too); its ground truth is the generated problems'. Each problem is drawn from its own RNG seeded by (seed, index): a stream's state is one
-integer. `WordProblems.parse("word_problems:max_steps=6")` reads the settings of a mixture string.
+word problem after a space too); its ground truth is the generated problems'. Each problem is drawn
+from its own RNG seeded by (seed, index): a stream's state is one integer.
+`WordProblems.parse("word_problems:max_steps=6")` reads the settings of a mixture string.
 Held-out windows (`held_out_windows`) and probe windows (`probe_windows`) come from seeds the training
 stream (training/word_problems.py) never reaches.
 """

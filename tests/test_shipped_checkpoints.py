@@ -60,7 +60,7 @@ def test_saturation_verdict_of_the_readme_matches_the_numbers():
 def test_the_default_specimens_deepest_answers_need_a_third_loop():
     """checkpoints/specimen (the app's default): complete, and its card's claim holds when re-measured on its
     128 eval windows: answers that read 4 or more facts (up to the trained count) are right far more often
-    after 3 loops than after 1 (44% -> 56% in the card), and the card's rows for them at 1 and 3 loops hold
+    after 3 loops than after 1 (49% -> 68% in the card), and the card's rows for them at 1 and 3 loops hold
     to within one answer."""
     from recur_core.analysis.ground_truth import answer_hops, correct_at, load_ground_truth
     path = CHECKPOINTS / "specimen"
@@ -73,7 +73,7 @@ def test_the_default_specimens_deepest_answers_need_a_third_loop():
     deep = (hops >= 4) & (hops <= max_train)
     assert max_train >= 4 and deep.sum() >= 160
     correct = {r: correct_at(tr, np.full(hops.shape, r)) for r in (1, 3)}
-    assert correct[3][deep].mean() - correct[1][deep].mean() >= 0.10
+    assert correct[3][deep].mean() - correct[1][deep].mean() >= 0.15
     lines = (path / "README.md").read_text().splitlines()
     for n in range(4, max_train + 1):
         row = next(line for line in lines if line.startswith(f"| {n} steps ("))

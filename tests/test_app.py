@@ -742,11 +742,12 @@ def test_generate_says_why_fewer_loops_need_not_be_faster(tiny_ckpt):
     assert re.search(r"\(\d+ coda \+ LM head passes, against \d+ for uniform depth", note)
 
 
-def test_a_word_problem_checkpoint_reads_a_prompt_and_a_pasted_problem_as_trained():
+def test_a_word_problem_checkpoint_reads_a_prompt_and_a_pasted_problem_as_trained(monkeypatch):
     """The default specimen was trained on problems after EOS and a space: the generate page's prompt and
     the pasted text are read so (a bare "Ben" is another token than the story's later " Ben")."""
     from tokenizers import Tokenizer
     ckpt = Path(__file__).parents[1] / "checkpoints" / "specimen"
+    monkeypatch.setenv("RECUR_CHECKPOINT", str(ckpt))  # the app starts on it (other tests set the tiny one)
     tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
     problem = "Ben zoo. Amy Ben. Amy?"
     trained = [tok.token_to_id("<|endoftext|>"), *tok.encode(" " + problem).ids]

@@ -118,19 +118,13 @@ class WordProblems(Prose):
         (`stories.looks_like_problem`; problems were told after EOS and a space, `spaced`, stories
         straight after EOS). Without them a problem's first name is another token than its later
         mentions (" Ben" against "Ben"). Its answers are not labelled: their words are the paster's."""
-        if looks_like_problem(text):
-            text, _ = spaced(text, ())
-        enc = tok.encode(text, add_special_tokens=False)
-        return Tokens((tok.token_to_id(EOS), *enc.ids), (EOS_PIECE, *text_pieces(text, enc.offsets)),
-                      (0,) * (len(enc.ids) + 1))
+        unlabelled = [0] * len(text)
+        return after_eos(tok, *(spaced(text, unlabelled) if looks_like_problem(text) else (text, unlabelled)))
 
     def labelled(self, tok: Tokenizer, example: Example) -> Tokens:
         """EOS + a word problem's tokens, as the mixture was trained (EOS and a space before every
         problem), and the steps each token's answer word needs (0 elsewhere)."""
-        text, steps = spaced(example.text, example.char_depths)
-        enc = tok.encode(text, add_special_tokens=False)
-        return Tokens((tok.token_to_id(EOS), *enc.ids), (EOS_PIECE, *text_pieces(text, enc.offsets)),
-                      (0, *token_steps(enc.offsets, steps)))
+        return after_eos(tok, *spaced(example.text, example.char_depths))
 
     def eval_examples(self, tok: Tokenizer, eval_windows: torch.Tensor | None, seed: int, n: int) -> list[Example]:
         """n word problems drawn with the held-out seeds, told plain, cycling through every step
@@ -161,6 +155,14 @@ class WordProblems(Prose):
                              window_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Held-out problem windows (the eval set's generated half)."""
         return held_out_windows(self, tok, seed, n, window_len, EVAL_SEED_OFFSET)
+
+
+def after_eos(tok: Tokenizer, text: str, char_steps) -> Tokens:
+    """EOS + the text's tokens, each labelled with the steps of the answer word it starts (per character:
+    char_steps)."""
+    enc = tok.encode(text, add_special_tokens=False)
+    return Tokens((tok.token_to_id(EOS), *enc.ids), (EOS_PIECE, *text_pieces(text, enc.offsets)),
+                  (0, *token_steps(enc.offsets, char_steps)))
 
 
 def is_word_problems(spec: str) -> bool:

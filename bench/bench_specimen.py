@@ -15,7 +15,11 @@ and word problems, alternating), from the same seeded trace and disk cache as th
   5. exact A1 at matched answer accuracy (issue 50's goals; recur_core.analysis.ground_truth, A1
      decoded token by token's equal, the fixed point): the cheapest epsilon whose answer accuracy is
      within 1 point of A0 at r_bar, its mean loops against the best uniform depth reaching that
-     accuracy, and Spearman(A1 exit, steps) over the answer tokens with a bootstrap CI over windows.
+     accuracy, and Spearman(A1 exit, steps) over the answer tokens with a bootstrap CI over windows;
+  6. why A1 keeps the answers only at a small epsilon (fast path, uniform trace): per loop i, the answers
+     whose argmax at loop i differs from loop i - 1's, the KL(p_i || p_{i-1}) (nats, A1's signal) at
+     that change, and p_i's top-1 probability there (a near-tie between two candidate answers flips
+     while the rest of the distribution barely moves).
 """
 from __future__ import annotations
 
@@ -117,7 +121,7 @@ def a1_at_answer_accuracy(ckpt, tr, boot: Bootstrap, r_max: int, r_bar: int, win
     out = {"target_accuracy": gt["target_accuracy"], "best_uniform_depth": best,
            **{k: a1[k] for k in ("threshold", "answer_accuracy", "mean_loops", "answer_mean_loops",
                                  "matches_a0_rbar", "vs_best_uniform_loops_ratio", "vs_a0_rbar_loops_ratio")},
-           "spearman_exit_vs_steps": rho}
+           "spearman_exit_vs_steps": rho, "fast_point": a1.get("fast_point"), "decoded": a1["curve"]}
     reached = "reaches" if a1["matches_a0_rbar"] else "does not reach (its best shown)"
     ratio = a1["vs_best_uniform_loops_ratio"]
     print(f"\n5. exact A1 {reached} A0@r_bar's answer accuracy - 1 point ({gt['target_accuracy']:.3f}) at epsilon "
@@ -127,7 +131,30 @@ def a1_at_answer_accuracy(ckpt, tr, boot: Bootstrap, r_max: int, r_bar: int, win
           + f"\n   Spearman(A1 exit, steps) over all {gt['n_answers']} answer tokens: "
           + (f"{rho['value']:.3f} [{rho['ci_low']:.3f}, {rho['ci_high']:.3f}]" if rho["value"] == rho["value"]
              else "undefined: every answer exits at the same loop"))
+    print("   epsilons decoded (answer accuracy, mean loops): " + ", ".join(
+        f"{p['threshold']:.3g} ({p['answer_accuracy']:.3f}, {p['mean_loops']:.2f})" for p in a1["curve"]))
     return out
+
+
+def answer_flips(tr, answers: np.ndarray) -> dict[int, dict]:
+    """Figure 6: {loop i: {"answers", "kl_median", "kl_min", "top1_median"}} over the answers (bool
+    (N, T)) whose uniform-trace argmax at loop i differs from loop i - 1's; loops with none left out."""
+    argmax, kl, top1 = tr.argmax[answers], tr.kl_prev[answers], tr.top1_prob[answers]
+    out = {}
+    for i in range(1, argmax.shape[1]):
+        flipped = argmax[:, i] != argmax[:, i - 1]
+        if flipped.any():
+            out[i + 1] = {"answers": int(flipped.sum()), "kl_median": float(np.median(kl[flipped, i])),
+                          "kl_min": float(kl[flipped, i].min()), "top1_median": float(np.median(top1[flipped, i]))}
+    return out
+
+
+def print_flips(flips: dict[int, dict], n_answers: int) -> None:
+    print(f"\n6. answers whose argmax changes at loop i (of {n_answers}), and A1's signal KL(p_i || p_{{i-1}}) there "
+          "(nats):")
+    for i, f in flips.items():
+        print(f"   loop {i:2d}: {f['answers']:4d} answers, KL median {f['kl_median']:.2e} min {f['kl_min']:.2e}, "
+              f"top-1 probability median {f['top1_median']:.2f}")
 
 
 def ci(est) -> str:
@@ -153,6 +180,7 @@ def main(argv=None) -> dict:
     tr = trace(ckpt, windows, max_loops, SETTINGS.seed, cache=TraceCache(), progress=True)
     boot = Bootstrap(tr.n_windows, SETTINGS.n_boot, SETTINGS.seed)
     out: dict = {"checkpoint": ckpt.checkpoint_id, "windows": tr.n_windows, "r_bar": r_bar, "r_max": r_max,
+                 "trace_loops": max_loops,
                  "n_boot": boot.n_boot, "ci_level": boot.level}
 
     loss = {r: uniform_loss(tr, boot, r) for r in range(1, r_max + 1)}
@@ -191,6 +219,9 @@ def main(argv=None) -> dict:
     out["answer_accuracy_rise_points_1_to_rbar"] = rise.to_dict()
     print(f"\n3. answer accuracy rise from 1 loop to r_bar: {rise.value:.1f} points "
           f"[{rise.ci_low:.1f}, {rise.ci_high:.1f}]")
+
+    out["answer_argmax_changes_by_loop"] = answer_flips(tr, answers)
+    print_flips(out["answer_argmax_changes_by_loop"], int(answers.sum()))
 
     if not args.fast_only:
         exact = allocation(tr, boot, r_bar, allocation_families(r_max), ExactPath(ckpt, windows, TraceCache(), True))

@@ -187,6 +187,27 @@ def test_a_guess_is_checked_by_replaying_its_core(context_heavy, windows, kv_rul
     torch.testing.assert_close(seeded.logits, plain.logits, atol=TOL, rtol=1e-4)
 
 
+@pytest.mark.parametrize("kv_rule", KV_RULES)
+def test_what_the_pass_budget_leaves_unsettled_is_decoded_token_by_token(context_heavy, windows, kv_rule, monkeypatch):
+    """Past SEQUENTIAL_AFTER computed passes the unsettled positions are decoded token by token (a
+    threshold at the float noise of its signal settles one or two positions a pass): with a budget of
+    one pass, a rule that needs more gives decoding's exits and logits, and the steps cover exactly
+    what that pass left unsettled."""
+    from recur_core.decoding import fixed_point as fixed_point_module
+    model, a1 = context_heavy, ConvergenceExit(1e-3)
+    ids = windows[:, :-1]
+    B, T = ids.shape
+    noise = model.seeded_state(range(B), SEED)
+    full = fixed_point(model, ids, HaltSchedule(a1, 8), noise=noise, kv_rule=kv_rule)
+    assert full.passes >= 2 and full.stepped == 0
+    monkeypatch.setattr(fixed_point_module, "SEQUENTIAL_AFTER", 1)
+    budget = fixed_point(model, ids, HaltSchedule(a1, 8), noise=noise, kv_rule=kv_rule)
+    assert budget.passes == 1 and budget.stepped == T - 1  # a first pass settles position 0 alone
+    assert budget.settled[-1] == B * T and torch.equal(budget.exits, full.exits)
+    torch.testing.assert_close(budget.logits, full.logits, atol=TOL, rtol=1e-4)
+    assert_same(model, windows, a1, kv_rule, 8)
+
+
 @pytest.mark.parametrize("rows, group", [(1, 1), (60, 2), (90, 3), (512, 4)])
 def test_a_replay_reads_out_a_group_of_loops_per_coda_call(context_heavy, windows, rows, group, monkeypatch):
     """A guess's replay reads out several loops in one coda call (their states stacked on the batch):

@@ -69,12 +69,26 @@ def test_answers_are_grouped_by_their_form():
         2: {"sentences": {"accuracy": 1.0, "answers": 1}, "terse": {"accuracy": 0.5, "answers": 2}}}
 
 
-def test_bench_specimen_prints_its_five_figures(reasoning, capsys):
+def test_answer_flips_count_the_answers_whose_argmax_changes_at_each_loop():
+    from types import SimpleNamespace
+
+    from bench.bench_specimen import answer_flips
+    argmax = np.array([[[3, 4, 4, 5], [1, 1, 1, 1], [2, 7, 7, 7]]])  # (N, T, L): three tokens over 4 loops
+    kl = np.array([[[9.0, 0.5, 0.0, 1e-6], [9.0, 0.0, 0.0, 0.0], [9.0, 0.25, 0.0, 0.0]]])
+    top1 = np.array([[[0.3, 0.6, 0.7, 0.45], [0.9, 0.9, 0.9, 0.9], [0.2, 0.4, 0.8, 0.8]]])
+    tr = SimpleNamespace(argmax=argmax, kl_prev=kl, top1_prob=top1)
+    answers = np.array([[True, True, False]])  # the third token is no answer: its change is not counted
+    assert answer_flips(tr, answers) == {
+        2: {"answers": 1, "kl_median": 0.5, "kl_min": 0.5, "top1_median": 0.6},
+        4: {"answers": 1, "kl_median": 1e-6, "kl_min": 1e-6, "top1_median": 0.45}}
+
+
+def test_bench_specimen_prints_its_six_figures(reasoning, capsys):
     from bench.bench_specimen import main
     out = main([str(reasoning), "--windows", "8"])
     printed = capsys.readouterr().out
     for figure in ("1. loss", "2. answer-token accuracy", "3. answer accuracy rise", "4. exact A1", "5. exact A1",
-                   "Spearman(A1 exit, steps)"):
+                   "Spearman(A1 exit, steps)", "6. answers whose argmax changes"):
         assert figure in printed
     r_bar = out["r_bar"]
     drop = out["loss_drop_1_to_rbar"]
@@ -84,6 +98,8 @@ def test_bench_specimen_prints_its_five_figures(reasoning, capsys):
     rise = out["answer_accuracy_rise_points_1_to_rbar"]
     assert math.isclose(rise["value"], 100 * (acc[r_bar] - acc[1]), abs_tol=1e-9)
     assert out["n_answers"] > 0 and all(0 <= a <= 1 for a in acc.values())
+    flips = out["answer_argmax_changes_by_loop"]
+    assert all(2 <= i <= out["trace_loops"] and 0 < f["answers"] <= out["n_answers"] for i, f in flips.items())
     sizes = out["answer_accuracy_at_rbar_by_problem_length"]  # every answer in one group
     assert sum(v["answers"] for row in sizes.values() for v in row.values()) == out["n_answers"]
     a1 = out["exact_a1"]
@@ -98,6 +114,8 @@ def test_bench_specimen_prints_its_five_figures(reasoning, capsys):
     assert uniform is None or (acc[uniform] >= at_acc["target_accuracy"] and uniform <= r_bar)
     if uniform:
         assert math.isclose(at_acc["vs_best_uniform_loops_ratio"], at_acc["mean_loops"] / uniform)
+    assert at_acc["threshold"] in [p["threshold"] for p in at_acc["decoded"]]  # the walk decoded its point
+    assert "epsilons decoded (answer accuracy, mean loops)" in printed
     rho = at_acc["spearman_exit_vs_steps"]
     if rho["value"] != rho["value"]:  # every answer exits at one loop (e.g. A1 at epsilon inf)
         assert "undefined: every answer exits at the same loop" in printed

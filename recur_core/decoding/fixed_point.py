@@ -27,6 +27,15 @@ each loop's core output, and the first pass replays that core under the policy's
 right guess costs one core pass and one pass of readouts (read out a group of loops per call, as
 the tracer does), and a wrong one at most T - f computed passes after it (f: the positions before
 its first wrong exit).
+
+Passes are cheap only while they settle many positions each. Where a readout rule's threshold sits at
+the float noise of its signal (A1 at ε ≤ 1e-6: successive-output KLs of 0, 6e-8, 1.2e-7 ...), a change
+of one earlier exit state moves every later token's signal across it, and each pass settles one or two
+positions: up to T passes. Decoding the rest token by token costs about SEQUENTIAL_AFTER passes, so
+after that many computed passes the unsettled positions are decoded by `Decoder.step` (the
+reference itself, on the exact prefix the passes left in the cache): never worse than about twice
+token-by-token decoding, and the few passes of a usual threshold are untouched. The switch depends
+on the pass count alone, so the same inputs give the same result.
 """
 from __future__ import annotations
 
@@ -36,9 +45,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .. import cancel
 from ..exits.halting import HaltSchedule
 from ..exits.policies import Policy
 from .decode import Decoder
+
+# Computed passes after which the unsettled positions are decoded token by token. On checkpoints/specimen
+# (8 windows x 128 positions, A1 at ε 1.8e-7, 1 thread) the passes alone took 75 (40.3 s), token-by-token
+# decoding 7.0 s, about 14 passes' time; usual thresholds settle in 2-6 (docs/benchmarks/fixed-point.md).
+SEQUENTIAL_AFTER = 8
 
 
 @dataclass
@@ -46,7 +61,8 @@ class FixedPoint:
     """What `fixed_point` returns for B windows of T positions: logits (B, T, V) and exits (B, T) of
     exact decoding, the passes run (a guess's replay counts as one), and per pass the positions settled
     (summed over the windows) and the windows it ran (a window leaves the batch once every position
-    of it is settled)."""
+    of it is settled); stepped: the positions decoded token by token after SEQUENTIAL_AFTER computed
+    passes (0 when the passes converged)."""
 
     logits: Tensor
     exits: Tensor
@@ -54,6 +70,7 @@ class FixedPoint:
     settled: list[int]
     readouts: int
     rows: list[int]
+    stepped: int = 0
 
 
 class _GuessedExits(Policy):
@@ -99,7 +116,8 @@ def settled_prefix(exits: Tensor, previous: Tensor | None, passes: int) -> Tenso
 def fixed_point(model, ids: Tensor, schedule: HaltSchedule, *, noise: Tensor, kv_rule=None,
                 guess: Tensor | None = None, on_pass: Callable[[int, int], None] | None = None) -> FixedPoint:
     """Exact teacher-forced decoding of the inputs ids (B, T): what `Decoder.step` position by
-    position gives, by parallel passes until no exit can change (module docstring), under
+    position gives, by parallel passes until no exit can change, the positions still unsettled
+    after SEQUENTIAL_AFTER computed passes decoded token by token (module docstring), under
     `schedule` (the policy, its loop cap and check period).
 
     guess: optional exits (B, T) to seed the first pass's context with (default: the plain prefill
@@ -145,5 +163,28 @@ def fixed_point(model, ids: Tensor, schedule: HaltSchedule, *, noise: Tensor, kv
             return FixedPoint(logits, exits, passes, counts, dec.readouts, rows)
         if not bool(unsettled.all()):  # settled windows leave the batch: later passes run the others
             dec, active = dec.select(unsettled.nonzero().squeeze(1)), active[unsettled]
+        start = int(settled[active].min())
+        if computed >= SEQUENTIAL_AFTER:
+            stepped = step_the_rest(dec, ids, start, active, (logits, exits), settled, on_pass)
+            counts.append(int(settled.sum()))
+            return FixedPoint(logits, exits, passes, counts, dec.readouts, rows, stepped)
         previous = None if replay is not None else exits[active].clone()
-        dec.exit_context, replay, start = True, None, int(settled[active].min())
+        dec.exit_context, replay = True, None
+
+
+def step_the_rest(dec: Decoder, ids: Tensor, start: int, active: Tensor, out: tuple[Tensor, Tensor],
+                  settled: Tensor, on_pass: Callable[[int, int], None] | None) -> int:
+    """Decode positions start .. T - 1 of the rows `active` of ids (B, T) token by token (`Decoder.step`,
+    which reads every earlier position's entries as the cache holds them: exact before start) into
+    out = (logits, exits), marking each position settled as it is decoded (`on_pass` hears it);
+    returns the positions stepped."""
+    logits, exits = out
+    B, T = ids.shape
+    dec.exit_context = False  # a step's readout writes its own coda entry, as in plain decoding
+    for t in range(start, T):
+        cancel.check()
+        logits[active, t], exits[active, t] = dec.step(ids[active, t], t)
+        settled[active] = settled[active].clamp_min(t + 1)
+        if on_pass is not None:
+            on_pass(int(settled.sum()), B * T)
+    return T - start

@@ -19,7 +19,9 @@ and word problems, alternating), from the same seeded trace and disk cache as th
   6. why A1 keeps the answers only at a small epsilon (fast path, uniform trace): per loop i, the answers
      whose argmax at loop i differs from loop i - 1's, the KL(p_i || p_{i-1}) (nats, A1's signal) at
      that change, and p_i's top-1 probability there (a near-tie between two candidate answers flips
-     while the rest of the distribution barely moves).
+     while the rest of the distribution barely moves); and the loop from which each token's argmax stays
+     what it is at r_bar (the first loop a rule that knew the future could stop at: a floor on any
+     rule's mean loops at A0@r_bar's predictions; A2's "argmax, any later loop" label).
 """
 from __future__ import annotations
 
@@ -149,6 +151,13 @@ def answer_flips(tr, answers: np.ndarray) -> dict[int, dict]:
     return out
 
 
+def settled_loop(argmax: np.ndarray, r_bar: int) -> np.ndarray:
+    """(...,) the first loop i <= r_bar from which argmax (..., L) stays what it is at r_bar through r_bar."""
+    same = argmax[..., :r_bar] == argmax[..., r_bar - 1:r_bar]
+    through = np.flip(np.logical_and.accumulate(np.flip(same, -1), -1), -1)  # same from loop i on
+    return np.argmax(through, -1) + 1
+
+
 def print_flips(flips: dict[int, dict], n_answers: int) -> None:
     print(f"\n6. answers whose argmax changes at loop i (of {n_answers}), and A1's signal KL(p_i || p_{{i-1}}) there "
           "(nats):")
@@ -222,6 +231,10 @@ def main(argv=None) -> dict:
 
     out["answer_argmax_changes_by_loop"] = answer_flips(tr, answers)
     print_flips(out["answer_argmax_changes_by_loop"], int(answers.sum()))
+    settled, scored = settled_loop(tr.argmax, r_bar), tr.targets >= 0
+    out["argmax_settled_mean_loops"] = {"all": float(settled[scored].mean()), "answers": float(settled[answers].mean())}
+    print(f"   the argmax settles on its r_bar value by loop {settled[scored].mean():.2f} on average "
+          f"({settled[answers].mean():.2f} on answers): a floor on any rule's mean loops at A0@r_bar's predictions")
 
     if not args.fast_only:
         exact = allocation(tr, boot, r_bar, allocation_families(r_max), ExactPath(ckpt, windows, TraceCache(), True))

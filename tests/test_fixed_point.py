@@ -345,3 +345,12 @@ def test_bad_windows_are_refused_before_any_work(ckpt):
             teacher_forced(ckpt, bad, a1, mode="fixed_point")
     with pytest.raises(ValueError, match="mode must be one of"):
         teacher_forced(ckpt, torch.zeros(1, 4, dtype=torch.long), a1, mode="parallel")
+
+
+def test_bench_fixed_point_compares_the_engines_on_the_specimen(capsys):
+    from bench.bench_fixed_point import main
+    out = main(["--targets", "specimen", "--windows", "2", "--tokens", "9", "--passes-only"])
+    row = out["rows"][0]
+    assert (row["windows"], row["tokens"]) == (2, 9) and row["exits_identical"] and row["seeded_exits_identical"]
+    assert row["passes_only_passes"] == row["passes"] and all(1 <= p <= 9 for p in row["passes"])
+    assert "passes only" in capsys.readouterr().out

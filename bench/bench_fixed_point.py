@@ -10,8 +10,8 @@ Per target, A1 at ε (the app's first, 1e-3) under the "recompute" KV rule, on t
   seeded       the same, its first pass seeded with the fast exits (what the app runs once the fast
                strip is shown: its exact strip arrives after fast + seeded)
   decode       teacher_forced(mode="decode"): token by token, the reference
-  passes only  with --passes-only: the fixed point without its switch to token-by-token decoding after
-               SEQUENTIAL_AFTER computed passes (the baseline of that switch)
+  passes only  with --passes-only: the fixed point without its switch to token-by-token decoding once
+               that is cheaper than more passes (STEP_ROWS: the baseline of that switch)
 Seconds, the ratios fixed point / fast and decode / fixed point, whether the exits are identical and
 the largest |Δ logit|-driven loss difference, and the passes each batch took (its distribution).
 
@@ -100,7 +100,7 @@ def run_target(name: str, args) -> dict:
            "seeded_exits_identical": bool(torch.equal(seeded.exit_loop, fixed.exit_loop)),
            "mean_loops_exact": fixed.mean_loops, "mean_loops_fast": float(fast_exits.mean())}
     if args.passes_only:
-        with patched(fixed_point_module, "SEQUENTIAL_AFTER", T + 1):
+        with patched(fixed_point_module, "STEP_ROWS", float("inf")):
             alone, alone_s = timed(lambda: teacher_forced(ck, windows, policy, "recompute", seed=SETTINGS.seed,
                                                           max_loops=cap, batch_size=N, mode="fixed_point"))
         row.update(passes_only_s=alone_s, passes_only_passes=alone.passes)

@@ -187,25 +187,25 @@ def test_a_guess_is_checked_by_replaying_its_core(context_heavy, windows, kv_rul
     torch.testing.assert_close(seeded.logits, plain.logits, atol=TOL, rtol=1e-4)
 
 
-@pytest.mark.parametrize("kv_rule", KV_RULES)
-def test_what_the_pass_budget_leaves_unsettled_is_decoded_token_by_token(context_heavy, windows, kv_rule, monkeypatch):
-    """Past SEQUENTIAL_AFTER computed passes the unsettled positions are decoded token by token (a
-    threshold at the float noise of its signal settles one or two positions a pass): with a budget of
-    one pass, a rule that needs more gives decoding's exits and logits, and the steps cover exactly
-    what that pass left unsettled."""
+@pytest.mark.parametrize("kv_rule", ["latest", "recompute"])  # under "continue" these windows take 3 passes
+def test_the_rest_is_decoded_token_by_token_once_that_is_cheaper(context_heavy, ckpt, kv_rule, monkeypatch):
+    """From the third computed pass on, once the passes still needed times the windows still running
+    exceed STEP_ROWS, the rest is decoded token by token (a threshold at the float noise of its signal
+    settles a few positions a pass): with STEP_ROWS 0, a decoding that needs more than three passes
+    gives decoding's exits and logits, and the steps cover what the third pass left unsettled."""
     from recur_core.decoding import fixed_point as fixed_point_module
-    model, a1 = context_heavy, ConvergenceExit(1e-3)
-    ids = windows[:, :-1]
-    B, T = ids.shape
+    model, a1 = context_heavy, ConvergenceExit(1e-5)
+    ids = ckpt.windows("eval")[:4]
+    B, T = ids.shape[0], ids.shape[1] - 1
     noise = model.seeded_state(range(B), SEED)
-    full = fixed_point(model, ids, HaltSchedule(a1, 8), noise=noise, kv_rule=kv_rule)
-    assert full.passes >= 2 and full.stepped == 0
-    monkeypatch.setattr(fixed_point_module, "SEQUENTIAL_AFTER", 1)
-    budget = fixed_point(model, ids, HaltSchedule(a1, 8), noise=noise, kv_rule=kv_rule)
-    assert budget.passes == 1 and budget.stepped == T - 1  # a first pass settles position 0 alone
-    assert budget.settled[-1] == B * T and torch.equal(budget.exits, full.exits)
-    torch.testing.assert_close(budget.logits, full.logits, atol=TOL, rtol=1e-4)
-    assert_same(model, windows, a1, kv_rule, 8)
+    full = fixed_point(model, ids[:, :-1], HaltSchedule(a1, 8), noise=noise, kv_rule=kv_rule)
+    assert full.passes >= 4 and full.stepped == 0
+    monkeypatch.setattr(fixed_point_module, "STEP_ROWS", 0)
+    stepped = fixed_point(model, ids[:, :-1], HaltSchedule(a1, 8), noise=noise, kv_rule=kv_rule)
+    assert stepped.passes == 3 and stepped.settled[:3] == full.settled[:3]
+    assert 0 < stepped.stepped < T
+    assert stepped.settled[-1] == B * T and torch.equal(stepped.exits, full.exits)
+    torch.testing.assert_close(stepped.logits, full.logits, atol=TOL, rtol=1e-4)
 
 
 @pytest.mark.parametrize("rows, group", [(1, 1), (60, 2), (90, 3), (512, 4)])

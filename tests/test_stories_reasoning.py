@@ -83,10 +83,10 @@ def test_answer_flips_count_the_answers_whose_argmax_changes_at_each_loop():
         4: {"answers": 1, "kl_median": 1e-6, "kl_min": 1e-6, "top1_median": 0.45}}
 
 
-def test_settled_loop_is_where_the_argmax_stops_changing_before_r_bar():
-    from bench.bench_specimen import settled_loop
-    argmax = np.array([[3, 4, 4, 4, 9], [1, 1, 1, 1, 1], [2, 7, 2, 2, 2], [5, 5, 6, 5, 6]])  # r_bar 4: loop 5 unread
-    assert settled_loop(argmax, 4).tolist() == [2, 1, 3, 4]
+def test_first_agreeing_loop_is_the_first_loop_with_the_r_bar_prediction():
+    from bench.bench_specimen import first_agreeing_loop
+    argmax = np.array([[3, 4, 4, 4, 9], [1, 1, 1, 1, 1], [2, 7, 2, 2, 2], [5, 6, 6, 4, 6]])  # r_bar 4: loop 5 unread
+    assert first_agreeing_loop(argmax, 4).tolist() == [2, 1, 1, 4]
 
 
 def test_bench_specimen_prints_its_six_figures(reasoning, capsys):
@@ -104,7 +104,8 @@ def test_bench_specimen_prints_its_six_figures(reasoning, capsys):
     rise = out["answer_accuracy_rise_points_1_to_rbar"]
     assert math.isclose(rise["value"], 100 * (acc[r_bar] - acc[1]), abs_tol=1e-9)
     assert out["n_answers"] > 0 and all(0 <= a <= 1 for a in acc.values())
-    assert 1 <= out["argmax_settled_mean_loops"]["all"] <= r_bar and "the argmax settles" in printed
+    assert 1 <= out["r_bar_prediction_first_reached_mean_loops"]["all"] <= r_bar
+    assert "the fewest loops that give A0@r_bar's prediction" in printed
     flips = out["answer_argmax_changes_by_loop"]
     assert all(2 <= i <= out["trace_loops"] and 0 < f["answers"] <= out["n_answers"] for i, f in flips.items())
     sizes = out["answer_accuracy_at_rbar_by_problem_length"]  # every answer in one group

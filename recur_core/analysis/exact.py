@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..decoding.decode import default_max_loops
-from ..decoding.fixed_point import SEQUENTIAL_AFTER
+from ..decoding.fixed_point import STEP_ROWS
 from ..decoding.teacher_forced import teacher_forced
 from ..exits.policies import Policy
 from ..exits.trace_type import Trace
@@ -207,11 +207,11 @@ class TextDecoding:
 
 def _exact_key(ckpt_id: str, ids: np.ndarray, policies: list[Policy], max_loops: int, seed: int,
                order: str = "lockstep", **extra) -> str:
-    """A decoding's key names the pass count after which the fixed point steps token by token: at a
-    threshold at the float noise of its signal that order of arithmetic decides some exits."""
+    """A decoding's key names the fixed point's STEP_ROWS, which decides when it goes on token by token:
+    at a threshold at the float noise of its signal that order of arithmetic decides some exits."""
     spec = {"checkpoint_id": ckpt_id, "policies": [repr(p) for p in policies], "max_loops": max_loops,
             "seed": seed, "format_version": EXACT_FORMAT_VERSION,
-            **({} if order == "lockstep" else {"order": order, "sequential_after": SEQUENTIAL_AFTER}), **extra}
+            **({} if order == "lockstep" else {"order": order, "step_rows": STEP_ROWS}), **extra}
     h = hashlib.sha256(json.dumps(spec, sort_keys=True).encode())
     h.update(np.ascontiguousarray(ids).tobytes())
     return h.hexdigest()

@@ -28,14 +28,17 @@ right guess costs one core pass and one pass of readouts (read out a group of lo
 the tracer does), and a wrong one at most T - f computed passes after it (f: the positions before
 its first wrong exit).
 
-Passes are cheap only while they settle many positions each. Where a readout rule's threshold sits at
-the float noise of its signal (A1 at ε ≤ 1e-6: successive-output KLs of 0, 6e-8, 1.2e-7 ...), a change
-of one earlier exit state moves every later token's signal across it, and each pass settles one or two
-positions: up to T passes. Decoding the rest token by token costs about SEQUENTIAL_AFTER passes, so
-after that many computed passes the unsettled positions are decoded by `Decoder.step` (the
-reference itself, on the exact prefix the passes left in the cache): never worse than about twice
-token-by-token decoding, and the few passes of a usual threshold are untouched. The switch depends
-on the pass count alone, so the same inputs give the same result.
+Passes pay only while they settle many positions each. Where a readout rule's threshold sits at the
+float noise of its signal (A1 at ε ≤ 1e-6: successive-output KLs of 0, 6e-8, 1.2e-7 ...), a change of
+one earlier exit state moves later tokens' signals across it, and each pass settles a few positions:
+tens of passes. A pass over the rest costs in proportion to the windows it runs; decoding the rest
+token by token (`Decoder.step`, the reference itself, on the exact prefix the passes left in the
+cache) costs about what a pass over STEP_ROWS windows does, whatever the batch. The first two computed
+passes settle little in every case (the first position 0, the second up to the first exit the first
+got wrong) and a usual decoding's third settles most of the rest; so from the third computed pass on,
+once the passes still needed at the last one's rate, times the windows still running, exceed
+STEP_ROWS, the rest is decoded token by token. The switch depends on the settled counts alone, so the same
+inputs give the same result.
 """
 from __future__ import annotations
 
@@ -50,10 +53,11 @@ from ..exits.halting import HaltSchedule
 from ..exits.policies import Policy
 from .decode import Decoder
 
-# Computed passes after which the unsettled positions are decoded token by token. On checkpoints/specimen
-# (8 windows x 128 positions, A1 at ε 1.8e-7, 1 thread) the passes alone took 75 (40.3 s), token-by-token
-# decoding 7.0 s, about 14 passes' time; usual thresholds settle in 2-6 (docs/benchmarks/fixed-point.md).
-SEQUENTIAL_AFTER = 8
+# The windows a pass would run for its cost to match decoding the rest token by token. On checkpoints/specimen
+# (1 thread) a pass cost ~1.1 ms per window-position and a step ~50-60 ms, whatever the batch (8 or 32
+# windows): about 45 windows' pass. On 32 windows x 256 positions a usual decoding's third computed pass
+# settled 225 of the 250 positions per window left (A1 at ε 1e-3), A1 at ε 5.6e-7's 8-11 of 243.
+STEP_ROWS = 64
 
 
 @dataclass
@@ -61,7 +65,7 @@ class FixedPoint:
     """What `fixed_point` returns for B windows of T positions: logits (B, T, V) and exits (B, T) of
     exact decoding, the passes run (a guess's replay counts as one), and per pass the positions settled
     (summed over the windows) and the windows it ran (a window leaves the batch once every position
-    of it is settled); stepped: the positions decoded token by token after SEQUENTIAL_AFTER computed
+    of it is settled); stepped: the positions decoded token by token once that was cheaper than more
     passes (0 when the passes converged)."""
 
     logits: Tensor
@@ -116,8 +120,8 @@ def settled_prefix(exits: Tensor, previous: Tensor | None, passes: int) -> Tenso
 def fixed_point(model, ids: Tensor, schedule: HaltSchedule, *, noise: Tensor, kv_rule=None,
                 guess: Tensor | None = None, on_pass: Callable[[int, int], None] | None = None) -> FixedPoint:
     """Exact teacher-forced decoding of the inputs ids (B, T): what `Decoder.step` position by
-    position gives, by parallel passes until no exit can change, the positions still unsettled
-    after SEQUENTIAL_AFTER computed passes decoded token by token (module docstring), under
+    position gives, by parallel passes until no exit can change, the rest decoded token by token once
+    that is cheaper than the passes still needed (module docstring), under
     `schedule` (the policy, its loop cap and check period).
 
     guess: optional exits (B, T) to seed the first pass's context with (default: the plain prefill
@@ -136,6 +140,7 @@ def fixed_point(model, ids: Tensor, schedule: HaltSchedule, *, noise: Tensor, kv
         dec.exit_context = True
     logits = exits = None
     settled, start, passes, computed, counts, rows = torch.zeros(B, dtype=torch.long), 0, 0, 0, [], []
+    gain = 0.0  # positions per window the last computed pass settled
     replayed = torch.zeros(B, dtype=torch.long)  # per window, the positions a guess's replay settled
     active = torch.arange(B)  # the windows still unsettled, each a row of dec
     while True:
@@ -154,6 +159,7 @@ def fixed_point(model, ids: Tensor, schedule: HaltSchedule, *, noise: Tensor, kv
             # after n computed passes the n positions after those the replay settled are exact too
             computed += 1
             exact = torch.maximum(settled_prefix(exits[active], previous, computed), replayed[active] + computed)
+            gain = float((exact.clamp_max(T) - settled[active]).clamp_min(0).float().mean())
             settled[active] = torch.maximum(settled[active], exact.clamp_max(T))
         counts.append(int(settled.sum()))
         if on_pass is not None:
@@ -164,12 +170,17 @@ def fixed_point(model, ids: Tensor, schedule: HaltSchedule, *, noise: Tensor, kv
         if not bool(unsettled.all()):  # settled windows leave the batch: later passes run the others
             dec, active = dec.select(unsettled.nonzero().squeeze(1)), active[unsettled]
         start = int(settled[active].min())
-        if computed >= SEQUENTIAL_AFTER:
+        if computed >= 3 and passes_left(settled[active], T, gain) * len(active) > STEP_ROWS:
             stepped = step_the_rest(dec, ids, start, active, (logits, exits), settled, on_pass)
             counts.append(int(settled.sum()))
             return FixedPoint(logits, exits, passes, counts, dec.readouts, rows, stepped)
         previous = None if replay is not None else exits[active].clone()
         dec.exit_context, replay = True, None
+
+
+def passes_left(settled: Tensor, T: int, gain: float) -> float:
+    """The passes still needed at the last one's rate: positions per window still to settle / gain."""
+    return float((T - settled).float().mean()) / max(gain, 1.0)
 
 
 def step_the_rest(dec: Decoder, ids: Tensor, start: int, active: Tensor, out: tuple[Tensor, Tensor],

@@ -377,3 +377,12 @@ def test_decoding_bench_scores_the_trained_hop_counts(hops_ckpt):
     h = torch.as_tensor(hops[:16, 1:])
     assert torch.equal(trained.answers, (h > 0) & (h <= max_train))
     assert torch.equal(every.answers, h > 0) and trained.answers.sum() < every.answers.sum()
+
+
+def test_bench_ground_truth_page_times_the_pages_stages(hops_ckpt, capsys):
+    from bench.bench_ground_truth_page import main
+    out = main([str(hops_ckpt), "--windows", "4"])
+    assert list(out["seconds"]) == ["probes", "trace", "certified L", "fast ground truth", "exact ground truth"]
+    assert all(s >= 0 for s in out["seconds"].values()) and out["within_goal"] == (out["seconds"]["exact ground truth"] < 300)
+    assert out["decoded_thresholds"]["A1"] >= 1  # A1 reads the readout: its operating point was decoded
+    assert "A1" in capsys.readouterr().out

@@ -2,8 +2,8 @@
 figures on a checkpoint (default: the app's default, checkpoints/specimen), from a cold cache (a fresh
 temporary folder), stage by stage as the page runs them through `recur_core.analysis.study.Study`:
 A2's probes, the eval trace, the certified exit's L, the fast ground truth, then the exact one (the
-page's button). Issue 51's goal: the exact figures in under 5 minutes. Per policy family, how it was
-evaluated and, for a readout rule, the thresholds its decoding walk decoded. Last line: JSON.
+page's button). Issue 51's goal: the exact figures in under 5 minutes. Per readout rule, the
+thresholds its decoding walk decoded and its operating point. Last line: JSON.
 """
 from __future__ import annotations
 

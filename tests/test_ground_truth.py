@@ -386,3 +386,32 @@ def test_bench_ground_truth_page_times_the_pages_stages(hops_ckpt, capsys):
     assert all(s >= 0 for s in out["seconds"].values()) and out["within_goal"] == (out["seconds"]["exact ground truth"] < 300)
     assert out["decoded_thresholds"]["A1"] >= 1  # A1 reads the readout: its operating point was decoded
     assert "A1" in capsys.readouterr().out
+
+
+
+def test_a_threshold_whose_rule_never_holds_is_read_off_the_trace(hops_ckpt):
+    """A1 / Huginn's KL at ε 0 and the entropy rule at δ 0 never halt (their signals are >= 0): decoding
+    runs every token to the cap, which is the uniform trace there, and the walk reads it off the trace
+    instead of decoding (its ExactPath here is None: any decoding would fail)."""
+    from recur_core import load_checkpoint
+    from recur_core.analysis.ground_truth import Labels, Outcome, _Answers, _DecodingWalk, eos_id, program_mask
+    from recur_core.analysis.stats import Bootstrap
+    from recur_core.analysis.trace import trace
+    from recur_core.decoding.teacher_forced import teacher_forced
+    from recur_core.exits.policies import ConvergenceExit, EntropyDiff, LatentDiff, ReverseKLExit
+    assert ConvergenceExit(0.0).never_halts and ReverseKLExit(0.0).never_halts and EntropyDiff(0.0).never_halts
+    assert not ConvergenceExit(1e-9).never_halts and not EntropyDiff(1e-9).never_halts
+    assert not LatentDiff(0.0).never_halts  # no floor declared: decoded like any other threshold
+    ckpt = load_checkpoint(hops_ckpt)
+    windows = ckpt.windows("eval")[:3].numpy()
+    tr = trace(ckpt, windows, EXACT_LOOPS, seed=EXACT_SEED, cache=False)
+    never = ConvergenceExit(0.0)
+    decoded = teacher_forced(ckpt, windows, never, "recompute", seed=EXACT_SEED, max_loops=EXACT_LOOPS)
+    assert (decoded.exit_loop == EXACT_LOOPS).all()
+    labels = Labels.of(ckpt)
+    scored = (tr, _Answers(tr, labels.hops, labels.max_train_hops, Bootstrap(3, 10)), program_mask(tr, eos_id(ckpt.tokenizer())))
+    walk = _DecodingWalk(None, [never], [Outcome.fast(tr, never)], [{"mean_loops": EXACT_LOOPS}], scored, 0.5)
+    outcome, point = walk.evaluate(0)
+    assert (outcome.depth == EXACT_LOOPS).all()
+    assert np.array_equal(outcome.correct, decoded.argmax.numpy() == tr.targets)
+    assert point["mean_loops"] == EXACT_LOOPS

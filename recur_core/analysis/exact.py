@@ -6,8 +6,9 @@ budget and the seed; re-running a report or reopening the app replays them from 
   ExactPath.results  the masking harness (recur_core.analysis.harness): every token's state loop by loop
                    in lockstep, many policies in one batched pass; cached per policy.
   ExactPath.decoded  teacher-forced decoding under the "recompute" KV rule, one policy at a time: what
-                   real decoding gets, computed as the fixed point of parallel passes
-                   (recur_core.decoding.fixed_point), which equals token-by-token decoding. For a rule that reads only the state
+                   real decoding gets, token by token in lockstep or as the fixed point of parallel passes
+                   (recur_core.decoding.fixed_point), whichever is cheaper for the model and the batch
+                   (teacher_forced.exact_mode). For a rule that reads only the state
                    it equals the harness; for a readout rule (A1, Huginn's KL / entropy / argmax) it
                    differs, because decoding reads token t's per-loop output with the earlier tokens'
                    coda at their exit states, the harness at their current loop (docs/DECODING.md).
@@ -26,7 +27,7 @@ import torch
 
 from ..decoding.decode import default_max_loops
 from ..decoding.fixed_point import STEP_ROWS
-from ..decoding.teacher_forced import teacher_forced
+from ..decoding.teacher_forced import exact_mode, teacher_forced
 from ..exits.policies import Policy
 from ..exits.trace_type import Trace
 from ..model.checkpoint import model_id, resolve_model
@@ -86,7 +87,8 @@ class ExactPath:
         """(exit_loop (N, T), argmax (N, T)) of `policy` in teacher-forced decoding of the windows
         (N, T + 1) under the "recompute" KV rule (exact, by the fixed point), window n with the
         trace's noise row n, through the disk cache; None on a miss with cache_only. guess: exits
-        (N, T) to seed the fixed point with (the fast path's): fewer passes, the same result.
+        (N, T) to seed the fixed point with (the fast path's): fewer passes, the same result; lockstep
+        decoding, where it is the cheaper mode (`exact_mode`), needs none.
         lengths: (N,) the leading positions of each window that matter (e.g. a program before its
         padding); decoding is causal, so the later ones are left out, with exit_loop 0 and argmax -1,
         and windows are batched by length (a padded position that loops long no longer prolongs a pass)."""
@@ -95,7 +97,8 @@ class ExactPath:
         ids_np = np.asarray(self.ids.cpu() if hasattr(self.ids, "cpu") else self.ids, dtype=np.int64)
         shape = (ids_np.shape[0], ids_np.shape[1] - 1)
         cut = None if lengths is None else np.clip(np.asarray(lengths, dtype=np.int64), 1, shape[1])
-        key = _exact_key(ckpt_id, ids_np, [policy], max_loops, seed, order="decoding",
+        mode = exact_mode(resolve_model(self.model)[0], min(shape[0], DECODE_BATCH))
+        key = _exact_key(ckpt_id, ids_np, [policy], max_loops, seed, order="decoding", mode=mode,
                          **({} if cut is None else {"lengths": cut.tolist()}))
         path = None if store is None else store.trace_path(ckpt_id, f"decoded-{key[:32]}")
         hit = None if store is None else store.load(path, key, {f: shape for f in ("exit_loop", "argmax", "targets")})
@@ -103,18 +106,19 @@ class ExactPath:
             return hit[0]["exit_loop"], hit[0]["argmax"]
         if self.cache_only:
             return None
-        exit_loop, argmax = self._decode(policy, max_loops, seed, ids_np, guess, cut)
+        exit_loop, argmax = self._decode(policy, (max_loops, seed, mode), ids_np, guess, cut)
         if store is not None:
             store.save(path, key, {"exit_loop": exit_loop, "argmax": argmax, "targets": split_inputs(ids_np)[1].numpy()},
                        {"kind": "teacher-forced decoding (recompute)", "policies": [repr(policy)]})
         return exit_loop, argmax
 
-    def _decode(self, policy: Policy, max_loops: int, seed: int, ids: np.ndarray, guess: np.ndarray | None,
+    def _decode(self, policy: Policy, run: tuple[int, int, str], ids: np.ndarray, guess: np.ndarray | None,
                 lengths: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """decoded's computation: batches of DECODE_BATCH windows (by length when lengths are given,
-        each batch cut to its longest), every window with its own noise row, on the CPU's cores
-        (recur_core.analysis.parallel: a batch's passes are many small ops, which torch's intra-op
-        threads split poorly)."""
+        """decoded's computation, run = (max_loops, seed, teacher_forced's mode): batches of DECODE_BATCH
+        windows (by length when lengths are given, each batch cut to its longest), every window with
+        its own noise row, on the CPU's cores (recur_core.analysis.parallel: a batch's steps or passes
+        are many small ops, which torch's intra-op threads split poorly)."""
+        max_loops, seed, mode = run
         N, T = ids.shape[0], ids.shape[1] - 1
         exit_loop, argmax = np.zeros((N, T), dtype=np.int64), np.full((N, T), -1, dtype=np.int64)
         order = np.arange(N) if lengths is None else np.argsort(lengths, kind="stable")
@@ -124,8 +128,8 @@ class ExactPath:
         def decode(rows: np.ndarray):
             L = cut(rows)
             return teacher_forced(self.model, ids[rows, :L + 1], policy, "recompute", seed=seed, max_loops=max_loops,
-                                  batch_size=len(rows), mode="fixed_point", noise_rows=rows,
-                                  guess=None if guess is None else np.asarray(guess)[rows, :L])
+                                  batch_size=len(rows), mode=mode, noise_rows=rows,
+                                  guess=None if guess is None or mode != "fixed_point" else np.asarray(guess)[rows, :L])
 
         def take(rows: np.ndarray, out) -> None:
             L = cut(rows)
@@ -206,12 +210,13 @@ class TextDecoding:
 
 
 def _exact_key(ckpt_id: str, ids: np.ndarray, policies: list[Policy], max_loops: int, seed: int,
-               order: str = "lockstep", **extra) -> str:
-    """A decoding's key names the fixed point's STEP_ROWS, which decides when it goes on token by token:
-    at a threshold at the float noise of its signal that order of arithmetic decides some exits."""
+               order: str = "lockstep", mode: str = "fixed_point", **extra) -> str:
+    """A decoding's key names its mode (teacher_forced's), and the fixed point's STEP_ROWS, which decides
+    when it goes on token by token: at a threshold at the float noise of its signal the order of
+    arithmetic decides some exits."""
+    decoding = {"order": order, "mode": mode, **({"step_rows": STEP_ROWS} if mode == "fixed_point" else {})}
     spec = {"checkpoint_id": ckpt_id, "policies": [repr(p) for p in policies], "max_loops": max_loops,
-            "seed": seed, "format_version": EXACT_FORMAT_VERSION,
-            **({} if order == "lockstep" else {"order": order, "step_rows": STEP_ROWS}), **extra}
+            "seed": seed, "format_version": EXACT_FORMAT_VERSION, **({} if order == "lockstep" else decoding), **extra}
     h = hashlib.sha256(json.dumps(spec, sort_keys=True).encode())
     h.update(np.ascontiguousarray(ids).tobytes())
     return h.hexdigest()

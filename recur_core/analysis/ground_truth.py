@@ -324,12 +324,14 @@ def _evaluated_by(family: list[Policy], exact: ExactPath | None) -> str:
 
 class _DecodingWalk:
     """A readout rule's operating point in real decoding (ExactPath.decoded: teacher-forced,
-    "recompute", by the fixed point, seeded with the nearest decoded threshold's exits, at first the
-    fast path's). Thresholds are ordered by the fast path's mean loops, from most
-    to fewest (the direction in which accuracy falls; ties keep the family's order); from the fast
-    path's operating point the walk moves towards cheaper thresholds while decoding still meets the
-    target, or towards dearer ones until it does, in doubling steps, then bisects. Each step decodes
-    every program once, up to its last scored position (its trailing padding left out)."""
+    "recompute", token by token in lockstep or by the fixed point, whichever is cheaper; the fixed
+    point seeded with the nearest decoded threshold's exits, at first the fast path's). Thresholds are
+    ordered by the fast path's mean loops, from most to fewest (the direction in which accuracy falls;
+    ties keep the family's order); from the fast path's operating point the walk moves towards cheaper
+    thresholds while decoding still meets the target, or towards dearer ones until it does, in
+    doubling steps, then bisects. Each step decodes every program once, up to its last scored
+    position (its trailing padding left out); a threshold whose rule never holds (A1 at ε 0) is the
+    uniform run at the cap, read off the trace."""
 
     def __init__(self, exact: ExactPath, family: list[Policy], fast: list[Outcome], fast_points: list[dict],
                  scored: tuple[Trace, _Answers, np.ndarray], target: float):
@@ -343,14 +345,23 @@ class _DecodingWalk:
 
     def evaluate(self, i: int) -> tuple[Outcome, dict]:
         if i not in self.done:
-            decoded = self.exact.decoded(self.family[i], self.tr.max_loops, self.tr.seed, guess=self.guess(i),
-                                         lengths=self.lengths)
-            if decoded is None:
-                raise NotCached(f"teacher-forced decoding of {self.family[i]!r}")
-            exit_loop, argmax = decoded
-            outcome = Outcome(exit_loop, argmax == self.tr.targets)
+            outcome = self._uniform_at_cap(self.family[i]) if self.family[i].never_halts else self._decoded(i)
             self.done[i] = outcome, _point(self.family[i], outcome, self.ans, self.program)
         return self.done[i]
+
+    def _decoded(self, i: int) -> Outcome:
+        decoded = self.exact.decoded(self.family[i], self.tr.max_loops, self.tr.seed, guess=self.guess(i),
+                                     lengths=self.lengths)
+        if decoded is None:
+            raise NotCached(f"teacher-forced decoding of {self.family[i]!r}")
+        exit_loop, argmax = decoded
+        return Outcome(exit_loop, argmax == self.tr.targets)
+
+    def _uniform_at_cap(self, policy: Policy) -> Outcome:
+        """A rule that never holds runs every token to its cap: its decoding is the uniform run, which
+        the trace holds (as the harness reads A0 off it)."""
+        depth = np.full(self.tr.targets.shape, policy.cap(self.tr.max_loops))
+        return Outcome(depth, correct_at(self.tr, depth))
 
     def guess(self, i: int) -> np.ndarray:
         """The exits that seed threshold i's fixed point: those of the nearest threshold decoded so far

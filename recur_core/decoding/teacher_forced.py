@@ -26,6 +26,24 @@ from .fixed_point import fixed_point
 
 TEACHER_FORCED_MODES = ("decode", "fixed_point", "prefill")
 
+# Which exact mode decodes a batch of windows (`exact_mode`). On a CPU a lockstep step of a small model is a few
+# hundred small ops whose cost hardly grows with the batch, while the fixed point repeats every position's
+# arithmetic over 3-5 passes: with 32 windows, lockstep decoding took 0.31-0.55x the fixed point's time on every
+# shipped checkpoint (0.6M-3.8M parameters, docs/benchmarks/fixed-point.md). Passes pay for a few windows (8 hops
+# programs: 1.4x faster than lockstep), and for a large model, whose weights a step reads for one token a row.
+LOCKSTEP_MAX_PARAMS = 16_000_000
+LOCKSTEP_MIN_BATCH = 16
+
+
+def exact_mode(model, batch: int) -> str:
+    """The cheaper of the two exact modes for `batch` windows of `model` (a LoopedLM): "decode" (token by
+    token in lockstep, the reference) for a small model on a CPU and a batch of LOCKSTEP_MIN_BATCH windows
+    or more, else "fixed_point". Both give what real decoding gets; at a threshold at the float noise of
+    its signal the order of their arithmetic can move an exit, so a result names the mode it came from."""
+    small = sum(p.numel() for p in model.parameters()) <= LOCKSTEP_MAX_PARAMS
+    on_cpu = model.embed.weight.device.type == "cpu"
+    return "decode" if on_cpu and small and batch >= LOCKSTEP_MIN_BATCH else "fixed_point"
+
 
 @dataclass
 class TeacherForced:

@@ -94,6 +94,7 @@ class Policy:
     remembers_loops: bool = False  # the rule keeps memory of earlier loops per batch row (see _Remembering)
     per_token_loops: bool = False  # the online rule takes a tensor of loops, one per token (see halt)
     threshold_name: str = ""
+    signal_floor: float | None = None  # a "signal < threshold" rule's signal is never below this (None: unknown)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -112,6 +113,12 @@ class Policy:
     @property
     def threshold(self) -> float:
         return getattr(self, self.threshold_name)
+
+    @property
+    def never_halts(self) -> bool:
+        """The rule can never hold (its threshold at or below its signal's floor, e.g. A1 at ε = 0): every
+        token runs to the cap, which is A0 at the cap."""
+        return self.signal_floor is not None and self.threshold <= self.signal_floor
 
     @property
     def rule_key(self) -> str:
@@ -211,6 +218,7 @@ class ConvergenceExit(Policy):
     readout_fields = frozenset({"kl_prev"})
     per_token_loops = True
     threshold_name = "eps"
+    signal_floor = 0.0  # a KL, clamped at 0 where float rounding dips below
 
     def __init__(self, eps: float, min_loops: int = FIRST_CHECK, r_max: int | None = None):
         super().__init__(min_loops, r_max)
@@ -294,6 +302,7 @@ class ReverseKLExit(Policy):
     readout_fields = frozenset({"kl_prev_reverse"})
     per_token_loops = True
     threshold_name = "eps"
+    signal_floor = 0.0  # a KL, clamped at 0 where float rounding dips below
 
     def __init__(self, eps: float = 1e-3, min_loops: int = 1, r_max: int | None = None):
         super().__init__(min_loops, r_max)
@@ -388,6 +397,7 @@ class EntropyDiff(_FirstDifference):
     readout_fields = frozenset({"entropy"})
     threshold_name = "delta"
     signal = "entropy"
+    signal_floor = 0.0  # an absolute difference
 
     def __init__(self, delta: float = 1e-3, min_loops: int = 1, r_max: int | None = None):
         super().__init__(min_loops, r_max)

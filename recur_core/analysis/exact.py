@@ -85,7 +85,7 @@ class ExactPath:
     def decoded(self, policy: Policy, max_loops: int, seed: int, guess: np.ndarray | None = None,
                 lengths: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray] | None:
         """(exit_loop (N, T), argmax (N, T)) of `policy` in teacher-forced decoding of the windows
-        (N, T + 1) under the "recompute" KV rule (exact, by the fixed point), window n with the
+        (N, T + 1) under the "recompute" KV rule (exact, in the cheaper mode), window n with the
         trace's noise row n, through the disk cache; None on a miss with cache_only. guess: exits
         (N, T) to seed the fixed point with (the fast path's): fewer passes, the same result; lockstep
         decoding, where it is the cheaper mode (`exact_mode`), needs none.

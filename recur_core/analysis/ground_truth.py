@@ -36,7 +36,7 @@ from ..exits.policies import Policy
 from ..exits.trace_type import Trace
 from ..model.checkpoint import read_safetensors
 from .exact import ExactPath
-from .harness import ExactResult
+from .harness import ExactResult, uniform_run_result
 from .matching import cheapest
 from .stats import Bootstrap
 
@@ -345,8 +345,10 @@ class _DecodingWalk:
 
     def evaluate(self, i: int) -> tuple[Outcome, dict]:
         if i not in self.done:
-            outcome = self._uniform_at_cap(self.family[i]) if self.family[i].never_halts else self._decoded(i)
-            self.done[i] = outcome, _point(self.family[i], outcome, self.ans, self.program)
+            policy = self.family[i]  # a rule that never holds runs every token to its cap: the uniform run
+            uniform = uniform_run_result(self.tr, policy) if policy.never_halts else None
+            outcome = Outcome.exact(uniform) if uniform is not None else self._decoded(i)
+            self.done[i] = outcome, _point(policy, outcome, self.ans, self.program)
         return self.done[i]
 
     def _decoded(self, i: int) -> Outcome:
@@ -356,12 +358,6 @@ class _DecodingWalk:
             raise NotCached(f"teacher-forced decoding of {self.family[i]!r}")
         exit_loop, argmax = decoded
         return Outcome(exit_loop, argmax == self.tr.targets)
-
-    def _uniform_at_cap(self, policy: Policy) -> Outcome:
-        """A rule that never holds runs every token to its cap: its decoding is the uniform run, which
-        the trace holds (as the harness reads A0 off it)."""
-        depth = np.full(self.tr.targets.shape, policy.cap(self.tr.max_loops))
-        return Outcome(depth, correct_at(self.tr, depth))
 
     def guess(self, i: int) -> np.ndarray:
         """The exits that seed threshold i's fixed point: those of the nearest threshold decoded so far

@@ -118,17 +118,20 @@ def test_a_markdown_prompt_is_shown_as_text(request):
 def test_a_slower_policy_points_down(request):
     """At the tightest ε A1 loops longer than the best uniform depth of its loss: its delta says so, with
     a red down arrow (or, when its loss is below every uniform depth's, says that, with no arrow)."""
+    from playwright.sync_api import expect  # installed wherever the browser fixture runs
     base, _ = request.getfixturevalue("server")
     page = request.getfixturevalue("browser").new_page(viewport={"width": 1440, "height": 1600})
     page.goto(base + "/curve")
     page.wait_for_selector("h3:has-text('Matched depth (fast path)')", timeout=RUN_TIMEOUT_MS)
     page.wait_for_function("() => !document.querySelector(\"[data-testid='stProgress']\")", timeout=RUN_TIMEOUT_MS)
     wait_idle(page)
-    move_slider(page, "Home")  # ε = 1e-7
     metric = page.locator("[data-testid='stMetric']", has_text="Mean loops (A1)")
     delta = metric.locator("[data-testid='stMetricDelta']")
-    # the rerun after the slider moves can land after move_slider returns (a fresh clone's CI read the old ε)
     metric.locator("[data-testid='stMetricDelta']", has_text="uniform r").wait_for(timeout=RUN_TIMEOUT_MS)
+    at_first_eps = delta.inner_text()
+    move_slider(page, "Home")  # ε = 1e-7
+    # the rerun after the slider moves can land after move_slider returns (CI has read the first ε's delta)
+    expect(delta).not_to_have_text(at_first_eps, timeout=RUN_TIMEOUT_MS)
     if "below every uniform" in delta.inner_text():
         assert delta.locator("[data-testid='stMetricDeltaIcon-Down']").count() == 0
     else:

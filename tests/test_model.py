@@ -100,6 +100,31 @@ def test_live_rows_with_padding_equal_the_full_step_and_coda(model):
         torch.testing.assert_close(h[valid], model.coda(full)[freeze.logical_not()], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("shape", [{}, {"n_core": 1}, {"n_core": 3, "qk_bias": True, "outer_blocks": "sandwich", "rope_layout": "interleaved"},
+                                   {"loop_input": "state", "loop_final_norm": True, "n_coda": 0, "n_prelude": 0,
+                                    "sandwich": "branch", "exit_gate": True}],
+                         ids=["two-block core", "one-block core", "huginn-like", "ouro-like"])
+def test_core_entries_are_the_entries_core_step_writes_bit_for_bit(shape):
+    """A halted token's entries under "recompute" (`core_entries`: the last core block's keys and
+    values only) equal those the full loop writes, at a subset of positions reading earlier entries."""
+    from recur_core.decoding.kv import LoopKVCache, SlabKV, core_loop
+    torch.manual_seed(1)
+    cfg = ModelConfig(**{**CFG.__dict__, **shape})
+    model = LoopedLM(cfg).eval()
+    B, T = 3, 17
+    with torch.inference_mode():
+        state, e = torch.randn(B, T, cfg.d_model), model.prelude(ids(T)[:1].expand(B, T))
+        inject, pos = model.inject(e), torch.tensor([0, 3, 4, 9, 16])
+        full, entries = (LoopKVCache(cfg, B, 1, T, "cpu", torch.float32) for _ in range(2))
+        earlier = torch.randn_like(full.core)  # what the earlier positions wrote: the blocks before the last read it
+        full.core.copy_(earlier)
+        entries.core.copy_(earlier)
+        core_loop(model, full, 1, state[:, pos], inject[:, pos], pos)
+        model.core_entries(state[:, pos], pos, [SlabKV(k, v, pos) for k, v in entries.core_slabs(1)], inject[:, pos])
+    assert torch.equal(entries.core, full.core)
+    assert not torch.equal(full.core[:, :, :, :, :, pos], earlier[:, :, :, :, :, pos])
+
+
 def test_full_forward_is_the_composition_of_the_pieces(model):
     x = ids()
     with torch.no_grad():

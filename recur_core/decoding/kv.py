@@ -40,21 +40,28 @@ class SlabKV:
         self.k, self.v, self.pos, self.keep = k, v, pos, keep
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, sdpa) -> Tensor:
-        return sdpa(q, *self._store(k, v))
+        self.store(k, v)
+        return sdpa(q, *self._keys())
 
-    def _store(self, k: Tensor, v: Tensor):
-        """Write this call's entries; (keys, values, mask) the queries attend to."""
+    def store(self, k: Tensor, v: Tensor) -> None:
+        """Write this call's entries (B, Hkv, Tq, hd) at its positions (a frozen token's from `keep`)."""
         kc, vc, pos = self.k, self.v, self.pos
         if isinstance(pos, int):
             kc[:, :, pos] = k[:, :, 0]
             vc[:, :, pos] = v[:, :, 0]
-            return kc[:, :, :pos + 1], vc[:, :, :pos + 1], None
+            return
         if self.keep is not None:
             k_prev, v_prev, frozen = self.keep
             m = frozen[:, None, :, None]
             k, v = torch.where(m, k_prev[:, :, pos], k), torch.where(m, v_prev[:, :, pos], v)
         kc[:, :, pos] = k
         vc[:, :, pos] = v
+
+    def _keys(self):
+        """(keys, values, mask) the queries attend to: every entry up to each query's position."""
+        kc, vc, pos = self.k, self.v, self.pos
+        if isinstance(pos, int):
+            return kc[:, :, :pos + 1], vc[:, :, :pos + 1], None
         n_keys = int(pos[-1]) + 1
         mask = torch.arange(n_keys, device=pos.device)[None, :] <= pos[:, None]  # (Tq, n_keys)
         return kc[:, :, :n_keys], vc[:, :, :n_keys], mask
@@ -259,6 +266,14 @@ def core_loop(model, cache: LoopKVCache, loop: int, state: Tensor, inject: Tenso
     return model.core_step(state, None, positions=positions, kv=kv, inject=inject)
 
 
+def frozen_entries(model, cache: LoopKVCache, loop: int, pos: Tensor) -> None:
+    """Loop `loop`'s entries of the tokens at positions pos (an ascending LongTensor) from their exit
+    states, as the "recompute" rule offers a halted token (`LoopedLM.core_entries`: the entries of
+    `core_loop` without the outputs nobody reads)."""
+    kv = [SlabKV(k, v, pos) for k, v in cache.core_slabs(loop)]
+    model.core_entries(cache.exit_state[:, pos], pos, kv, cache.inject[:, pos])
+
+
 def missing_positions(cache: LoopKVCache, loop: int, upto: int) -> np.ndarray:
     """Positions before `upto` that lack loop `loop`'s entries (in any row: lockstep rows are filled
     alike by the rules that compute entries)."""
@@ -371,8 +386,7 @@ class RecomputeRule(KVRule):
         missing = missing_positions(cache, loop, upto)
         if missing.size == 0:
             return
-        pos = torch.from_numpy(missing).to(cache.exit_state.device)
-        core_loop(model, cache, loop, cache.exit_state[:, pos], cache.inject[:, pos], pos)
+        frozen_entries(model, cache, loop, torch.from_numpy(missing).to(cache.exit_state.device))
         cache.filled[:, missing] = loop
 
     def finish(self, cache, start, exits, loops_run):

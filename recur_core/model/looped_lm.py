@@ -126,6 +126,11 @@ class Attention(nn.Module):
             k = k + self.k_bias[:, None]
         return apply_rope(k, cos, sin, self.rope_layout), v
 
+    def store_kv(self, x, cos, sin, kv) -> None:
+        """Write the keys and values of x through the cache view kv, attending nothing: the entries
+        `forward(x, cos, sin, kv)` would write, bit for bit (the same projection of the same x)."""
+        kv.store(*self.project_kv(x, cos, sin))
+
     def sdpa(self, q, k, v, attn_mask=None, is_causal: bool = False):
         """softmax(q k^T / sqrt(hd)) v per head, each group of query heads on its kv head.
         q: (B, H, Tq, hd); k, v: (B, H_kv, Tk, hd) -> (B, H, Tq, hd)."""
@@ -193,6 +198,10 @@ class Block(nn.Module):
 
     def attn_residual(self, x, cos, sin, kv, rows):
         return take_rows(x, rows) + self.attn(self.attn_norm(x), cos, sin, kv, rows)
+
+    def store_entries(self, x, cos, sin, kv) -> None:
+        """The cache entries this block writes for input x, without its output (Attention.store_kv)."""
+        self.attn.store_kv(self.attn_norm(x), cos, sin, kv)
 
     def mlp_residual(self, x):
         return x + self.mlp(self.mlp_norm(x))
@@ -368,12 +377,7 @@ class LoopedLM(nn.Module):
         ones: a frozen token's own output is discarded). The same pair as `coda`'s.
         """
         cos, sin = self.rope(state.shape[1], positions)
-        if self.adapter is None:  # the loop reads its own state (e, inject unused)
-            x = state
-        elif inject is None:
-            x = self.adapter(torch.cat((state, e), dim=-1))
-        else:
-            x = linear(state, self.adapter.weight[:, :self.cfg.d_model]) + inject
+        x = self.loop_input(state, e, inject)
         last = len(self.core_blocks) - 1
         for i, (block, cache) in enumerate(zip(self.core_blocks, kv or [None] * len(self.core_blocks), strict=True)):
             x = block(x, cos, sin, cache, *((rows, valid) if i == last else (None, None)))
@@ -388,6 +392,29 @@ class LoopedLM(nn.Module):
         if freeze is not None:
             x = torch.where(freeze.unsqueeze(-1), state, x.to(state.dtype))
         return x
+
+    def loop_input(self, state: torch.Tensor, e: torch.Tensor | None, inject: torch.Tensor | None = None):
+        """What the core blocks read at a loop: adapter(concat(state, e)), computed as W_s s + inject
+        when `inject(e)` is given; without an adapter the state itself (e, inject unused)."""
+        if self.adapter is None:
+            return state
+        if inject is None:
+            return self.adapter(torch.cat((state, e), dim=-1))
+        return linear(state, self.adapter.weight[:, :self.cfg.d_model]) + inject
+
+    def core_entries(self, state: torch.Tensor, positions: torch.Tensor, kv, inject: torch.Tensor) -> None:
+        """The cache entries one loop writes for tokens whose new state nobody reads (halted tokens
+        under the "recompute" KV rule, whose state stays frozen while later tokens read what it
+        offers): the core blocks before the last in full, the last one only its keys and values.
+        Bit for bit the entries `core_step(state, None, positions=positions, kv=kv, inject=inject)`
+        writes, without the last block's queries, attention and MLP: on a one-block core a token's
+        entries from its frozen state are a projection of it."""
+        cos, sin = self.rope(state.shape[1], positions)
+        x = self.loop_input(state, None, inject)
+        *earlier, last = self.core_blocks
+        for block, cache in zip(earlier, kv[:-1], strict=True):
+            x = block(x, cos, sin, cache)
+        last.store_entries(x, cos, sin, kv[-1])
 
     def coda(self, state: torch.Tensor, positions: torch.Tensor | None = None, kv=None,
              rows: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:

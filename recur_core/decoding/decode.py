@@ -29,7 +29,7 @@ from ..exits.signals import readout_signals
 from ..model.checkpoint import Checkpoint, resolve_model
 from ..model.looped_lm import LoopedLM
 from ..settings import SETTINGS, seed_for
-from .kv import ExitContextKV, LoopKVCache, SlabKV
+from .kv import ExitContextKV, LoopKVCache, RowsKV, SlabKV
 from .kv import kv_rule as named_rule
 
 
@@ -86,6 +86,22 @@ def default_max_loops(policy: Policy | None, ckpt: Checkpoint | None, max_loops:
     raise ValueError("pass max_loops (a bare model has no recipe r_max)")
 
 
+# A lockstep step computes only its rows still looping once at most this share of them does (their keys
+# copied out of the cache, the others left alone), padded with halted rows up to COMPACT_MIN_ROWS: with
+# fewer rows the CPU's matrix products take other kernels, whose float rounding differs.
+COMPACT_SHARE = 0.5
+COMPACT_MIN_ROWS = 4
+
+
+def _all_rows(x, rows: Tensor | None, B: int):
+    """A tensor (k, ...) of the rows `rows`, or a dict of them, as B rows (zeros elsewhere)."""
+    if rows is None:
+        return x
+    if isinstance(x, dict):
+        return {name: _all_rows(value, rows, B) for name, value in x.items()}
+    return x.new_zeros((B, *x.shape[1:])).index_copy_(0, rows, x)
+
+
 class Decoder:
     """One decoding session over B rows in lockstep: a cache, a halting schedule and a KV rule."""
 
@@ -133,10 +149,11 @@ class Decoder:
             raise ValueError(f"positions up to {end - 1} do not fit the cache's context of {self.cache.max_len} "
                              "tokens (max_len)")
 
-    def _readout(self, state: Tensor, pos) -> Tensor:
-        """Coda (writing this position's coda cache entries) -> final norm -> head: logits (B, Tq, V)."""
+    def _readout(self, state: Tensor, pos, rows: Tensor | None = None) -> Tensor:
+        """Coda (writing this position's coda cache entries) -> final norm -> head: logits (B, Tq, V);
+        rows: the states are those of these rows of the cache alone (one position pos)."""
         self.readouts += 1
-        kv = [SlabKV(k, v, pos) for k, v in self.cache.coda_slabs()]
+        kv = [SlabKV(k, v, pos) if rows is None else RowsKV(k, v, rows, pos) for k, v in self.cache.coda_slabs()]
         return self.model.readout(state, self._at(pos), kv)
 
     def _first_logp(self, state: Tensor, pos) -> Tensor:
@@ -194,7 +211,14 @@ class Decoder:
 
     # -- one position (Tq = 1, B rows in lockstep) ---------------------------------------------------
     def step(self, ids: Tensor, pos: int) -> tuple[Tensor, Tensor]:
-        """Run tokens ids (B,) at position pos until each halts; returns (logits (B, V), exits (B,))."""
+        """Run tokens ids (B,) at position pos until each halts; returns (logits (B, V), exits (B,)).
+
+        Rows in lockstep loop until the last of them halts. Once at most COMPACT_SHARE of them still
+        loop, a loop computes only those (`_rows_to_run`; padded to COMPACT_MIN_ROWS rows with rows
+        that have halted, so the products keep their kernels and bits): a halted row's state is frozen
+        and its output discarded, and under the "recompute" rule the entries it would have written
+        are filled when a later position reads them (bit for bit the same; under "latest" they are
+        copies anyway). Rules whose halted tokens loop on ("continue") compute every row."""
         B, cache, sched = self.B, self.cache, self.schedule
         self._check_room(pos + 1)
         inject = self.model.inject(self.prelude(ids.view(B, 1), pos))
@@ -206,17 +230,22 @@ class Decoder:
         # batch 1 stops at its token's halt; B rows in lockstep freeze the halted ones until all have
         freezing = Freezing.start((B, 1), state.device) if B > 1 else None
         read = torch.zeros(B, 1, dtype=torch.bool, device=state.device)  # the exit loop was read out
+        rows, ran = None, np.zeros((B, 1), dtype=np.int64)  # rows computed (None: all); loops each ran
         for loop in range(1, self.cap + 1):
-            out = self.rule.run_loop(self.model, cache, loop, run, inject, pos)
+            if freezing is not None and not self.rule.loops_on:
+                rows, logp_prev = self._rows_to_run(freezing.live[:, 0], rows, logp_prev)
+            out = self._run_loop(loop, run, inject, state, pos, rows)
+            ran[slice(None) if rows is None else rows.cpu().numpy()] = loop
             new = out if freezing is None else torch.where(freezing.frozen[..., None], state, out)
             run = out if self.rule.loops_on else new
             signals = logits = None
             if sched.wants_readout(loop):
-                logits = self._readout(new, pos)
+                logits = self._readout(new if rows is None else new[rows], pos, rows)
                 logp = torch.log_softmax(logits.float(), dim=-1)
                 if logp_prev is not None:
-                    signals = readout_signals(logp, logp_prev, sched.readout_fields)
+                    signals = _all_rows(readout_signals(logp, logp_prev, sched.readout_fields), rows, B)
                 logp_prev = logp
+                logits = _all_rows(logits, rows, B)
             if freezing is None:  # batch 1: this token is done when it halts
                 stop, state = sched.halt(loop, new, state, signals), new
                 if bool(stop):
@@ -235,12 +264,36 @@ class Decoder:
         cache.exit_state[:, pos] = state[:, 0]
         cache.run_state[:, pos] = run[:, 0]
         cache.exit_loop[:, pos] = exits[:, 0].cpu()
-        self.rule.finish(cache, pos, exits, loop)
+        self.rule.finish(cache, pos, exits, loop if rows is None else ran)
         if kept is None:  # no readout at the exit loop: read out the exit state once
             kept = self._readout(state, pos)
         elif not bool(read.all()):  # rows that halted where nothing was read out
             kept = torch.where(read[..., None], kept, self._readout(state, pos))
         return kept[:, 0], exits[:, 0]
+
+    def _rows_to_run(self, live: Tensor, rows: Tensor | None, logp_prev: Tensor | None):
+        """The rows the next loop computes (an ascending LongTensor, or None for all) and logp_prev
+        narrowed to them: every row while more than COMPACT_SHARE of them loop, then the live ones,
+        padded with rows of the previous loop's set up to COMPACT_MIN_ROWS (a row once left out is
+        never computed again: the loops a row ran at a position are 1 .. its last)."""
+        n_live = int(live.sum())
+        if n_live > COMPACT_SHARE * self.B:
+            return rows, logp_prev
+        pool = torch.arange(self.B, device=live.device) if rows is None else rows
+        keep = live[pool]
+        short = COMPACT_MIN_ROWS - n_live
+        if short > 0:
+            keep = keep | (torch.cumsum((~keep).long(), 0) <= short)
+        if bool(keep.all()):
+            return rows, logp_prev
+        return pool[keep], None if logp_prev is None else logp_prev[keep]
+
+    def _run_loop(self, loop: int, run: Tensor, inject: Tensor, state: Tensor, pos: int, rows: Tensor | None):
+        """One core loop of the rows (all: the KV rule's run_loop), the others' state as it is."""
+        if rows is None:
+            return self.rule.run_loop(self.model, self.cache, loop, run, inject, pos)
+        out = self.rule.run_loop(self.model, self.cache, loop, run[rows], inject[rows], pos, rows=rows)
+        return state.index_copy(0, rows, out)
 
     # -- the prompt, in parallel ----------------------------------------------------------------------
     def prefill(self, ids: Tensor, start: int = 0, *, record: list | None = None,

@@ -67,6 +67,25 @@ class SlabKV:
         return kc[:, :, :n_keys], vc[:, :, :n_keys], mask
 
 
+class RowsKV:
+    """Some rows of a slab pair at one position (a lockstep step once most of its rows have halted,
+    `Decoder.step`): writes their entries at pos and attends over a copy of their keys up to pos, so
+    the rows that have halted are not read at all."""
+
+    def __init__(self, k: Tensor, v: Tensor, rows: Tensor, pos: int):
+        self.k, self.v, self.rows, self.pos = k, v, rows, pos
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, sdpa) -> Tensor:
+        self.store(k, v)
+        n_keys = self.pos + 1
+        return sdpa(q, self.k[:, :, :n_keys].index_select(0, self.rows),
+                    self.v[:, :, :n_keys].index_select(0, self.rows), None)
+
+    def store(self, k: Tensor, v: Tensor) -> None:
+        self.k[self.rows, :, self.pos] = k[:, :, 0]
+        self.v[self.rows, :, self.pos] = v[:, :, 0]
+
+
 class ExitContextKV:
     """A parallel readout that reads the earlier tokens at their exit states (the fixed-point pass,
     recur_core.decoding.fixed_point): the query at position t attends to the context slabs' entries at
@@ -257,26 +276,32 @@ class LoopKVCache:
 
 
 # -- the KV rules --------------------------------------------------------------------------------------
-def core_loop(model, cache: LoopKVCache, loop: int, state: Tensor, inject: Tensor, pos, keep=None) -> Tensor:
+def core_loop(model, cache: LoopKVCache, loop: int, state: Tensor, inject: Tensor, pos, keep=None,
+              rows: Tensor | None = None) -> Tensor:
     """Loop `loop` (1-based) of the core for tokens at positions pos of every row (an int, one token
     per row, or an ascending LongTensor) from states (B, Tq, d), reading and writing the loop's slabs
-    (keep: per core layer SlabKV's `keep`, or None); returns their new states."""
-    kv = [SlabKV(k, v, pos, None if keep is None else keep[l]) for l, (k, v) in enumerate(cache.core_slabs(loop))]
+    (keep: per core layer SlabKV's `keep`, or None); returns their new states. rows: only these rows
+    of the cache (ascending), state and inject being theirs (k, 1, d), at one position pos (RowsKV)."""
+    if rows is not None:
+        kv = [RowsKV(k, v, rows, pos) for k, v in cache.core_slabs(loop)]
+    else:
+        kv = [SlabKV(k, v, pos, None if keep is None else keep[l]) for l, (k, v) in enumerate(cache.core_slabs(loop))]
     positions = cache.positions[pos:pos + 1] if isinstance(pos, int) else pos
     return model.core_step(state, None, positions=positions, kv=kv, inject=inject)
 
 
-def frozen_entries(model, cache: LoopKVCache, loop: int, pos: Tensor) -> None:
+def frozen_entries(model, cache: LoopKVCache, loop: int, pos: Tensor, has: Tensor | None = None) -> None:
     """Loop `loop`'s entries of the tokens at positions pos (an ascending LongTensor) from their exit
     states, as the "recompute" rule offers a halted token (`LoopedLM.core_entries`: the entries of
-    `core_loop` without the outputs nobody reads)."""
-    kv = [SlabKV(k, v, pos) for k, v in cache.core_slabs(loop)]
+    `core_loop` without the outputs nobody reads). has: (B, len(pos)) bool, the tokens that hold
+    their entry of the loop already (computed while they looped), which keep it."""
+    kv = [SlabKV(k, v, pos, None if has is None else (k, v, has)) for k, v in cache.core_slabs(loop)]
     model.core_entries(cache.exit_state[:, pos], pos, kv, cache.inject[:, pos])
 
 
 def missing_positions(cache: LoopKVCache, loop: int, upto: int) -> np.ndarray:
-    """Positions before `upto` that lack loop `loop`'s entries (in any row: lockstep rows are filled
-    alike by the rules that compute entries)."""
+    """Positions before `upto` that lack loop `loop`'s entries in any row (rows of a lockstep step
+    that stopped computing its halted rows hold different loops)."""
     filled = cache.filled[:, :upto]
     missing = np.flatnonzero((filled < loop).any(axis=0))
     if missing.size and (filled[:, missing] < loop - 1).any():
@@ -292,8 +317,9 @@ class KVRule:
     loops_on          True: that state is not frozen at the exit but loops on, as if the token had
                       not halted (its exit only picks its output); the decoders then keep a running
                       state apart from the exit state (LoopKVCache.run_state).
-    run_loop(model, cache, loop, state, inject, pos, keep)  one lockstep loop of tokens at pos, the
-                                        earlier positions first given what the loop reads for them.
+    run_loop(model, cache, loop, state, inject, pos, keep, rows)  one lockstep loop of tokens at pos
+                                        (of the cache's rows `rows` only, if given), the earlier
+                                        positions first given what the loop reads for them.
     prefill_keep(cache, loop, halted)  in a parallel prefill, per core layer the `keep` argument of
                                         SlabKV for loop `loop` (None: halted tokens write as usual).
     before_loop(model, cache, loop, upto)  before positions >= upto run loop `loop` (token by token).
@@ -301,7 +327,8 @@ class KVRule:
                                         (the pool's step): sequence rows[n] is about to run loop
                                         loops[n] at positions >= uptos[n] (numpy arrays).
     finish(cache, start, exits, loops_run)  positions start.. have halted with exits (B, P) after
-                                        the rows ran loops_run loops.
+                                        the rows ran loops_run loops (an int, or (B, 1) per row: a
+                                        lockstep step stops computing rows that have halted).
     finish_tokens(cache, rows, pos, exits)  N single tokens (position pos[n] of sequence rows[n], all
                                         (N,) on the CPU) have halted, each at its loop exits[n] (the
                                         pool's decoded tokens: one call per step).
@@ -312,9 +339,9 @@ class KVRule:
     loops_on = False
 
     def run_loop(self, model, cache: LoopKVCache, loop: int, state: Tensor, inject: Tensor, pos,
-                 keep=None) -> Tensor:
+                 keep=None, rows: Tensor | None = None) -> Tensor:
         self.before_loop(model, cache, loop, pos if isinstance(pos, int) else int(pos[0]))
-        return core_loop(model, cache, loop, state, inject, pos, keep)
+        return core_loop(model, cache, loop, state, inject, pos, keep, rows)
 
     def prefill_keep(self, cache: LoopKVCache, loop: int, halted: Tensor):
         if not self.keeps_exit_entry or loop == 1 or not bool(halted.any()):
@@ -386,8 +413,10 @@ class RecomputeRule(KVRule):
         missing = missing_positions(cache, loop, upto)
         if missing.size == 0:
             return
-        frozen_entries(model, cache, loop, torch.from_numpy(missing).to(cache.exit_state.device))
-        cache.filled[:, missing] = loop
+        has = cache.filled[:, missing] >= loop  # rows that computed the loop there while looping
+        frozen_entries(model, cache, loop, torch.from_numpy(missing).to(cache.exit_state.device),
+                       torch.from_numpy(has).to(cache.exit_state.device) if has.any() else None)
+        cache.filled[:, missing] = np.maximum(cache.filled[:, missing], loop)
 
     def finish(self, cache, start, exits, loops_run):
         cache.filled[:, start:start + exits.shape[1]] = loops_run

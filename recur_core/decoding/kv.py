@@ -8,6 +8,7 @@ cache holds (sdpa: the model's scaled-dot-product attention).
 
   SlabKV    rows in lockstep (the batch-1 decoder, teacher-forced windows, a prompt's prefill):
             all rows at the same positions and loop, one slab (B, Hkv, max_len, hd) per layer.
+  RowsKV    some of those rows at one position (a lockstep step's rows still looping).
   GatherKV  the pool's ragged step: every row is one token of its own sequence, at its own position
             and loop; each row's keys are gathered from its own (sequence, loop) slab and masked at
             its position, in chunks of rows at adjacent positions (KeyChunks).

@@ -2,6 +2,7 @@
 
     python -m bench.bench_fixed_point [--targets demo hops huginn specimen] [--huginn-folder /tmp/full/huginn-0125]
         [--windows N] [--tokens T] [--eps 1e-3] [--threads N] [--skip-decode NAME ...] [--passes-only]
+        [--device cuda]
 
 Per target, A1 at ε (the app's first, 1e-3) under the "recompute" KV rule, on the same inputs:
   fast         the uniform trace to the cap plus the policy's fast face (what the app shows first:
@@ -54,10 +55,10 @@ def inputs_of(name: str, args) -> tuple:
             from .synthetic import write
             log(f"writing the synthetic Huginn-0125 folder to {folder} ...")
             write("huginn-0125", folder)
-        ck = load_checkpoint(folder)
+        ck = load_checkpoint(folder, device=args.device)
         g = torch.Generator().manual_seed(0)
         return ck, torch.randint(0, ck.config.vocab_size, (1, args.tokens + 1), generator=g)
-    ck = load_checkpoint(ROOT / "checkpoints" / name)
+    ck = load_checkpoint(ROOT / "checkpoints" / name, device=args.device)
     windows = ck.windows("eval")[:args.windows]
     return ck, windows if name == "hops" else windows[:, :args.tokens + 1]
 
@@ -83,7 +84,8 @@ def run_target(name: str, args) -> dict:
     policy = ConvergenceExit(args.eps)
     cap = ck.recipe.r_max
     N, T = windows.shape[0], windows.shape[1] - 1
-    log(f"{name}: {N} x {T} tokens, A1 eps {args.eps:g}, cap {cap}, {ck.model.embed.weight.dtype}")
+    log(f"{name}: {N} x {T} tokens, A1 eps {args.eps:g}, cap {cap}, {ck.model.embed.weight.dtype} on "
+        f"{ck.model.embed.weight.device}")
 
     def fast():
         tr = trace(ck, windows, cap, SETTINGS.seed, cache=False)  # measured, not replayed from disk
@@ -137,6 +139,7 @@ def main(argv=None) -> dict:
                                                             "the app's pasted-text figure uses 32)")
     p.add_argument("--eps", type=float, default=SETTINGS.default_eps)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--device", default="cpu", help="where the models run (cuda: bench/gpu_run.sh's step)")
     p.add_argument("--skip-decode", nargs="*", default=[], help="targets whose token-by-token reference is skipped")
     p.add_argument("--passes-only", action="store_true", help="also time the fixed point without its token-by-token "
                                                               "finish (the switch's baseline)")
@@ -156,7 +159,7 @@ def main(argv=None) -> dict:
     per_window = passes_per_window(args)
     for name, dist in per_window.items():
         print(f"{name}: passes per window alone (passes: windows) {dist}")
-    result = {"rows": rows, "passes_per_window": per_window, "threads": torch.get_num_threads()}
+    result = {"rows": rows, "passes_per_window": per_window, "threads": torch.get_num_threads(), "device": args.device}
     print(json.dumps(result))
     return result
 

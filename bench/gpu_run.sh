@@ -6,8 +6,10 @@
 #      /tmp there, never in the repository: the working tree that travels must stay under 64 MiB);
 #   3. bench_fullsize on CUDA: load, the 32-token x 32-loop trace beside a plain torch loop over the
 #      same weights, both against the GPU's bf16 matmul peak, and the refusal;
-#   4. bench_readout: the Triton readout against the naive one on CUDA (after its CPU rows);
-#   5. issue 11's pool benchmark on CUDA (demo-r8, hops), if the time budget allows.
+#   4. bench_fixed_point (issue 51): exact decoding by the fixed point against token-by-token decoding and
+#      the fast path on CUDA: demo and hops (8 windows each), the synthetic Huginn's exact strip (32 tokens);
+#   5. bench_readout: the Triton readout against the naive one on CUDA (after its CPU rows);
+#   6. issue 11's pool benchmark on CUDA (demo-r8, hops), if the time budget allows.
 # Each step runs under its own time limit, so one that hangs leaves the others their time; the whole
 # stays within BUDGET seconds (default 380). Logs go to $OUT (the device tool's folder that comes
 # back; at most 8 files) or ./gpu_out: summary.txt (the GPU, each step's exit status and seconds)
@@ -61,6 +63,8 @@ if [ ! -f "$HUGINN/model.safetensors.index.json" ]; then
     step synthetic 120 $PY -m bench.synthetic huginn-0125 "$HUGINN"
 fi
 step fullsize 120 $PY -m bench.bench_fullsize "$HUGINN" --device "$DEVICE" --skip-app
+step fixed_point 90 $PY -m bench.bench_fixed_point --device "$DEVICE" --targets demo hops huginn \
+    --huginn-folder "$HUGINN" --tokens 32 --skip-decode huginn
 step readout 60 $PY -m bench.bench_readout --T 512 2048 --repeats 5
 case $SERVE in
     0) ;;

@@ -316,30 +316,40 @@ def test_lockstep_rows_equal_decoding_each_window_alone(ckpt, windows, check_eve
             torch.testing.assert_close(alone.logits[0], together.logits[n], atol=TOL, rtol=0)
 
 
+HUGINN_FIXTURE = ROOT / "tests" / "fixtures" / "huginn_tiny"  # a core of several blocks
+
+
 @pytest.mark.parametrize("kv_rule", ["recompute", "latest"])
-@pytest.mark.parametrize("family", ["A1", "latent", "Accel"])
-def test_a_step_computing_only_its_looping_rows_changes_no_bit(ckpt, kv_rule, family, monkeypatch):
+@pytest.mark.parametrize("family, threshold", [("A1", 3e-3), ("latent", 0.1), ("Accel", 0.1), ("huginn", 1e-3)])
+def test_a_step_computing_only_its_looping_rows_changes_no_bit(ckpt, kv_rule, family, threshold, monkeypatch):
     """Once at most half of a lockstep batch still loops, a step computes only those rows (padded to
     COMPACT_MIN_ROWS); its exits and kept logits are bit for bit those of the step that computes every
     row (one torch thread: the products keep their kernels), for a readout rule, a state rule and a
-    remembering one, under both rules that freeze a halted token."""
+    remembering one on the tiny model's one-block core (exits 2-3, 2-4, 4-6), under both rules that freeze
+    a halted token; on a core of several blocks (the Huginn fixture, A1) only under "latest", whose fill
+    copies: "recompute" fills there by a call over several positions, which rounds otherwise."""
+    from recur_core import load_checkpoint
     from recur_core.decoding import decode
     from recur_core.exits import catalogue
-    batch = torch.cat([ckpt.windows("eval")] * 2)[:12]  # noise rows differ: 12 distinct decodings
-    threshold = {"A1": 3e-3, "latent": 0.1, "Accel": 0.1}[family]  # exits 2-3, 2-4 and 4-6 on the tiny model
-    policy = catalogue.make(family, threshold, r_max=8)
+    model = load_checkpoint(HUGINN_FIXTURE) if family == "huginn" else ckpt
+    batch = (torch.randint(0, model.config.vocab_size, (12, 25), generator=torch.Generator().manual_seed(0))
+             if family == "huginn" else torch.cat([ckpt.windows("eval")] * 2)[:12])  # 12 distinct noise rows
+    policy = catalogue.make("A1" if family == "huginn" else family, threshold, r_max=8)
     compacted = []
     run_loop = Decoder._run_loop
     monkeypatch.setattr(Decoder, "_run_loop", lambda self, *a: compacted.append(a[-1] is not None) or run_loop(self, *a))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        fewer = teacher_forced(ckpt, batch, policy, kv_rule, seed=SEED, batch_size=12, keep_logits=True)
-        assert any(compacted), "no step left its halted rows out: the test checks nothing"
+        fewer = teacher_forced(model, batch, policy, kv_rule, seed=SEED, batch_size=12, keep_logits=True)
         assert fewer.exit_loop.min() < fewer.exit_loop.max()
+        if family == "huginn" and kv_rule == "recompute":
+            assert not any(compacted)
+            return
+        assert any(compacted), "no step left its halted rows out: the test checks nothing"
         monkeypatch.setattr(decode, "COMPACT_SHARE", 0.0)  # every step computes every row
         compacted.clear()
-        every = teacher_forced(ckpt, batch, policy, kv_rule, seed=SEED, batch_size=12, keep_logits=True)
+        every = teacher_forced(model, batch, policy, kv_rule, seed=SEED, batch_size=12, keep_logits=True)
         assert not any(compacted)
     finally:
         torch.set_num_threads(threads)

@@ -124,6 +124,11 @@ class Decoder:
         self.noise = noise.to(device=weight.device, dtype=weight.dtype)  # (B, max_seq_len, d)
         self.readouts = 0
         self.exit_context = False  # prefill's per-loop readouts: see _loop_hidden
+        # a step leaves its halted rows out (`_rows_to_run`) only where that changes no bit: under "latest" their
+        # later entries are copies; under "recompute" on a one-block core a projection of the frozen state
+        # (`LoopedLM.core_entries`), while a deeper core's fill runs its first blocks over several positions at
+        # once, whose attention rounds otherwise than one position's; "continue" steps halted rows on
+        self.compacts = not self.rule.loops_on and (self.rule.keeps_exit_entry or len(model.core_blocks) == 1)
 
     def select(self, rows: Tensor) -> Decoder:
         """This session for the rows `rows` (a LongTensor of row indices) alone: their cache entries
@@ -216,9 +221,9 @@ class Decoder:
         Rows in lockstep loop until the last of them halts. Once at most COMPACT_SHARE of them still
         loop, a loop computes only those (`_rows_to_run`; padded to COMPACT_MIN_ROWS rows with rows
         that have halted, so the products keep their kernels and bits): a halted row's state is frozen
-        and its output discarded, and under the "recompute" rule the entries it would have written
-        are filled when a later position reads them (bit for bit the same; under "latest" they are
-        copies anyway). Rules whose halted tokens loop on ("continue") compute every row."""
+        and its output discarded, and the entries it would have written are filled when a later
+        position reads them ("latest": copies; "recompute": computed alone), where that is bit for bit
+        the same (`compacts`)."""
         B, cache, sched = self.B, self.cache, self.schedule
         self._check_room(pos + 1)
         inject = self.model.inject(self.prelude(ids.view(B, 1), pos))
@@ -232,7 +237,7 @@ class Decoder:
         read = torch.zeros(B, 1, dtype=torch.bool, device=state.device)  # the exit loop was read out
         rows, ran = None, np.zeros((B, 1), dtype=np.int64)  # rows computed (None: all); loops each ran
         for loop in range(1, self.cap + 1):
-            if freezing is not None and not self.rule.loops_on:
+            if freezing is not None and self.compacts:
                 rows, logp_prev = self._rows_to_run(freezing.live[:, 0], rows, logp_prev)
             out = self._run_loop(loop, run, inject, state, pos, rows)
             ran[slice(None) if rows is None else rows.cpu().numpy()] = loop

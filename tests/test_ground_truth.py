@@ -348,6 +348,36 @@ def test_decoding_walk_finds_the_cheapest_threshold_that_meets_the_target(last_m
         assert len(walk.done) <= 2 + 2 * int(np.ceil(np.log2(n)))
 
 
+def test_decoding_walk_probes_first_where_smoothly_falling_accuracy_crosses_the_target():
+    """Accuracy that falls linearly with the order: from every start and for every boundary the walk
+    finds the same threshold as midpoints alone would, and the regula falsi first probe of its bisection
+    decodes fewer thresholds over all of them."""
+    from recur_core.analysis.ground_truth import Outcome, _DecodingWalk
+    n = 24
+    accuracy = [0.99 - 0.01 * i for i in range(n)]
+
+    class Fake(_DecodingWalk):
+        def __init__(self, target):
+            self.order, self.done, self.target = list(range(n)), {}, target
+
+        def evaluate(self, i):
+            self.done.setdefault(i, (Outcome(np.zeros(1), np.zeros(1, bool)), {"answer_accuracy": accuracy[i]}))
+            return self.done[i]
+
+    class Midpoints(Fake):
+        _crossing = staticmethod(_DecodingWalk._midpoint)
+
+    decoded = {Fake: 0, Midpoints: 0}
+    for last in range(n - 1):
+        target = accuracy[last] - 0.004
+        for start in range(n):
+            for kind in decoded:
+                walk = kind(target)
+                assert walk.operating_point(start)[:2] == (last, True)
+                decoded[kind] += len(walk.done)
+    assert decoded[Fake] < decoded[Midpoints]
+
+
 def test_decoding_walk_seeds_each_decoding_with_the_nearest_decoded_exits():
     """The first threshold decoded starts from its fast exits; each later one from the exact exits of
     the decoded threshold nearest to it in the walk's order."""

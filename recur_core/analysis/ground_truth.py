@@ -26,6 +26,7 @@ Terms:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -329,7 +330,8 @@ class _DecodingWalk:
     ordered by the fast path's mean loops, from most to fewest (the direction in which accuracy falls;
     ties keep the family's order); from the fast path's operating point the walk moves towards cheaper
     thresholds while decoding still meets the target, or towards dearer ones until it does, in
-    doubling steps, then bisects. Each step decodes every program once, up to its last scored
+    doubling steps, then bisects (its first probe where the line through the bracket's accuracies crosses
+    the target). Each step decodes every program once, up to its last scored
     position (its trailing padding left out); a threshold whose rule never holds (A1 at ε 0) is the
     uniform run at the cap, read off the trace."""
 
@@ -373,8 +375,9 @@ class _DecodingWalk:
 
     def operating_point(self, start: int) -> tuple[int, bool, Outcome]:
         """(index, matched, outcome): the cheapest threshold meeting the target, or, when none does,
-        the most accurate one decoded. Galloping from the harness's point, then bisection: the last
-        position in `order` that meets the target lies in (good, bad)."""
+        the most accurate one decoded. Galloping from the harness's point, then bisection (its first
+        probe by regula falsi, `_crossing`): the last position in `order` that meets the target lies in
+        (good, bad)."""
         pos = self.order.index(start)
         if self.meets(start):
             good, bad, step = pos, None, 1
@@ -391,10 +394,25 @@ class _DecodingWalk:
         if good is None:  # nothing meets the target: the most accurate threshold decoded
             at = max(self.done, key=lambda i: self.done[i][1]["answer_accuracy"])
             return at, False, self.done[at][0]
+        probe = self._crossing
         while bad is not None and bad - good > 1:
-            mid = (good + bad) // 2
+            mid, probe = probe(good, bad), self._midpoint
             good, bad = (mid, bad) if self.meets(self.order[mid]) else (good, mid)
         return self.order[good], True, self.done[self.order[good]][0]
+
+    def _crossing(self, good: int, bad: int) -> int:
+        """The bisection's first probe in (good, bad): the last position before the line through the two
+        ends' accuracies crosses the target (regula falsi; where accuracy falls smoothly it is the answer
+        or next to it, while a midpoint costs one decoding more). Later probes halve the bracket."""
+        high, low = (self.evaluate(self.order[p])[1]["answer_accuracy"] for p in (good, bad))
+        if not high > low:
+            return self._midpoint(good, bad)
+        crossing = good + (high - self.target) / (high - low) * (bad - good)
+        return min(max(math.floor(crossing), good + 1), bad - 1)
+
+    @staticmethod
+    def _midpoint(good: int, bad: int) -> int:
+        return (good + bad) // 2
 
     def points(self) -> list[dict]:
         """The thresholds decoded, in the family's order."""

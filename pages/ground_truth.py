@@ -35,7 +35,7 @@ if path == "exact" and not exact_ready:
     job = jobs.get(ground_truth.exact_key(m))
     if job is None:  # minutes to hours on a CPU: started only when asked
         n_policies, n_windows = ground_truth.exact_size(m)
-        st.warning(f"**The exact figures are not computed yet, and on a CPU they take long**: about 4–5 minutes for "
+        st.warning(f"**The exact figures are not computed yet, and on a CPU they take long**: about 4–6 minutes for "
                    f"the shipped default on 2 cores (docs/BENCHMARKS.md), hours on a larger model. They run the state rules' {n_policies} thresholds on {n_windows} "
                    "eval windows in the masking harness, then decode the readout rules (A1, Huginn's KL / entropy / "
                    "argmax) near their operating points, and the certified exit at the checkpoint's measured L; "

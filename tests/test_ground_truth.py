@@ -324,24 +324,29 @@ def test_exact_ground_truth_predicts_teacher_forced_decoding(hops_ckpt):
         assert 0 <= row["recompute_exits_equal_harness"] <= 1
 
 
-@pytest.mark.parametrize("last_meeting", [-1, 0, 3, 7, 10])
-def test_decoding_walk_finds_the_cheapest_threshold_that_meets_the_target(last_meeting):
-    """Galloping then bisection from every start: the walk returns the last position (in the order of
-    falling mean loops) whose accuracy meets the target, or the most accurate one when none does."""
+def walk_on(accuracy: list[float], target: float, kind=None):
+    """A decoding walk (`kind`: _DecodingWalk or a subclass) over thresholds whose answer accuracy is
+    given, in that order, with no model: evaluating one records it as decoded."""
     from recur_core.analysis.ground_truth import Outcome, _DecodingWalk
-    n, target = 11, 0.9
-    accuracy = [0.99 - 0.001 * i if i <= last_meeting else 0.5 - 0.01 * i for i in range(n)]
 
-    class Fake(_DecodingWalk):
+    class Given(kind or _DecodingWalk):
         def __init__(self):
-            self.order, self.done, self.target = list(range(n)), {}, target
+            self.order, self.done, self.target = list(range(len(accuracy))), {}, target
 
         def evaluate(self, i):
             self.done.setdefault(i, (Outcome(np.zeros(1), np.zeros(1, bool)), {"answer_accuracy": accuracy[i]}))
             return self.done[i]
+    return Given()
 
+
+@pytest.mark.parametrize("last_meeting", [-1, 0, 3, 7, 10])
+def test_decoding_walk_finds_the_cheapest_threshold_that_meets_the_target(last_meeting):
+    """Galloping then bisection from every start: the walk returns the last position (in the order of
+    falling mean loops) whose accuracy meets the target, or the most accurate one when none does."""
+    n, target = 11, 0.9
+    accuracy = [0.99 - 0.001 * i if i <= last_meeting else 0.5 - 0.01 * i for i in range(n)]
     for start in range(n):
-        walk = Fake()
+        walk = walk_on(accuracy, target)
         at, matched, _ = walk.operating_point(start)
         assert matched == (last_meeting >= 0)
         assert at == (last_meeting if matched else min(walk.done)), start
@@ -352,30 +357,22 @@ def test_decoding_walk_probes_first_where_smoothly_falling_accuracy_crosses_the_
     """Accuracy that falls linearly with the order: from every start and for every boundary the walk
     finds the same threshold as midpoints alone would, and the regula falsi first probe of its bisection
     decodes fewer thresholds over all of them."""
-    from recur_core.analysis.ground_truth import Outcome, _DecodingWalk
+    from recur_core.analysis.ground_truth import _DecodingWalk
     n = 24
     accuracy = [0.99 - 0.01 * i for i in range(n)]
 
-    class Fake(_DecodingWalk):
-        def __init__(self, target):
-            self.order, self.done, self.target = list(range(n)), {}, target
-
-        def evaluate(self, i):
-            self.done.setdefault(i, (Outcome(np.zeros(1), np.zeros(1, bool)), {"answer_accuracy": accuracy[i]}))
-            return self.done[i]
-
-    class Midpoints(Fake):
+    class Midpoints(_DecodingWalk):
         _crossing = staticmethod(_DecodingWalk._midpoint)
 
-    decoded = {Fake: 0, Midpoints: 0}
+    decoded = {_DecodingWalk: 0, Midpoints: 0}
     for last in range(n - 1):
         target = accuracy[last] - 0.004
         for start in range(n):
             for kind in decoded:
-                walk = kind(target)
+                walk = walk_on(accuracy, target, kind)
                 assert walk.operating_point(start)[:2] == (last, True)
                 decoded[kind] += len(walk.done)
-    assert decoded[Fake] < decoded[Midpoints]
+    assert decoded[_DecodingWalk] < decoded[Midpoints]
 
 
 def test_decoding_walk_seeds_each_decoding_with_the_nearest_decoded_exits():

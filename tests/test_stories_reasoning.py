@@ -110,6 +110,14 @@ def test_bench_specimen_prints_its_six_figures(reasoning, capsys):
     assert all(2 <= i <= out["trace_loops"] and 0 < f["answers"] <= out["n_answers"] for i, f in flips.items())
     sizes = out["answer_accuracy_at_rbar_by_problem_length"]  # every answer in one group
     assert sum(v["answers"] for row in sizes.values() for v in row.values()) == out["n_answers"]
+    counts = {k: sum(v["answers"] for v in row.values()) for k, row in sizes.items() if k >= 2}
+    multi = out["multi_step"]  # the goal's answers (>= 2 steps), pooled from the per-step rows
+    pooled = {r: sum(out["answer_accuracy_by_steps"][k][r] * n for k, n in counts.items()) / sum(counts.values())
+              for r in (1, r_bar)}
+    assert multi["answers"] == sum(counts.values())
+    assert math.isclose(multi["rise_points"]["value"], 100 * (pooled[r_bar] - pooled[1]), abs_tol=1e-9)
+    assert multi["rise_points"]["ci_low"] <= multi["rise_points"]["value"] <= multi["rise_points"]["ci_high"]
+    assert "multi-step answers (>= 2 steps" in printed
     a1 = out["exact_a1"]
     best = a1["best_uniform_depth"]
     assert best is None or 1 <= best <= r_bar

@@ -2,8 +2,8 @@
 figures on a checkpoint (default: the app's default, checkpoints/specimen), from a cold cache (a fresh
 temporary folder), stage by stage as the page runs them through `recur_core.analysis.study.Study`:
 A2's probes, the eval trace, the certified exit's L, the fast ground truth, then the exact one (the
-page's button). Issue 51's goal: the exact figures in under 5 minutes. Per readout rule, the
-thresholds its decoding walk decoded and its operating point. Last line: JSON.
+page's button). Issue 51's goal: the exact figures in under 5 minutes. Per family, the thresholds
+its walk evaluated (a state rule's in the harness, a readout rule's decoded) and its operating point. Last line: JSON.
 """
 from __future__ import annotations
 
@@ -45,13 +45,16 @@ def main(argv=None) -> dict:
     for name, s in seconds.items():
         print(f"  {name:20s} {s:8.1f} s")
     print(f"  exact ground truth against the goal of {GOAL_S:.0f} s: {seconds['exact ground truth'] / GOAL_S:.2f}x")
-    walks = {name: len(pol["curve"]) for name, pol in gt["policies"].items() if pol["evaluated_by"] == "decoding"}
-    for name, n in walks.items():
-        pol = gt["policies"][name]
-        print(f"  {name:16s} decoded {n} thresholds; operating point {pol['threshold']:.3g}, "
-              f"{pol['mean_loops']:.2f} mean loops")
+    walks = {by: {name: len(pol["curve"]) for name, pol in gt["policies"].items() if pol["evaluated_by"] == by}
+             for by in ("harness", "decoding")}
+    for by, verb in (("harness", "ran in the harness"), ("decoding", "decoded")):
+        for name, n in walks[by].items():
+            pol = gt["policies"][name]
+            print(f"  {name:16s} {verb} {n} thresholds; operating point {pol['threshold']:.3g}, "
+                  f"{pol['mean_loops']:.2f} mean loops")
     result = {"checkpoint": args.checkpoint, "windows": args.windows, "seconds": seconds, "goal_s": GOAL_S,
-              "within_goal": seconds["exact ground truth"] < GOAL_S, "decoded_thresholds": walks}
+              "within_goal": seconds["exact ground truth"] < GOAL_S, "decoded_thresholds": walks["decoding"],
+              "harness_thresholds": walks["harness"]}
     print(json.dumps(result))
     return result
 

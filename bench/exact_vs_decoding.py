@@ -78,7 +78,7 @@ def main(argv=None) -> dict:
                     for rule in ("recompute", "latest"))
         same = float((rec.pop("exit_loop") == exact_exits)[program].mean())
         lat.pop("exit_loop")
-        start = op.get("fast_point", {k: op[k] for k in ("threshold", "mean_loops", "answer_accuracy")})
+        start = op["fast_point"]
         rows[name] = {"threshold": op["threshold"], "exact": {k: op[k] for k in ("mean_loops", "answer_accuracy")},
                       "evaluated_by": op["evaluated_by"], "fast_point": start,
                       "recompute": rec, "latest": lat, "recompute_exits_equal_harness": same,

@@ -34,20 +34,20 @@ exact_ready = ground_truth.exact_ready(m)
 if path == "exact" and not exact_ready:
     job = jobs.get(ground_truth.exact_key(m))
     if job is None:  # minutes to hours on a CPU: started only when asked
-        n_policies, n_windows = ground_truth.exact_size(m)
+        n_families, n_windows = ground_truth.exact_size(m)
         st.warning(f"**The exact figures are not computed yet, and on a CPU they take long**: about 4–6 minutes for "
-                   f"the shipped default on 2 cores (docs/BENCHMARKS.md), hours on a larger model. They run the state rules' {n_policies} thresholds on {n_windows} "
-                   "eval windows in the masking harness, then decode the readout rules (A1, Huginn's KL / entropy / "
-                   "argmax) near their operating points, and the certified exit at the checkpoint's measured L; "
+                   f"the shipped default on 2 cores (docs/BENCHMARKS.md), hours on a larger model. They walk each of the {n_families} state rules from its fast operating point to its exact one "
+                   f"on {n_windows} eval windows in the masking harness, then the readout rules (A1, Huginn's KL / "
+                   "entropy / argmax) likewise in decoding, and decode the certified exit at the checkpoint's measured L; "
                    "once started, the bar shows the time left at its own pace "
                    "and Stop acts within seconds. The result is cached on disk (`python -m recur_core.analyze` "
                    "fills the same cache). The **fast path** is shown below meanwhile.", icon=":material/schedule:")
         st.button("Compute the exact figures", key="gt_start_exact", on_click=ground_truth.start_exact,
                   args=(m,))
     else:
-        jobs.watch(job, "The exact figures are computed once per checkpoint, then cached on disk: the state rules' "
-                        "thresholds in the masking harness, then the readout rules (A1, Huginn's KL / entropy / "
-                        "argmax) decoded near their operating points. Meanwhile the **fast path** is shown below.")
+        jobs.watch(job, "The exact figures are computed once per checkpoint, then cached on disk: the state rules "
+                        "walked to their operating points in the masking harness, then the readout rules (A1, Huginn's "
+                        "KL / entropy / argmax) decoded near theirs. Meanwhile the **fast path** is shown below.")
 gt = ground_truth.section(m, True) if path == "exact" and exact_ready else fast
 if exact_ready:
     exact = gt if gt is not fast else ground_truth.section(m, True)

@@ -70,7 +70,7 @@ def test_analyze_adds_the_ground_truth_section(hops_ckpt, tmp_path):
     kinds = {k for k in gt["policies"] if k.startswith("A2_")} | {f"A2_{k}" for k in report["allocation"]["probes_refused"]}
     assert kinds == {"A2_argmax", "A2_kl", "A2_argmax_any", "A2_kl_any"}
     assert {"A1", "latent", "huginn_kl", "huginn_entropy", "huginn_cosine", "huginn_argmax", "Accel"} <= set(gt["policies"])
-    assert gt["policies"]["Accel"]["evaluated_by"] == "harness"  # a state rule: one harness pass per threshold
+    assert gt["policies"]["Accel"]["evaluated_by"] == "harness"  # a state rule: its walk runs in the harness
     certified = gt["policies"]["Certified"]  # at the measured L alone, decoded once (a readout rule)
     assert certified["threshold"] == report["certified_lipschitz"]["lipschitz"] and len(certified["curve"]) == 1
     assert certified["evaluated_by"] == "decoding" and "fast_point" in certified
@@ -94,7 +94,6 @@ def test_analyze_adds_the_ground_truth_section(hops_ckpt, tmp_path):
     assert len(keys) > 25
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cli, "PLACEHOLDERS", {"<policy>": ["A1", "latent", "huginn_argmax"],
-                                         "<readout>": ["A1", "huginn_kl", "huginn_argmax"],
                                          "<h>": [str(h) for h in gt["hop_counts"]],
                                          "<unseen>": [str(h) for h in gt["hop_counts"] if h > max_train]})
         for key in keys:
@@ -142,29 +141,37 @@ def _masks(ckpt, tr, hops_ckpt):
 
 
 @pytest.mark.slow
-def test_exact_ground_truth_curves_equal_a_naive_run_per_policy(exact_gt, hops_ckpt):
-    """Every threshold of every state rule's curve: answer accuracy and mean loops equal one full-width
-    masking-harness run of that policy alone (test_harness.naive_exact)."""
+def test_exact_ground_truth_walks_find_the_full_grids_operating_point(exact_gt, hops_ckpt):
+    """Every state rule's threshold, run alone in a full-width masking harness (test_harness.naive_exact):
+    each point of the family's curve (the thresholds its walk evaluated) equals that run, and the walk's
+    operating point is the cheapest threshold of the whole grid that meets the target."""
     from test_harness import naive_exact
 
-    from recur_core.analysis.ground_truth import operating_point_families
+    from recur_core.analysis.ground_truth import _cheapest_meeting, operating_point_families
     ckpt, windows, tr, gt = exact_gt
     assert gt["path"] == "exact"
     trained, program = _masks(ckpt, tr, hops_ckpt)
     for name, family in operating_point_families(EXACT_LOOPS, None, EXACT_EPS, ()).items():
         if family[0].needs_readout:  # a readout rule's curve is what decoding got (the next test)
             continue
-        for policy, point in zip(family, gt["policies"][name]["curve"], strict=True):
+        grid = []
+        for policy in family:
             _, depth, _, argmax = naive_exact(ckpt.model, windows, policy.private(), EXACT_LOOPS, seed=EXACT_SEED)
-            assert point["threshold"] == policy.threshold
-            assert point["mean_loops"] == pytest.approx(float(depth[program].mean())), repr(policy)
-            assert point["answer_accuracy"] == pytest.approx(float((argmax == tr.targets)[trained].mean())), repr(policy)
+            grid.append({"threshold": policy.threshold, "mean_loops": float(depth[program].mean()),
+                         "answer_accuracy": float((argmax == tr.targets)[trained].mean())})
+        pol = gt["policies"][name]
+        for point in pol["curve"]:
+            naive = next(g for g in grid if g["threshold"] == point["threshold"])
+            assert point["mean_loops"] == pytest.approx(naive["mean_loops"]), name
+            assert point["answer_accuracy"] == pytest.approx(naive["answer_accuracy"]), name
+        at, matched = _cheapest_meeting(grid, gt["target_accuracy"])
+        assert (pol["threshold"], pol["matches_a0_rbar"]) == (grid[at]["threshold"], matched), name
 
 
 def test_exact_operating_points_are_what_decoding_gets(exact_gt, hops_ckpt):
-    """Readout rules' operating points come from teacher-forced decoding ("recompute"), walking from the
-    fast path's point, and every point of their curves is what decoding gets; state rules' come from
-    the harness, whose exits equal decoding's for them."""
+    """Every family's operating point comes from a walk from the fast path's point, and every point of its
+    curve is what teacher-forced decoding ("recompute") gets: readout rules' points are decoded, state
+    rules' run in the harness, whose exits equal decoding's for them."""
     from recur_core.analysis.ground_truth import Labels, ground_truth_section, operating_point_families
     from recur_core.analysis.stats import Bootstrap
     from recur_core.decoding.teacher_forced import teacher_forced
@@ -182,10 +189,7 @@ def test_exact_operating_points_are_what_decoding_gets(exact_gt, hops_ckpt):
         assert pol["mean_loops"] == pytest.approx(float(out.exit_loop.numpy()[program].mean())), name
         correct = out.argmax.numpy() == tr.targets
         assert pol["answer_accuracy"] == pytest.approx(float(correct[trained].mean())), name
-        if not policy.needs_readout:
-            assert len(pol["curve"]) == len(family) and "fast_point" not in pol
-            continue
-        decoded = pol["curve"]  # the thresholds the walk decoded, each what decoding gets
+        decoded = pol["curve"]  # the thresholds the walk evaluated, each what decoding gets
         fast_op = gt_fast["policies"][name]
         assert pol["fast_point"] == {k: fast_op[k] for k in ("threshold", "mean_loops", "answer_accuracy")}
         assert pol["fast_point"]["threshold"] in [p["threshold"] for p in decoded]  # the walk's start
@@ -412,6 +416,7 @@ def test_bench_ground_truth_page_times_the_pages_stages(hops_ckpt, capsys):
     assert list(out["seconds"]) == ["probes", "trace", "certified L", "fast ground truth", "exact ground truth"]
     assert all(s >= 0 for s in out["seconds"].values()) and out["within_goal"] == (out["seconds"]["exact ground truth"] < 300)
     assert out["decoded_thresholds"]["A1"] >= 1  # A1 reads the readout: its operating point was decoded
+    assert out["harness_thresholds"]["latent"] >= 1 and "latent" not in out["decoded_thresholds"]
     assert "A1" in capsys.readouterr().out
 
 

@@ -101,22 +101,21 @@ def exact_ready(model: Handle) -> bool:
 
 
 def exact_size(model: Handle) -> tuple[int, int]:
-    """(policy thresholds, eval windows) the exact section runs in the masking harness: the state
-    rules' (the readout rules are decoded, walking from the fast path's operating points)."""
+    """(state-rule families, eval windows): the families whose operating points the exact section walks
+    to in the masking harness (the readout rules are decoded, walking from the fast path's points too)."""
     study = compute.study(*model.key)
     families = operating_point_families(study.r_max, study.probes())
-    in_harness = sum(len(f) for f in families.values() if not f[0].needs_readout)
-    return in_harness, len(study.eval_windows)
+    return sum(not f[0].needs_readout for f in families.values()), len(study.eval_windows)
 
 
 def start_exact(model: Handle) -> jobs.Job:
-    """The background job that runs the state rules' thresholds in the masking harness, then decodes
-    the readout rules near their operating points (all cached on disk). The harness counts passes over
-    the windows (the state rules share lanes: one pass), each decoding counts windows decoded."""
+    """The background job that walks the state rules to their operating points in the masking harness
+    (one pass over the windows per round), then decodes the readout rules near theirs (all cached on
+    disk). Each harness pass counts windows, each decoding counts windows decoded."""
     def work(job: jobs.Job) -> None:
         _section(*model.key, True,
-                 progress=job.progress("Exact: the state rules in the masking harness (window passes), then "
-                                       "each readout rule decoded near its operating point (windows)"))
+                 progress=job.progress("Exact: the state rules walked to their operating points in the masking "
+                                       "harness (window passes), then each readout rule decoded near its own (windows)"))
     return jobs.start(exact_key(model), work)
 
 

@@ -6,14 +6,16 @@ hop count of every token (`ground_truth.safetensors`: "hops", N x (T + 1), 0 = n
 The token at window position t + 1 is the *target* of input position t, so a trace position's hop
 count is hops[:, 1:].
 
-Two paths (`Outcome`): exact, the default of report.json, is what real decoding gets. A rule that
-reads only the state runs every threshold in the masking harness (frozen tokens stay in the context
-with their exit state; its curve): that equals teacher-forced decoding under the "recompute" KV rule.
-A readout rule such as A1 reads its per-loop output with earlier tokens at their current loop in the
+Two paths (`Outcome`): exact, the default of report.json, is what real decoding gets. Each family's
+operating point is found by a walk over its thresholds from the fast path's (`_Walk`), and its curve
+is the thresholds the walk evaluated. A rule that reads only the state evaluates them in the masking
+harness (frozen tokens stay in the context with their exit state), which equals teacher-forced
+decoding under the "recompute" KV rule; the state rules' walks share one harness pass per round. A
+readout rule such as A1 reads its per-loop output with earlier tokens at their current loop in the
 harness, where decoding has them at their exit states, so the harness is not what it gets: its
-operating point is found in decoding itself (`_DecodingWalk`, exact by the fixed point of parallel
-passes), starting from the fast path's, and its curve is the thresholds decoded. Fast reads each
-token's answer off the uniform trace at its exit loop, as if every other token had looped to full depth.
+thresholds are decoded (`_DecodingWalk`, token by token or by the fixed point of parallel passes).
+Fast reads each token's answer off the uniform trace at its exit loop, as if every other token had
+looped to full depth; its curve is every threshold.
 
 Terms:
   answer accuracy  share of answer tokens whose argmax is the right value, on the trained hop
@@ -203,18 +205,40 @@ class NotCached(LookupError):
     """Raised with cache_only when an exact result is not in the disk cache."""
 
 
-def policy_outcomes(tr: Trace, families: dict[str, list[Policy]], exact: ExactPath | None = None
-                    ) -> dict[str, list[Outcome]]:
-    """Every policy's Outcome, fast (exact=None) or exact (in the masking harness on exact's windows,
-    the traced ones: every threshold of every family in one batched, cached pass)."""
-    if exact is None or not families:
-        return {name: [Outcome.fast(tr, p) for p in family] for name, family in families.items()}
-    flat = [p for family in families.values() for p in family]
-    results = exact.results(flat, tr.max_loops, tr.seed, uniform=tr)
-    if results is None:
-        raise NotCached("the masking harness's results")
-    results = iter(results)
-    return {name: [Outcome.exact(next(results)) for _ in family] for name, family in families.items()}
+def _operating_points(tr: Trace, families: dict[str, list[Policy]], exact: ExactPath | None,
+                      scored: tuple[Trace, _Answers, np.ndarray], target: float) -> dict[str, tuple]:
+    """{name: (index, matched, outcome, curve points, extra keys)}: each family's operating point. Fast
+    (exact None): the cheapest threshold meeting the target on the uniform trace (else the most
+    accurate), every threshold its curve. Exact: a walk from that fast point (`_Walk`), the state rules'
+    in the masking harness together, each readout rule's in decoding; its curve is what it evaluated."""
+    _, ans, program = scored
+    fast = {name: [Outcome.fast(tr, p) for p in family] for name, family in families.items()}
+    fast_points = {name: [_point(p, o, ans, program) for p, o in zip(family, fast[name], strict=True)]
+                   for name, family in families.items()}
+    starts = {name: _cheapest_meeting(points, target) for name, points in fast_points.items()}
+    if exact is None:
+        return {name: (at, matched, fast[name][at], fast_points[name], {}) for name, (at, matched) in starts.items()}
+    by_harness = {name: (_Walk(family, fast_points[name], scored, target), starts[name][0])
+                  for name, family in families.items() if _evaluated_by(family, exact) == "harness"}
+    walks = {name: walk for name, (walk, _) in by_harness.items()}
+    found = _walk_in_harness(exact, by_harness, tr)
+    for name, family in families.items():
+        if name not in by_harness:
+            walks[name] = _DecodingWalk(exact, family, fast[name], fast_points[name], scored, target)
+            found[name] = walks[name].operating_point(starts[name][0])
+    return {name: (*found[name], walks[name].points(),
+                   {"fast_point": {k: fast_points[name][starts[name][0]][k]
+                                   for k in ("threshold", "mean_loops", "answer_accuracy")}})
+            for name in families}
+
+
+def _cheapest_meeting(points: list[dict], target: float) -> tuple[int, bool]:
+    """(index, matched): the cheapest point whose answer accuracy meets the target, else the most accurate."""
+    at = cheapest(range(len(points)), lambda i: points[i]["answer_accuracy"] >= target,
+                  lambda i: points[i]["mean_loops"])
+    if at is not None:
+        return at, True
+    return max(range(len(points)), key=lambda i: points[i]["answer_accuracy"]), False
 
 
 class _Answers:
@@ -260,21 +284,10 @@ def _section(tr, labels, r_max, r_bar, boot, families, exact, tolerance) -> dict
     best_uniform = next((r for r in range(1, r_max + 1) if trained_acc[r - 1] >= target), None)
 
     evaluated_by = {name: _evaluated_by(family, exact) for name, family in families.items()}
-    outcomes = policy_outcomes(tr, {n: f for n, f in families.items() if evaluated_by[n] != "decoding"}, exact)
-    outcomes.update(policy_outcomes(tr, {n: f for n, f in families.items() if evaluated_by[n] == "decoding"}))
+    found = _operating_points(tr, families, exact, (tr, ans, program), target)
     policies, answer_exits = {}, {}
     for name, family in families.items():
-        points = [_point(p, o, ans, program) for p, o in zip(family, outcomes[name], strict=True)]
-        at = cheapest(range(len(points)), lambda i, points=points: points[i]["answer_accuracy"] >= target,
-                      lambda i, points=points: points[i]["mean_loops"])
-        matched = at is not None
-        at = at if matched else max(range(len(points)), key=lambda i: points[i]["answer_accuracy"])
-        outcome, extra = outcomes[name][at], {}
-        if evaluated_by[name] == "decoding":  # the fast path's point is where decoding's walk starts
-            walk = _DecodingWalk(exact, family, outcomes[name], points, (tr, ans, program), target)
-            extra = {"fast_point": {k: points[at][k] for k in ("threshold", "mean_loops", "answer_accuracy")}}
-            at, matched, outcome = walk.operating_point(at)
-            points = walk.points()
+        at, matched, outcome, points, extra = found[name]
         op, depth = _point(family[at], outcome, ans, program), outcome.depth
         answer_exits[name] = depth[ah > 0].tolist()
         policies[name] = {
@@ -323,34 +336,117 @@ def _evaluated_by(family: list[Policy], exact: ExactPath | None) -> str:
     return "decoding" if any(p.needs_readout for p in family) else "harness"
 
 
-class _DecodingWalk:
-    """A readout rule's operating point in real decoding (ExactPath.decoded: teacher-forced,
-    "recompute", token by token in lockstep or by the fixed point, whichever is cheaper; the fixed
-    point seeded with the nearest decoded threshold's exits, at first the fast path's). Thresholds are
-    ordered by the fast path's mean loops, from most to fewest (the direction in which accuracy falls;
-    ties keep the family's order); from the fast path's operating point the walk moves towards cheaper
-    thresholds while decoding still meets the target, or towards dearer ones until it does, in
-    doubling steps, then bisects (its first probe where the line through the bracket's accuracies crosses
-    the target). Each step decodes every program once, up to its last scored
-    position (its trailing padding left out); a threshold whose rule never holds (A1 at ε 0) is the
-    uniform run at the cap, read off the trace."""
+class _Walk:
+    """The search for a family's operating point over its thresholds, exact, from the fast path's
+    point. Thresholds are ordered by the fast path's mean loops, from most to fewest (the direction in
+    which accuracy falls; ties in the family's reverse order, so that among equal points the walk ends on
+    the family's first, as `cheapest` over the grid does); from the start the walk moves towards cheaper
+    thresholds while the exact point still meets the target, or towards dearer ones until it does, in
+    doubling steps, then bisects (its first probe where the line through the bracket's accuracies
+    crosses the target). Where accuracy falls monotonically along the order this is the cheapest
+    threshold of the grid that meets the target, for a few evaluations instead of the whole grid.
+
+    `search` is the walk as a generator: it yields each threshold it needs before reading it, so one
+    driver evaluates the points of many walks together (the state rules' in one harness pass per round,
+    `_walk_in_harness`); `operating_point` drives it alone through `evaluate`."""
+
+    def __init__(self, family: list[Policy], fast_points: list[dict], scored: tuple[Trace, _Answers, np.ndarray],
+                 target: float):
+        """fast_points: the family's fast points; scored: (the trace, its answers, the program mask)."""
+        self.family, self.target = family, target
+        self.tr, self.ans, self.program = scored
+        self.order = sorted(range(len(family)), key=lambda i: (-fast_points[i]["mean_loops"], -i))
+        self.done: dict[int, tuple[Outcome, dict]] = {}
+
+    def record(self, i: int, outcome: Outcome) -> tuple[Outcome, dict]:
+        self.done[i] = outcome, _point(self.family[i], outcome, self.ans, self.program)
+        return self.done[i]
+
+    def evaluate(self, i: int) -> tuple[Outcome, dict]:
+        raise NotImplementedError  # a walk driven alone says how it evaluates a threshold
+
+    def operating_point(self, start: int) -> tuple[int, bool, Outcome]:
+        """`search` from `start`, evaluating each threshold it asks for with `evaluate`."""
+        search = self.search(start)
+        try:
+            while True:
+                self.evaluate(next(search))
+        except StopIteration as stop:
+            return stop.value
+
+    def search(self, start: int):
+        """Yields the thresholds to evaluate (each recorded in `done` before the next `next`); returns
+        (index, matched, outcome): the cheapest threshold meeting the target, or, when none does, the
+        most accurate one evaluated. Galloping from `start`, then bisection (its first probe by regula
+        falsi, `_crossing`): the last position in `order` that meets the target lies in (good, bad)."""
+        pos = self.order.index(start)
+        if (yield from self._meets(start)):
+            good, bad, step = pos, None, 1
+            while bad is None:
+                nxt = min(good + step, len(self.order) - 1)
+                if nxt == good:
+                    break
+                meets = yield from self._meets(self.order[nxt])
+                good, bad, step = (nxt, None, 2 * step) if meets else (good, nxt, step)
+        else:
+            good, bad, step = None, pos, 1
+            while good is None and bad > 0:
+                nxt = max(bad - step, 0)
+                meets = yield from self._meets(self.order[nxt])
+                good, bad, step = (nxt, bad, step) if meets else (None, nxt, 2 * step)
+        if good is None:  # nothing meets the target: the most accurate threshold evaluated
+            at = max(self.done, key=lambda i: self.done[i][1]["answer_accuracy"])
+            return at, False, self.done[at][0]
+        probe = self._crossing
+        while bad is not None and bad - good > 1:
+            mid, probe = probe(good, bad), self._midpoint
+            meets = yield from self._meets(self.order[mid])
+            good, bad = (mid, bad) if meets else (good, mid)
+        return self.order[good], True, self.done[self.order[good]][0]
+
+    def _meets(self, i: int):
+        if i not in self.done:
+            yield i
+        return self.done[i][1]["answer_accuracy"] >= self.target
+
+    def _crossing(self, good: int, bad: int) -> int:
+        """The bisection's first probe in (good, bad): the last position before the line through the two
+        ends' accuracies crosses the target (regula falsi; where accuracy falls smoothly it is the answer
+        or next to it, while a midpoint costs one evaluation more). Later probes halve the bracket."""
+        high, low = (self.done[self.order[p]][1]["answer_accuracy"] for p in (good, bad))
+        if not high > low:
+            return self._midpoint(good, bad)
+        crossing = good + (high - self.target) / (high - low) * (bad - good)
+        return min(max(math.floor(crossing), good + 1), bad - 1)
+
+    @staticmethod
+    def _midpoint(good: int, bad: int) -> int:
+        return (good + bad) // 2
+
+    def points(self) -> list[dict]:
+        """The thresholds evaluated, in the family's order."""
+        return [self.done[i][1] for i in sorted(self.done)]
+
+
+class _DecodingWalk(_Walk):
+    """A readout rule's walk, each threshold decoded (ExactPath.decoded: teacher-forced, "recompute",
+    token by token in lockstep or by the fixed point, whichever is cheaper; the fixed point seeded with
+    the nearest decoded threshold's exits, at first the fast path's). Each step decodes every program
+    once, up to its last scored position (its trailing padding left out); a threshold whose rule never
+    holds (A1 at ε 0) is the uniform run at the cap, read off the trace."""
 
     def __init__(self, exact: ExactPath, family: list[Policy], fast: list[Outcome], fast_points: list[dict],
                  scored: tuple[Trace, _Answers, np.ndarray], target: float):
-        """fast / fast_points: the family's fast outcomes and points; scored: (the trace, its answers,
-        the program mask)."""
-        self.exact, self.family, self.fast, self.target = exact, family, fast, target
-        self.tr, self.ans, self.program = scored
-        self.order = sorted(range(len(family)), key=lambda i: -fast_points[i]["mean_loops"])
+        """fast: the family's fast outcomes (the first guess)."""
+        super().__init__(family, fast_points, scored, target)
+        self.exact, self.fast = exact, fast
         self.lengths = scored_extent(self.program | (self.ans.hops > 0))
-        self.done: dict[int, tuple[Outcome, dict]] = {}
 
     def evaluate(self, i: int) -> tuple[Outcome, dict]:
         if i not in self.done:
             policy = self.family[i]  # a rule that never holds runs every token to its cap: the uniform run
             uniform = uniform_run_result(self.tr, policy) if policy.never_halts else None
-            outcome = Outcome.exact(uniform) if uniform is not None else self._decoded(i)
-            self.done[i] = outcome, _point(policy, outcome, self.ans, self.program)
+            self.record(i, Outcome.exact(uniform) if uniform is not None else self._decoded(i))
         return self.done[i]
 
     def _decoded(self, i: int) -> Outcome:
@@ -370,53 +466,31 @@ class _DecodingWalk:
         nearest = min(self.done, key=lambda j: abs(self.order.index(j) - at))
         return self.done[nearest][0].depth
 
-    def meets(self, i: int) -> bool:
-        return self.evaluate(i)[1]["answer_accuracy"] >= self.target
 
-    def operating_point(self, start: int) -> tuple[int, bool, Outcome]:
-        """(index, matched, outcome): the cheapest threshold meeting the target, or, when none does,
-        the most accurate one decoded. Galloping from the harness's point, then bisection (its first
-        probe by regula falsi, `_crossing`): the last position in `order` that meets the target lies in
-        (good, bad)."""
-        pos = self.order.index(start)
-        if self.meets(start):
-            good, bad, step = pos, None, 1
-            while bad is None:
-                nxt = min(good + step, len(self.order) - 1)
-                if nxt == good:
-                    break
-                good, bad, step = (nxt, None, 2 * step) if self.meets(self.order[nxt]) else (good, nxt, step)
-        else:
-            good, bad, step = None, pos, 1
-            while good is None and bad > 0:
-                nxt = max(bad - step, 0)
-                good, bad, step = (nxt, bad, step) if self.meets(self.order[nxt]) else (None, nxt, 2 * step)
-        if good is None:  # nothing meets the target: the most accurate threshold decoded
-            at = max(self.done, key=lambda i: self.done[i][1]["answer_accuracy"])
-            return at, False, self.done[at][0]
-        probe = self._crossing
-        while bad is not None and bad - good > 1:
-            mid, probe = probe(good, bad), self._midpoint
-            good, bad = (mid, bad) if self.meets(self.order[mid]) else (good, mid)
-        return self.order[good], True, self.done[self.order[good]][0]
+def _walk_in_harness(exact: ExactPath, walks: dict[str, tuple[_Walk, int]], tr: Trace) -> dict[str, tuple]:
+    """{name: (index, matched, outcome)}: the state rules' walks (name: (walk, start)) in lockstep, each
+    round's thresholds, one per walk still searching, in one batched harness pass (ExactPath.results,
+    cached per policy; a threshold that halts nothing early read off the trace)."""
+    searches = {name: walk.search(start) for name, (walk, start) in walks.items()}
+    wanted, found = {}, {}
 
-    def _crossing(self, good: int, bad: int) -> int:
-        """The bisection's first probe in (good, bad): the last position before the line through the two
-        ends' accuracies crosses the target (regula falsi; where accuracy falls smoothly it is the answer
-        or next to it, while a midpoint costs one decoding more). Later probes halve the bracket."""
-        high, low = (self.evaluate(self.order[p])[1]["answer_accuracy"] for p in (good, bad))
-        if not high > low:
-            return self._midpoint(good, bad)
-        crossing = good + (high - self.target) / (high - low) * (bad - good)
-        return min(max(math.floor(crossing), good + 1), bad - 1)
-
-    @staticmethod
-    def _midpoint(good: int, bad: int) -> int:
-        return (good + bad) // 2
-
-    def points(self) -> list[dict]:
-        """The thresholds decoded, in the family's order."""
-        return [self.done[i][1] for i in sorted(self.done)]
+    def advance(name: str) -> None:
+        try:
+            wanted[name] = next(searches[name])
+        except StopIteration as stop:
+            found[name] = stop.value
+            wanted.pop(name, None)
+    for name in searches:
+        advance(name)
+    while wanted:
+        asked = list(wanted.items())
+        results = exact.results([walks[name][0].family[i] for name, i in asked], tr.max_loops, tr.seed, uniform=tr)
+        if results is None:
+            raise NotCached("the masking harness's results")
+        for (name, i), result in zip(asked, results, strict=True):
+            walks[name][0].record(i, Outcome.exact(result))
+            advance(name)
+    return found
 
 
 def scored_extent(scored: np.ndarray) -> np.ndarray:

@@ -348,7 +348,7 @@ class _Walk:
 
     `search` is the walk as a generator: it yields each threshold it needs before reading it, so one
     driver evaluates the points of many walks together (the state rules' in one harness pass per round,
-    `_walk_in_harness`); `operating_point` drives it alone through `evaluate`."""
+    `_walk_in_harness`); a decoding walk drives its own (`_DecodingWalk.operating_point`)."""
 
     def __init__(self, family: list[Policy], fast_points: list[dict], scored: tuple[Trace, _Answers, np.ndarray],
                  target: float):
@@ -361,18 +361,6 @@ class _Walk:
     def record(self, i: int, outcome: Outcome) -> tuple[Outcome, dict]:
         self.done[i] = outcome, _point(self.family[i], outcome, self.ans, self.program)
         return self.done[i]
-
-    def evaluate(self, i: int) -> tuple[Outcome, dict]:
-        raise NotImplementedError  # a walk driven alone says how it evaluates a threshold
-
-    def operating_point(self, start: int) -> tuple[int, bool, Outcome]:
-        """`search` from `start`, evaluating each threshold it asks for with `evaluate`."""
-        search = self.search(start)
-        try:
-            while True:
-                self.evaluate(next(search))
-        except StopIteration as stop:
-            return stop.value
 
     def search(self, start: int):
         """Yields the thresholds to evaluate (each recorded in `done` before the next `next`); returns
@@ -441,6 +429,15 @@ class _DecodingWalk(_Walk):
         super().__init__(family, fast_points, scored, target)
         self.exact, self.fast = exact, fast
         self.lengths = scored_extent(self.program | (self.ans.hops > 0))
+
+    def operating_point(self, start: int) -> tuple[int, bool, Outcome]:
+        """`search` from `start`, decoding each threshold it asks for (`evaluate`)."""
+        search = self.search(start)
+        try:
+            while True:
+                self.evaluate(next(search))
+        except StopIteration as stop:
+            return stop.value
 
     def evaluate(self, i: int) -> tuple[Outcome, dict]:
         if i not in self.done:

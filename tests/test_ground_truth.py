@@ -417,6 +417,7 @@ def test_bench_ground_truth_page_times_the_pages_stages(hops_ckpt, capsys):
     assert all(s >= 0 for s in out["seconds"].values()) and out["within_goal"] == (out["seconds"]["exact ground truth"] < 300)
     assert out["decoded_thresholds"]["A1"] >= 1  # A1 reads the readout: its operating point was decoded
     assert out["harness_thresholds"]["latent"] >= 1 and "latent" not in out["decoded_thresholds"]
+    assert out["harness_work"]["lane_loops"] > 0  # the state rules' walks ran in the harness
     assert "A1" in capsys.readouterr().out
 
 

@@ -379,6 +379,43 @@ def test_decoding_walk_probes_first_where_smoothly_falling_accuracy_crosses_the_
     assert decoded[_DecodingWalk] < decoded[Midpoints]
 
 
+def test_state_rule_walks_share_one_harness_pass_per_round():
+    """`_walk_in_harness` drives several walks together: each harness call holds the next threshold of every
+    walk still searching (one each), the calls are as many as the longest walk's evaluations, and every
+    walk ends where it ends alone."""
+    from types import SimpleNamespace
+
+    from recur_core.analysis.ground_truth import _Walk, _walk_in_harness
+    accuracy = {"a": [0.99 - 0.01 * i for i in range(12)], "b": [0.95 - 0.05 * i for i in range(6)],
+                "c": [0.5] * 5}  # c never meets the target
+
+    class Given(_Walk):
+        def __init__(self, name: str):
+            self.family = [(name, i) for i in range(len(accuracy[name]))]
+            self.order, self.done, self.target = list(range(len(self.family))), {}, 0.905
+
+        def record(self, i, outcome):
+            self.done[i] = outcome, {"answer_accuracy": accuracy[self.family[i][0]][i]}
+
+    calls = []
+
+    class Harness:
+        def results(self, policies, max_loops, seed, uniform):
+            calls.append(policies)
+            return [SimpleNamespace(exit_depth=np.ones(1), argmax=np.zeros(1), targets=np.zeros(1)) for _ in policies]
+    walks = {name: (Given(name), 2) for name in accuracy}
+    found = _walk_in_harness(Harness(), walks, SimpleNamespace(max_loops=8, seed=0))
+    evaluated = {name: len(walk.done) for name, (walk, _) in walks.items()}
+    assert len(calls) == max(evaluated.values())
+    assert all(len({name for name, _ in call}) == len(call) for call in calls)  # one threshold per walk
+    assert sum(len(call) for call in calls) == sum(evaluated.values())  # none asked twice
+    for name in accuracy:
+        alone = walk_on(accuracy[name], 0.905)
+        assert found[name][:2] == alone.operating_point(2)[:2], name
+        assert evaluated[name] == len(alone.done)
+    assert found["a"][:2] == (8, True) and found["b"][:2] == (0, True) and not found["c"][1]
+
+
 def test_decoding_walk_seeds_each_decoding_with_the_nearest_decoded_exits():
     """The first threshold decoded starts from its fast exits; each later one from the exact exits of
     the decoded threshold nearest to it in the walk's order."""

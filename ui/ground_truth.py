@@ -14,7 +14,7 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from recur_core.analysis.ground_truth import load_ground_truth, operating_point_families
+from recur_core.analysis.ground_truth import load_ground_truth, operating_point_families, reads_readout
 from recur_core.exits import catalogue
 from recur_core.tasks import Example
 
@@ -105,7 +105,7 @@ def exact_size(model: Handle) -> tuple[int, int]:
     to in the masking harness (the readout rules are decoded, walking from the fast path's points too)."""
     study = compute.study(*model.key)
     families = operating_point_families(study.r_max, study.probes())
-    return sum(not f[0].needs_readout for f in families.values()), len(study.eval_windows)
+    return sum(not reads_readout(f) for f in families.values()), len(study.eval_windows)
 
 
 def start_exact(model: Handle) -> jobs.Job:

@@ -333,7 +333,12 @@ def _evaluated_by(family: list[Policy], exact: ExactPath | None) -> str:
     harness, which equals decoding for a rule that reads only the state) or "decoding" (a readout rule)."""
     if exact is None:
         return "fast"
-    return "decoding" if any(p.needs_readout for p in family) else "harness"
+    return "decoding" if reads_readout(family) else "harness"
+
+
+def reads_readout(family: list[Policy]) -> bool:
+    """Whether a family's exact points are decoded (a readout rule) rather than run in the harness."""
+    return any(p.needs_readout for p in family)
 
 
 class _Walk:

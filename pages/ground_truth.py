@@ -34,11 +34,14 @@ exact_ready = ground_truth.exact_ready(m)
 if path == "exact" and not exact_ready:
     job = jobs.get(ground_truth.exact_key(m))
     if job is None:  # minutes to hours on a CPU: started only when asked
-        n_families, n_windows = ground_truth.exact_size(m)
-        st.warning(f"**The exact figures are not computed yet, and on a CPU they take long**: about 4–5 minutes for "
-                   f"the shipped default on 2 cores (docs/BENCHMARKS.md), hours on a larger model. They walk each of the {n_families} state rules from its fast operating point to its exact one "
-                   f"on {n_windows} eval windows in the masking harness, then the readout rules (A1, Huginn's KL / "
-                   "entropy / argmax) likewise in decoding, and decode the certified exit at the checkpoint's measured L; "
+        n_harness, n_decoded, n_windows = ground_truth.exact_size(m)
+        decoded = (", then the readout rules (A1, Huginn's KL / entropy / argmax) likewise in decoding, and decode "
+                   "the certified exit at the checkpoint's measured L" if n_decoded else
+                   " (this model has no coda, so the masking harness is exact for the readout rules too)")
+        st.warning(f"**The exact figures are not computed yet, and on a CPU they may take long**: about 4–5 minutes for "
+                   f"the shipped default on 2 cores (docs/BENCHMARKS.md), hours on a larger model. "
+                   f"They walk each of {n_harness} rules from its fast operating point to its exact one "
+                   f"on {n_windows} eval windows in the masking harness{decoded}; "
                    "once started, the bar shows the time left at its own pace "
                    "and Stop acts within seconds. The result is cached on disk (`python -m recur_core.analyze` "
                    "fills the same cache). The **fast path** is shown below meanwhile.", icon=":material/schedule:")

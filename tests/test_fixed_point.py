@@ -17,7 +17,7 @@ from recur_core.analysis.probe import Probe
 from recur_core.analysis.trace import trace
 from recur_core.decoding.fixed_point import fixed_point, needs_passes, settled_prefix
 from recur_core.decoding.kv import KV_RULES
-from recur_core.decoding.teacher_forced import teacher_forced
+from recur_core.decoding.teacher_forced import exact_mode, teacher_forced
 from recur_core.exits.halting import HaltSchedule
 from recur_core.exits.policies import (
     Accel,
@@ -341,6 +341,7 @@ def test_ouro_fixtures(folder):
         for kv_rule in KV_RULES:
             got = assert_same(ck, w, policy, kv_rule, steps)
             assert got.passes == [1]
+        assert exact_mode(ck.model, policy, 64) == "fixed_point"  # one pass is exact: no lockstep
 
 
 def test_bad_windows_are_refused_before_any_work(ckpt):
@@ -371,15 +372,16 @@ def test_decoded_picks_the_cheaper_exact_mode_and_keys_results_by_it(context_hea
     from recur_core.analysis import exact
     from recur_core.analysis.cache import TraceCache
     from recur_core.decoding import teacher_forced as tf
-    assert tf.exact_mode(context_heavy, tf.LOCKSTEP_MIN_BATCH) == "decode"
-    assert tf.exact_mode(context_heavy, tf.LOCKSTEP_MIN_BATCH - 1) == "fixed_point"
+    a1 = ConvergenceExit(1e-3)
+    assert tf.exact_mode(context_heavy, a1, tf.LOCKSTEP_MIN_BATCH) == "decode"
+    assert tf.exact_mode(context_heavy, a1, tf.LOCKSTEP_MIN_BATCH - 1) == "fixed_point"
+    assert tf.exact_mode(context_heavy, LatentDiff(0.1), 64) == "fixed_point"  # one pass is exact
     monkeypatch.setattr(tf, "LOCKSTEP_MAX_PARAMS", 1000)  # a model over the limit: passes, whatever the batch
-    assert tf.exact_mode(context_heavy, 64) == "fixed_point"
+    assert tf.exact_mode(context_heavy, a1, 64) == "fixed_point"
     monkeypatch.undo()
 
     eval_windows = ckpt.windows("eval")[:, :13].numpy()
     windows = np.resize(eval_windows, (tf.LOCKSTEP_MIN_BATCH, 13))  # enough rows for lockstep
-    a1 = ConvergenceExit(1e-3)
     ref = teacher_forced(context_heavy, windows, a1, "recompute", seed=SEED, max_loops=8, mode="decode")
     modes = []
     real = exact.teacher_forced

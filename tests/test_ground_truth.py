@@ -172,20 +172,40 @@ def test_exact_operating_points_are_what_decoding_gets(exact_gt, hops_ckpt):
     """Every family's operating point comes from a walk from the fast path's point, and every point of its
     curve is what teacher-forced decoding ("recompute") gets: readout rules' points are decoded, state
     rules' run in the harness, whose exits equal decoding's for them."""
+    _assert_points_are_decodings(*exact_gt, hops_ckpt, readout_by="decoding")
+
+
+def test_without_a_coda_every_rule_walks_in_the_harness_and_gets_what_decoding_gets(tmp_path):
+    """On a model without a coda a readout reads the token's own state alone, so the masking harness is
+    exact for the readout rules too: every family walks there, and every point is what decoding gets."""
+    from recur_core.analysis.exact import ExactPath
+    from recur_core.analysis.ground_truth import Labels, ground_truth_section, operating_point_families
+    from recur_core.analysis.trace import trace
+    from tiny import make_tiny_hops_checkpoint
+    path = make_tiny_hops_checkpoint(tmp_path, steps=20, n_coda="0")
+    ckpt = load_checkpoint(path)
+    assert len(ckpt.model.coda_blocks) == 0
+    windows = ckpt.windows("eval")[:6].numpy()
+    tr = trace(ckpt, windows, EXACT_LOOPS, seed=EXACT_SEED, cache=False)
+    families = operating_point_families(EXACT_LOOPS, None, EXACT_EPS, ())
+    gt = ground_truth_section(tr, Labels.of(ckpt), EXACT_LOOPS, 3, Bootstrap(6, 20), families, ExactPath(ckpt, windows))
+    _assert_points_are_decodings(ckpt, windows, tr, gt, path, readout_by="harness")
+
+
+def _assert_points_are_decodings(ckpt, windows, tr, gt, path, readout_by: str):
     from recur_core.analysis.ground_truth import Labels, ground_truth_section, operating_point_families
     from recur_core.analysis.stats import Bootstrap
     from recur_core.decoding.teacher_forced import teacher_forced
-    ckpt, windows, tr, gt = exact_gt
     gt_fast = ground_truth_section(tr, Labels.of(ckpt), EXACT_LOOPS, 3, Bootstrap(6, 20),
                                    operating_point_families(EXACT_LOOPS, None, EXACT_EPS, ()))
-    trained, program = _masks(ckpt, tr, hops_ckpt)
+    trained, program = _masks(ckpt, tr, path)
     decode = lambda policy: teacher_forced(ckpt, windows, policy.private(), "recompute", seed=EXACT_SEED,  # noqa: E731
                                            max_loops=EXACT_LOOPS)
     for name, family in operating_point_families(EXACT_LOOPS, None, EXACT_EPS, ()).items():
         pol = gt["policies"][name]
         policy = next(p for p in family if p.threshold == pol["threshold"])
         out = decode(policy)
-        assert pol["evaluated_by"] == ("decoding" if policy.needs_readout else "harness"), name
+        assert pol["evaluated_by"] == (readout_by if policy.needs_readout else "harness"), name
         assert pol["mean_loops"] == pytest.approx(float(out.exit_loop.numpy()[program].mean())), name
         correct = out.argmax.numpy() == tr.targets
         assert pol["answer_accuracy"] == pytest.approx(float(correct[trained].mean())), name

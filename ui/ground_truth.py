@@ -14,7 +14,7 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from recur_core.analysis.ground_truth import load_ground_truth, operating_point_families, reads_readout
+from recur_core.analysis.ground_truth import load_ground_truth, needs_decoding, operating_point_families
 from recur_core.exits import catalogue
 from recur_core.tasks import Example
 
@@ -100,12 +100,14 @@ def exact_ready(model: Handle) -> bool:
     return True
 
 
-def exact_size(model: Handle) -> tuple[int, int]:
-    """(state-rule families, eval windows): the families whose operating points the exact section walks
-    to in the masking harness (the readout rules are decoded, walking from the fast path's points too)."""
+def exact_size(model: Handle) -> tuple[int, int, int]:
+    """(harness families, decoded families, eval windows): the families whose operating points the exact
+    section walks to in the masking harness (the state rules; every rule on a model without a coda), and
+    those it decodes (the readout rules read through a coda, walking from the fast path's points too)."""
     study = compute.study(*model.key)
     families = operating_point_families(study.r_max, study.probes())
-    return sum(not reads_readout(f) for f in families.values()), len(study.eval_windows)
+    decoded = sum(needs_decoding(f, study.ckpt.model) for f in families.values())
+    return len(families) - decoded, decoded, len(study.eval_windows)
 
 
 def start_exact(model: Handle) -> jobs.Job:

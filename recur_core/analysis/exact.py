@@ -97,7 +97,7 @@ class ExactPath:
         ids_np = np.asarray(self.ids.cpu() if hasattr(self.ids, "cpu") else self.ids, dtype=np.int64)
         shape = (ids_np.shape[0], ids_np.shape[1] - 1)
         cut = None if lengths is None else np.clip(np.asarray(lengths, dtype=np.int64), 1, shape[1])
-        mode = exact_mode(resolve_model(self.model)[0], min(shape[0], DECODE_BATCH))
+        mode = exact_mode(resolve_model(self.model)[0], policy, min(shape[0], DECODE_BATCH))
         key = _exact_key(ckpt_id, ids_np, [policy], max_loops, seed, order="decoding", mode=mode,
                          **({} if cut is None else {"lengths": cut.tolist()}))
         path = None if store is None else store.trace_path(ckpt_id, f"decoded-{key[:32]}")

@@ -37,7 +37,8 @@ import numpy as np
 from ..exits import catalogue
 from ..exits.policies import Policy
 from ..exits.trace_type import Trace
-from ..model.checkpoint import read_safetensors
+from ..decoding.fixed_point import needs_passes
+from ..model.checkpoint import read_safetensors, resolve_model
 from .exact import ExactPath
 from .harness import ExactResult, uniform_run_result
 from .matching import cheapest
@@ -330,15 +331,19 @@ def _section(tr, labels, r_max, r_bar, boot, families, exact, tolerance) -> dict
 
 def _evaluated_by(family: list[Policy], exact: ExactPath | None) -> str:
     """How a family's operating point is evaluated: "fast" (the uniform trace), "harness" (the masking
-    harness, which equals decoding for a rule that reads only the state) or "decoding" (a readout rule)."""
+    harness, which equals decoding for a rule that reads only the state, and for every rule on a model
+    without a coda) or "decoding" (a readout rule read through a coda)."""
     if exact is None:
         return "fast"
-    return "decoding" if reads_readout(family) else "harness"
+    return "decoding" if needs_decoding(family, resolve_model(exact.model)[0]) else "harness"
 
 
-def reads_readout(family: list[Policy]) -> bool:
-    """Whether a family's exact points are decoded (a readout rule) rather than run in the harness."""
-    return any(p.needs_readout for p in family)
+def needs_decoding(family: list[Policy], model) -> bool:
+    """Whether a family's exact points are decoded rather than run in the masking harness: a rule that
+    reads the readout, on a model whose coda attends across positions (fixed_point.needs_passes). The
+    harness gives the earlier tokens' coda their current loop, decoding their exit state; without a
+    coda the readout reads the token's own state alone, and the two are the same."""
+    return any(needs_passes(model, p) for p in family)
 
 
 class _Walk:

@@ -22,7 +22,7 @@ from ..exits.halting import HaltSchedule
 from ..exits.policies import Policy
 from ..model.checkpoint import resolve_model
 from .decode import Decoder, default_max_loops
-from .fixed_point import fixed_point
+from .fixed_point import fixed_point, needs_passes
 
 TEACHER_FORCED_MODES = ("decode", "fixed_point", "prefill")
 
@@ -35,14 +35,17 @@ LOCKSTEP_MAX_PARAMS = 16_000_000
 LOCKSTEP_MIN_BATCH = 16
 
 
-def exact_mode(model, batch: int) -> str:
-    """The cheaper of the two exact modes for `batch` windows of `model` (a LoopedLM): "decode" (token by
-    token in lockstep, the reference) for a small model on a CPU and a batch of LOCKSTEP_MIN_BATCH windows
-    or more, else "fixed_point". Both give what real decoding gets; at a threshold at the float noise of
-    its signal the order of their arithmetic can move an exit, so a result names the mode it came from."""
+def exact_mode(model, policy: Policy, batch: int) -> str:
+    """The cheaper of the two exact modes for `batch` windows of `model` (a LoopedLM) under `policy`:
+    "fixed_point" where one pass is exact (a rule that reads only the state, or a model without a coda:
+    fixed_point.needs_passes); else "decode" (token by token in lockstep, the reference) for a small model
+    on a CPU and a batch of LOCKSTEP_MIN_BATCH windows or more, else "fixed_point". Both give what real
+    decoding gets; at a threshold at the float noise of its signal the order of their arithmetic can move
+    an exit, so a result names the mode it came from."""
     small = sum(p.numel() for p in model.parameters()) <= LOCKSTEP_MAX_PARAMS
     on_cpu = model.embed.weight.device.type == "cpu"
-    return "decode" if on_cpu and small and batch >= LOCKSTEP_MIN_BATCH else "fixed_point"
+    lockstep = needs_passes(model, policy) and on_cpu and small and batch >= LOCKSTEP_MIN_BATCH
+    return "decode" if lockstep else "fixed_point"
 
 
 @dataclass

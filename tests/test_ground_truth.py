@@ -178,10 +178,11 @@ def test_exact_operating_points_are_what_decoding_gets(exact_gt, hops_ckpt):
 def test_without_a_coda_every_rule_walks_in_the_harness_and_gets_what_decoding_gets(tmp_path):
     """On a model without a coda a readout reads the token's own state alone, so the masking harness is
     exact for the readout rules too: every family walks there, and every point is what decoding gets."""
+    from tiny import make_tiny_hops_checkpoint
+
     from recur_core.analysis.exact import ExactPath
     from recur_core.analysis.ground_truth import Labels, ground_truth_section, operating_point_families
     from recur_core.analysis.trace import trace
-    from tiny import make_tiny_hops_checkpoint
     path = make_tiny_hops_checkpoint(tmp_path, steps=20, n_coda="0")
     ckpt = load_checkpoint(path)
     assert len(ckpt.model.coda_blocks) == 0

@@ -34,10 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..decoding.fixed_point import needs_passes
 from ..exits import catalogue
 from ..exits.policies import Policy
 from ..exits.trace_type import Trace
-from ..decoding.fixed_point import needs_passes
 from ..model.checkpoint import read_safetensors, resolve_model
 from .exact import ExactPath
 from .harness import ExactResult, uniform_run_result

@@ -105,13 +105,14 @@ if not pool_mode and st.button("Generate", type="primary"):
         gen = generate(ckpt, prompt_ids, n_new, policy, kv_rule=kv_rule, **run)
         base = generate(ckpt, prompt_ids, n_new, Uniform(m.r_bar), **run)
     decoding.speed_metrics(label, f"Uniform r̄ = {m.r_bar}", gen, base, m.r_bar)
+    readout = "coda + LM head" if ckpt.model.coda_blocks else "LM head"  # without a coda the head reads the state
     if gen.readouts > base.readouts:
         st.caption(f"Why fewer loops need not mean more tokens/s: {label} reads the output out to check its rule "
-                   f"({gen.readouts} coda + LM head passes, against {base.readouts} for uniform depth, which reads "
+                   f"({gen.readouts} {readout} passes, against {base.readouts} for uniform depth, which reads "
                    "out once per token). Those readouts cost time that the loop count does not show; tokens/s "
                    "counts both.")
     st.caption(f"Decode {gen.decode_s:.2f} s for {gen.decode_steps} steps (prompt prefill {1e3 * gen.prefill_s:.0f} ms, "
-               f"{gen.readouts} coda + head passes); uniform {base.decode_s:.2f} s. One short run each on a "
+               f"{gen.readouts} {readout} passes); uniform {base.decode_s:.2f} s. One short run each on a "
                f"shared machine: `bench/bench_decode.py` measures this properly.")
 
 if pool_mode and st.button("Run the pool", type="primary"):

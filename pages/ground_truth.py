@@ -38,7 +38,7 @@ if path == "exact" and not exact_ready:
         decoded = (", then the readout rules (A1, Huginn's KL / entropy / argmax) likewise in decoding, and decode "
                    "the certified exit at the checkpoint's measured L" if n_decoded else
                    " (this model has no coda, so the masking harness is exact for the readout rules too)")
-        st.warning(f"**The exact figures are not computed yet, and on a CPU they may take long**: about 4–5 minutes for "
+        st.warning(f"**The exact figures are not computed yet, and on a CPU they may take long**: about 2 minutes for "
                    f"the shipped default on 2 cores (docs/BENCHMARKS.md), hours on a larger model. "
                    f"They walk each of {n_harness} rules from its fast operating point to its exact one "
                    f"on {n_windows} eval windows in the masking harness{decoded}; "

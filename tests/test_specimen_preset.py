@@ -16,6 +16,7 @@ def test_the_preset_applies_what_made_hops_learn():
     cfg = PRESETS["specimen"]
     task = WordProblems.parse(cfg.mixture)
     assert not cfg.model.tie_embeddings and cfg.model.n_core == 1
+    assert cfg.model.n_coda == 0  # the loop is the only place past the prelude where a token reads another
     assert cfg.backprop_depth >= cfg.r_bar
     assert task.start_steps >= 1 and task.start_steps < task.max_steps  # a curriculum over steps
     assert task.answer_weight > task.other_weight and task.answer_weight > task.text_weight

@@ -162,9 +162,11 @@ PRESETS: dict[str, TrainConfig] = {
     # answers at its top count are right (training/word_problems.Curriculum). In the pilots (P1-P13,
     # docs/benchmarks/specimen.md) stories in full sentences never formed the lookup in 4,700 steps; this
     # form formed it at step 1,140 (pilot P12). P12 held 2 facts at 80% for 1,800 steps on a 75% plateau
-    # (two lookups of 87% each), hence 70%.
+    # (two lookups of 87% each), hence 70%. No coda (pilot P14): with a coda's attention after the loop, one
+    # loop read two or three facts and depth added only 12-15 points to the multi-step answers; without it
+    # the loop's one attention layer is the only place past the prelude where a token reads another.
     "specimen": TrainConfig(shape(d_model=128, n_heads=2, n_kv_heads=2, ffn_dim=512, n_prelude=1, n_core=1,
-                                  n_coda=1, max_seq_len=256, tie_embeddings=False),
+                                  n_coda=0, max_seq_len=256, tie_embeddings=False),
                             r_bar=6, r_max=24, backprop_depth=6, dataset="roneneldan/TinyStories",
                             mixture=SPECIMEN_MIXTURE, tokenizer="bpe:2048", batch_size=16, lr=1e-3,
                             warmup_steps=200, weight_decay=0.0, max_tokens=20_000 * 16 * 256,

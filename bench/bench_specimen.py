@@ -13,8 +13,8 @@ and word problems, alternating), from the same seeded trace and disk cache as th
   4. exact A1 (the masking harness: halted tokens frozen, as in real decoding) at matched loss: the
      mean loops it needs to reach A0's loss at r_bar, against the *best* uniform depth reaching that
      loss (the smallest r whose loss is within float noise of it) and against r_bar;
-  5. exact A1 at matched answer accuracy (issue 50's goals; recur_core.analysis.ground_truth, A1
-     decoded token by token's equal, the fixed point): the cheapest epsilon whose answer accuracy is
+  5. exact A1 at matched answer accuracy (issue 50's goals; recur_core.analysis.ground_truth: A1
+     decoded, or on a model without a coda run in the masking harness, which equals decoding there): the cheapest epsilon whose answer accuracy is
      within 1 point of A0 at r_bar, its mean loops against the best uniform depth reaching that
      accuracy, and Spearman(A1 exit, steps) over the answer tokens with a bootstrap CI over windows;
   6. why A1 keeps the answers only at a small epsilon (fast path, uniform trace): per loop i, the answers
@@ -115,7 +115,7 @@ def print_groups(title: str, groups: dict[int, dict[str, dict]]) -> None:
 
 
 def a1_at_answer_accuracy(ckpt, tr, boot: Bootstrap, r_max: int, r_bar: int, windows) -> dict:
-    """Figure 5: the ground truth's exact A1 operating point (A1 is a readout rule: decoded), printed."""
+    """Figure 5: the ground truth's exact A1 operating point (what real decoding gets), printed."""
     a1_family = {"A1": operating_point_families(r_max)["A1"]}  # the ground truth's own A1 sweep
     gt = ground_truth_section(tr, Labels.of(ckpt), r_max, r_bar, boot, a1_family,
                               ExactPath(ckpt, windows, TraceCache(), True))

@@ -74,13 +74,14 @@ def checks(m: dict, r_bar: int) -> dict:
 
 def saturation_row(c: dict, r_bar: int, loss: list[float]) -> tuple[str, str, bool]:
     """Issue 5's last criterion, at this model's own r̄: r̄ 8 must still gain over 4 loops; any other r̄
-    must saturate there (twice r̄'s loops within 0.01 nats of r̄'s; for r̄ 4, loss@8 against loss@4)."""
+    must saturate there (twice r̄'s loops within 0.01 nats of r̄'s; for r̄ 4, loss@8 against loss@4). No `|`
+    in the row's text: it would split the Markdown table's cell."""
     if r_bar == 8:
         return ("loss@8 < loss@4 (r̄ 8 still gains)", f"{c['loss_8_minus_loss_4']:+.4f}",
                 c["loss_8_minus_loss_4"] < 0)
     far = min(2 * r_bar, len(loss))
     gap = loss[far - 1] - loss[r_bar - 1]
-    return f"|loss@{far} − loss@{r_bar}| ≤ 0.01 (saturates at r̄ {r_bar})", f"{gap:+.4f}", abs(gap) <= 0.01
+    return f"loss@{far} within 0.01 nats of loss@{r_bar} (saturates at r̄ {r_bar})", f"{gap:+.4f}", abs(gap) <= 0.01
 
 
 def criteria_table(c: dict, r_bar: int, loss: list[float]) -> str:

@@ -14,9 +14,10 @@ and word problems, alternating), from the same seeded trace and disk cache as th
      mean loops it needs to reach A0's loss at r_bar, against the *best* uniform depth reaching that
      loss (the smallest r whose loss is within float noise of it) and against r_bar;
   5. exact A1 at matched answer accuracy (issue 50's goals; recur_core.analysis.ground_truth: A1
-     decoded, or on a model without a coda run in the masking harness, which equals decoding there): the cheapest epsilon whose answer accuracy is
-     within 1 point of A0 at r_bar, its mean loops against the best uniform depth reaching that
-     accuracy, and Spearman(A1 exit, steps) over the answer tokens with a bootstrap CI over windows;
+     decoded, or on a model without a coda run in the masking harness, which equals decoding there):
+     the cheapest epsilon whose answer accuracy is within 1 point of A0 at r_bar, its mean loops
+     against the best uniform depth reaching that accuracy, and Spearman(A1 exit, steps) over the
+     answer tokens with a bootstrap CI over windows;
   6. why A1 keeps the answers only at a small epsilon (fast path, uniform trace): per loop i, the answers
      whose argmax at loop i differs from loop i - 1's, the KL(p_i || p_{i-1}) (nats, A1's signal) at
      that change, and p_i's top-1 probability there (a near-tie between two candidate answers flips

@@ -53,10 +53,11 @@ from ..exits.halting import HaltSchedule
 from ..exits.policies import Policy
 from .decode import Decoder
 
-# The windows a pass would run for its cost to match decoding the rest token by token. On the former checkpoints/specimen
-# (ae2b1e011316af91, with a coda; 1 thread) a pass cost ~1.1 ms per window-position and a step ~50-60 ms, whatever the batch (8 or 32
-# windows): about 45 windows' pass. On 32 windows x 256 positions a usual decoding's third computed pass
-# settled 225 of the 250 positions per window left (A1 at ε 1e-3), A1 at ε 5.6e-7's 8-11 of 243.
+# The windows a pass would run for its cost to match decoding the rest token by token. On the former
+# checkpoints/specimen (ae2b1e011316af91, with a coda; 1 thread) a pass cost ~1.1 ms per window-position and a
+# step ~50-60 ms, whatever the batch (8 or 32 windows): about 45 windows' pass. On 32 windows x 256 positions
+# a usual decoding's third computed pass settled 225 of the 250 positions per window left (A1 at ε 1e-3), A1 at
+# ε 5.6e-7's 8-11 of 243.
 STEP_ROWS = 64
 
 
